@@ -1,0 +1,6 @@
+"""One module per CLI command; each exposes COMMANDS, a tuple of click commands."""
+
+# Exit codes shared by every command (black's convention).
+EXIT_OK = 0
+EXIT_FOUND = 1
+EXIT_ERROR = 2
