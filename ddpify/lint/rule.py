@@ -1,0 +1,88 @@
+"""The rule API: what a lint rule is, what it yields, and how its fixes are spelled.
+
+One rule per module in the top-level `rules/` directory (shipped as `ddpify.rules`). A rule reads
+the script's `Anatomy` and yields `Finding`s; the engine does everything else (selection by kind
+and config, suppression comments, output formats, applying fixes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Iterable
+
+from ddpify.anatomy import Anatomy, Pos, ScriptKind
+
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace the source text between two LibCST-style positions (1-based line, 0-based char col).
+
+    An insertion is an edit whose start and end are the same position.
+    """
+
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+    text: str
+
+    @classmethod
+    def replace(cls, pos: Pos, text: str) -> "Edit":
+        """Replace the range `pos` (e.g. a `Site.pos` or `anatomy.pos(node)`) with `text`."""
+        return cls(pos.line, pos.col, pos.end_line, pos.end_col, text)
+
+    @classmethod
+    def insert(cls, line: int, col: int, text: str) -> "Edit":
+        """Insert `text` before the character at (`line`, `col`)."""
+        return cls(line, col, line, col, text)
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A set of edits applied together; `safe` fixes are applied by `--fix`, unsafe ones need
+    `--unsafe-fixes` (they may change behaviour)."""
+
+    edits: tuple[Edit, ...]
+    safe: bool
+    description: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a rule yields: where, optionally a specific message (else the rule's), and a fix."""
+
+    pos: Pos
+    message: str | None = None
+    fix: Fix | None = None
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """A test case: `code` is a whole little script on which the rule must report at `line`.
+
+    `fixed`, when given, is the whole source expected after applying the rule's fixes (unsafe too).
+    """
+
+    code: str
+    line: int
+    fixed: str | None = None
+
+
+class Rule:
+    """Base class of lint rules. The subclass docstring is the rule's documentation, with the
+    sections "What it does", "Why is this bad?", "Example", "Use instead" and "Fix safety"."""
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    message: ClassVar[str]
+    severity: ClassVar[str] = "error"
+    applies_to: ClassVar[frozenset[ScriptKind]]
+    default_enabled: ClassVar[bool] = True
+    VALID: ClassVar[tuple[str, ...]] = ()
+    INVALID: ClassVar[tuple[Invalid, ...]] = ()
+
+    def check(self, anatomy: Anatomy) -> Iterable[Finding]:
+        """Yield a Finding for each problem in the script."""
+        raise NotImplementedError
