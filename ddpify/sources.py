@@ -1,0 +1,464 @@
+"""Reading, syntax-checking, writing and finding user source files.
+
+Every file ddpify touches goes through here, so that one set of rules holds
+everywhere: a user's file is never corrupted (bytes round-trip exactly, writes
+are atomic) and never crashes the tool (every problem becomes a one-line
+``SourceError`` naming the file, and the line where there is one).
+"""
+
+from __future__ import annotations
+
+import codecs
+import errno
+import functools
+import hashlib
+import io
+import os
+import re
+import stat
+import tempfile
+import tokenize
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import pathspec
+
+__all__ = [
+    "SourceError",
+    "Source",
+    "read_source",
+    "check_syntax",
+    "write_atomic",
+    "unchanged_since_read",
+    "iter_python_files",
+    "mentions_torch",
+]
+
+
+class SourceError(Exception):
+    """A user file that can't be processed; ``str(e)`` is ``path:line: message`` or ``path: message``."""
+
+    def __init__(self, path: str | os.PathLike, message: str, *, line: int | None = None):
+        self.path = os.fspath(path)
+        self.line = line
+        self.message = " ".join(str(message).split())  # always one line
+        where = self.path if line is None else f"{self.path}:{line}"
+        super().__init__(f"{where}: {self.message}")
+
+    def __reduce__(self):
+        """Survive pickling (e.g. when returned from a worker process)."""
+        return (functools.partial(type(self), line=self.line), (self.path, self.message))
+
+
+@dataclass(frozen=True)
+class Source:
+    """A user file as read: its text plus what is needed to write it back the same way."""
+
+    path: str
+    text: str
+    encoding: str
+    bom: bool
+    mode: int | None
+    _digest: str = field(default="", repr=False, compare=False)
+
+    def encode(self, new_text: str) -> bytes:
+        """Encode ``new_text`` with this file's encoding and BOM."""
+        try:
+            data = new_text.encode(self.encoding)
+        except UnicodeEncodeError as e:
+            line = new_text.count("\n", 0, e.start) + 1
+            bad = new_text[e.start : e.end]
+            raise SourceError(
+                self.path, f"cannot encode {bad!r} in the file's encoding ({self.encoding})", line=line
+            ) from None
+        return codecs.BOM_UTF8 + data if self.bom else data
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_source(path: str | os.PathLike) -> Source:
+    """Read a Python file, decoding it the way Python would (PEP 263 cookie, BOM)."""
+    path = os.fspath(path)
+    try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise SourceError(path, "is a directory, expected a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise SourceError(path, "not a regular file")
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise SourceError(path, _describe_os_error(e)) from None
+    encoding, bom = _detect_encoding(path, data)
+    text = _decode(path, data[len(codecs.BOM_UTF8) :] if bom else data, encoding)
+    return Source(
+        path=path,
+        text=text,
+        encoding=encoding,
+        bom=bom,
+        mode=stat.S_IMODE(st.st_mode),
+        _digest=_digest(data),
+    )
+
+
+def _describe_os_error(e: OSError) -> str:
+    """A short lower-case reason for an OS error, without the path (the caller names it)."""
+    if e.errno == errno.ELOOP:
+        return "symlink loop (too many levels of symbolic links)"
+    return (e.strerror or type(e).__name__).lower()
+
+
+def _detect_encoding(path: str, data: bytes) -> tuple[str, bool]:
+    """Return (encoding, has_utf8_bom) using ``tokenize.detect_encoding`` rules."""
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise SourceError(path, "UTF-16 encoded files are not supported; re-save it as UTF-8")
+    if b"\0" in data:
+        raise SourceError(path, "binary file (contains NUL bytes), not Python source")
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as e:
+        if str(e).startswith("invalid or missing encoding declaration"):
+            return "utf-8", False  # undecodable first lines: _decode names the bad byte
+        raise SourceError(path, f"bad encoding declaration: {e}") from None
+    if encoding == "utf-8-sig":
+        return "utf-8", True
+    return encoding, False
+
+
+def _decode(path: str, data: bytes, encoding: str) -> str:
+    """Decode strictly; name the line of the first undecodable byte."""
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise SourceError(
+            path,
+            f"byte 0x{data[e.start]:02x} is not valid {encoding}; "
+            "re-save the file as UTF-8 or declare its encoding (# -*- coding: ... -*-)",
+            line=line,
+        ) from None
+    except LookupError as e:  # e.g. a cookie naming a bytes-to-bytes codec
+        raise SourceError(path, f"cannot decode with declared encoding: {e}") from None
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def unchanged_since_read(source: Source) -> bool:
+    """True if the file on disk still holds exactly the bytes that were read into ``source``."""
+    expected = source._digest or _digest(source.encode(source.text))
+    try:
+        with open(source.path, "rb") as f:
+            return _digest(f.read()) == expected
+    except OSError:
+        return False
+
+
+def mentions_torch(text: str) -> bool:
+    """Cheap pre-filter before parsing: does the text mention torch at all?"""
+    return "torch" in text
+
+
+# --------------------------------------------------------------------------- syntax
+
+# (pattern on the offending line or SyntaxError message, what the Python 2 construct is)
+_PY2_BY_MESSAGE = (
+    ("Missing parentheses in call to 'print'", "print statement"),
+    ("Missing parentheses in call to 'exec'", "exec statement"),
+    ("leading zeros in decimal integer literals", "0777-style octal literal"),
+    ("Function parameters cannot be parenthesized", "tuple parameter"),
+)
+_PY2_BY_LINE = (
+    (re.compile(r"^\s*except\s+[^,:]+,\s*\w+\s*:"), "'except X, e'"),
+    (re.compile(r"^\s*raise\s+[\w.]+\s*,"), "'raise E, msg'"),
+    (re.compile(r"`"), "backticks"),
+    (re.compile(r"<>"), "'<>' operator"),
+    (re.compile(r"\b(?:0[xX][0-9a-fA-F]+|\d+)[lL]\b"), "long integer literal"),
+    (re.compile(r"\b[uU][rR]['\"]"), "ur'' string prefix"),
+)
+# `print >>f, x` is valid Python 3 (a tuple expression), so it is looked for separately.
+_PY2_PRINT_CHEVRON = re.compile(r"^[ \t]*print[ \t]*>>", re.MULTILINE)
+_PY2_UNSUPPORTED = "Python 2 syntax is not supported"
+
+
+def check_syntax(source: Source) -> None:
+    """Raise ``SourceError`` (with the line) if ``source`` is not valid Python 3."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. invalid escape sequences: not ours to report
+            # a full compile (not just ast.parse) also catches e.g. 'return' outside a function
+            compile(source.text, source.path, "exec", dont_inherit=True)
+    except SyntaxError as e:
+        line_text = e.text if e.text is not None else _line_of(source.text, e.lineno)
+        construct = _python2_construct(e.msg or "", line_text)
+        if construct:
+            message = f"{_PY2_UNSUPPORTED} ({construct})"
+        else:
+            message = f"syntax error: {e.msg}"
+        raise SourceError(source.path, message, line=e.lineno) from None
+    except (ValueError, RecursionError, MemoryError) as e:
+        raise SourceError(source.path, f"cannot be parsed: {type(e).__name__}: {e}") from None
+    chevron = _PY2_PRINT_CHEVRON.search(source.text)
+    if chevron:
+        line = source.text.count("\n", 0, chevron.start()) + 1
+        raise SourceError(source.path, f"{_PY2_UNSUPPORTED} (print >>file statement)", line=line)
+
+
+def _line_of(text: str, lineno: int | None) -> str:
+    lines = text.splitlines()
+    return lines[lineno - 1] if lineno and 0 < lineno <= len(lines) else ""
+
+
+def _python2_construct(message: str, line_text: str) -> str | None:
+    """Name the Python 2 construct a SyntaxError points at, or None."""
+    for prefix, construct in _PY2_BY_MESSAGE:
+        if message.startswith(prefix):
+            return construct
+    for pattern, construct in _PY2_BY_LINE:
+        if pattern.search(line_text):
+            return construct
+    return None
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_atomic(path: str | os.PathLike, data: bytes, mode: int | None = None) -> None:
+    """Replace ``path`` with ``data`` atomically: readers (and crashes) see old or new, never half.
+
+    Writes a temp file in the same directory, fsyncs it, gives it ``mode`` (default: the
+    existing file's permission bits, else the umask default) and renames it over the target.
+    A symlinked ``path`` is followed, so the link stays and its target is replaced.
+    Raises ``SourceError`` if it can't; the original is then untouched and no temp file is left.
+    """
+    target = os.path.realpath(path)
+    directory, name = os.path.split(target)
+    if mode is None:
+        mode = _existing_mode(target)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".ddpify-tmp")
+    except OSError as e:
+        raise SourceError(path, f"cannot write: {_describe_os_error(e)}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException as e:
+        _remove_quietly(tmp)
+        if isinstance(e, OSError):
+            raise SourceError(path, f"cannot write: {_describe_os_error(e)}") from None
+        raise
+    _fsync_directory(directory)
+
+
+def _existing_mode(path: str) -> int:
+    """Permission bits of ``path``, or what a new file would get under the current umask."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make the rename durable across power loss, where the platform allows it."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- finding files
+
+PYTHON_SUFFIXES = (".py", ".ipynb")
+_SKIPPED_DIR_NAMES = frozenset(
+    {"__pycache__", "build", "dist", "node_modules", "site-packages", "venv", "env"}
+)
+
+
+_Ignores = tuple[tuple[str, pathspec.PathSpec], ...]  # (base dir relative to the walked root, spec)
+
+
+@dataclass(frozen=True)
+class _Dir:
+    """A directory waiting to be walked, with the ignore rules in force inside it."""
+
+    path: str  # as it will be shown (under the root as given)
+    rel: str  # relative to the walked root, posix, "" for the root
+    real: str  # realpath, for loop detection
+    ancestors: frozenset[str]  # realpaths of the directories above it in this walk
+    ignores: _Ignores
+
+
+def iter_python_files(
+    paths: Iterable[str | os.PathLike],
+    exclude: Sequence[str] = (),
+    respect_gitignore: bool = True,
+) -> Iterator[Path | SourceError]:
+    """Yield the Python files (``*.py``, ``*.ipynb``) named by or found under ``paths``.
+
+    A named file is yielded as is. Directories are walked in sorted order, skipping hidden
+    directories, virtualenvs, caches and build output, and whatever ``.gitignore`` files in
+    the tree (if ``respect_gitignore``) or ``exclude`` patterns (gitignore syntax, relative
+    to the walked root) match. Problems (missing path, unreadable directory, symlink loop)
+    are yielded as ``SourceError`` so the caller can report them and go on. No file is
+    yielded twice and no directory is walked twice.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    exclude_spec = pathspec.GitIgnoreSpec.from_lines(exclude) if exclude else None
+    seen_files: set[str] = set()
+    seen_dirs: set[str] = set()
+    for given in paths:
+        given = os.fspath(given)
+        try:
+            is_dir = stat.S_ISDIR(os.stat(given).st_mode)
+        except OSError as e:
+            yield SourceError(given, _describe_os_error(e))
+            continue
+        if not is_dir:
+            if _first_time(os.path.realpath(given), seen_files):
+                yield Path(given)
+            continue
+        yield from _walk(given, exclude_spec, respect_gitignore, seen_files, seen_dirs)
+
+
+def _first_time(key: str, seen: set[str]) -> bool:
+    if key in seen:
+        return False
+    seen.add(key)
+    return True
+
+
+def _walk(
+    root: str,
+    exclude_spec: pathspec.PathSpec | None,
+    respect_gitignore: bool,
+    seen_files: set[str],
+    seen_dirs: set[str],
+) -> Iterator[Path | SourceError]:
+    """Depth-first, sorted walk of one root directory."""
+    root_real = os.path.realpath(root)
+    if not _first_time(root_real, seen_dirs):
+        return
+    base_ignores = (("", exclude_spec),) if exclude_spec else ()
+    stack = [_Dir(root, "", root_real, frozenset(), base_ignores)]
+    while stack:
+        current = stack.pop()
+        try:
+            with os.scandir(current.path) as it:
+                entries = sorted(it, key=lambda entry: entry.name)
+        except OSError as e:
+            yield SourceError(current.path, f"cannot read directory: {_describe_os_error(e)}")
+            continue
+        ignores = current.ignores
+        if respect_gitignore:
+            ignores = _with_gitignore(current, entries, ignores)
+        subdirs = []
+        for entry in entries:
+            result = _classify(entry, current, ignores, root_real, seen_files, seen_dirs)
+            if isinstance(result, _Dir):
+                subdirs.append(result)
+            elif result is not None:
+                yield result
+        stack.extend(reversed(subdirs))
+
+
+def _with_gitignore(current: _Dir, entries: list[os.DirEntry], ignores: _Ignores) -> _Ignores:
+    """Add the directory's own .gitignore (if any) to the rules in force."""
+    for entry in entries:
+        if entry.name == ".gitignore" and entry.is_file():
+            try:
+                with open(entry.path, "rb") as f:
+                    lines = f.read().decode("utf-8", "replace").splitlines()
+            except OSError:
+                return ignores  # an unreadable .gitignore just doesn't apply
+            return ignores + ((current.rel, pathspec.GitIgnoreSpec.from_lines(lines)),)
+    return ignores
+
+
+def _classify(
+    entry: os.DirEntry,
+    current: _Dir,
+    ignores: _Ignores,
+    root_real: str,
+    seen_files: set[str],
+    seen_dirs: set[str],
+) -> _Dir | Path | SourceError | None:
+    """What to do with one directory entry: a ``_Dir`` to walk, a file or error to yield, or None."""
+    rel = f"{current.rel}/{entry.name}" if current.rel else entry.name
+    try:
+        if entry.is_symlink():
+            os.stat(entry.path)  # a dangling link raises FileNotFoundError, a loop ELOOP
+        is_dir = entry.is_dir()
+    except FileNotFoundError:
+        return None  # dangling symlink (e.g. an editor lock file): not a source file
+    except OSError as e:
+        if _skipped_dir_name(entry.name) or _ignored(rel, ignores, is_dir=True):
+            return None
+        return SourceError(entry.path, _describe_os_error(e))
+    if is_dir:
+        return _subdir(entry, current, rel, ignores, root_real, seen_dirs)
+    if not entry.name.endswith(PYTHON_SUFFIXES) or _ignored(rel, ignores, is_dir=False):
+        return None
+    if _first_time(os.path.realpath(entry.path), seen_files):
+        return Path(entry.path)
+    return None
+
+
+def _subdir(
+    entry: os.DirEntry, current: _Dir, rel: str, ignores: _Ignores, root_real: str, seen_dirs: set[str]
+) -> _Dir | SourceError | None:
+    """A ``_Dir`` for a subdirectory worth walking, a ``SourceError`` for a loop, or None."""
+    if _skipped_dir_name(entry.name) or _is_virtualenv(entry.path):
+        return None
+    if _ignored(rel, ignores, is_dir=True):
+        return None
+    real = os.path.realpath(entry.path)
+    ancestors = current.ancestors | {current.real}
+    if entry.is_symlink():
+        if real in ancestors:
+            return SourceError(entry.path, f"symlink loop (points back to {real})")
+        if real == root_real or real.startswith(root_real + os.sep):
+            return None  # inside this walk already: walked as the real directory
+    if not _first_time(real, seen_dirs):
+        return None
+    return _Dir(entry.path, rel, real, ancestors, ignores)
+
+
+def _skipped_dir_name(name: str) -> bool:
+    return name.startswith(".") or name in _SKIPPED_DIR_NAMES or name.endswith(".egg-info")
+
+
+def _is_virtualenv(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "pyvenv.cfg"))
+
+
+def _ignored(rel: str, ignores: _Ignores, *, is_dir: bool) -> bool:
+    """Does any .gitignore / exclude spec in force match ``rel`` (relative to the walked root)?"""
+    for base, spec in ignores:
+        local = rel[len(base) + 1 :] if base else rel
+        if spec.match_file(local + "/" if is_dir else local):
+            return True
+    return False
