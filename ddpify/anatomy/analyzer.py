@@ -483,7 +483,9 @@ class _Indexer:
             mc = a.model_classes.get(q)
             model = a.site(call, ModelSite, class_name=q, has_batchnorm=mc.has_batchnorm if mc else None)
             if mc is None and q.startswith("torch.nn."):
-                model.has_batchnorm = bool(_BATCHNORM.match(q)) or None  # type: ignore[attr-defined]
+                model.has_batchnorm = any(  # type: ignore[attr-defined]
+                    isinstance(n, ast.Call) and bool(_BATCHNORM.match(a.qualname(n.func) or "")) for n in ast.walk(call)
+                )
             a._model_sites[call] = model  # type: ignore[assignment]
 
 

@@ -1,0 +1,221 @@
+"""The pieces every codemod is made of: a Transform reads the anatomy, edits the CST at its positions.
+
+Each Transform is a thin LibCST `VisitorBasedCodemodCommand`. The anatomy (built on `ast`) says
+*where* things are; the transform finds the CST node at the same (line, column) and rewrites it.
+Statement-level surgery (insert after, wrap in a guard, ...) is queued by position and applied when
+LibCST leaves the block that holds the statement, so transforms never juggle parents themselves.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Sequence
+
+import libcst as cst
+from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import PositionProvider
+
+from ddpify.anatomy import Anatomy, Pos
+
+Key = tuple[int, int]
+StatementRewrite = Callable[[cst.BaseStatement], Sequence[cst.BaseStatement]]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One rewrite, reported to the user: `train.py:42: [wrap] wrapped model in DDP`."""
+
+    line: int
+    transform: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Advice:
+    """Something the codemod could not do safely; the user must look at it by hand."""
+
+    line: int
+    message: str
+
+
+@dataclass
+class Options:
+    """What the user asked for on the command line."""
+
+    batch_size: str = "per-gpu"  # or "global"
+
+
+@dataclass
+class Report:
+    """What one transform did and what it left to the user (lines of its own input)."""
+
+    changes: list[Change] = field(default_factory=list)
+    advice: list[Advice] = field(default_factory=list)
+
+
+def key_of(node: ast.AST | Pos) -> Key:
+    """The (line, column) a CST node must start at to be the same node as this ast node/position."""
+    if isinstance(node, Pos):
+        return node.line, node.col
+    return node.lineno, node.col_offset
+
+
+def parse_statements(code: str) -> list[cst.BaseStatement]:
+    """CST statements from source text (used for inserted code); leading comments stay attached."""
+    module = cst.parse_module(code)
+    body = list(module.body)
+    if body and module.header:
+        body[0] = body[0].with_changes(leading_lines=[*module.header, *body[0].leading_lines])
+    return body
+
+
+def parse_expr(code: str) -> cst.BaseExpression:
+    return cst.parse_expression(code)
+
+
+class Transform(VisitorBasedCodemodCommand):
+    """Base of every rewrite step. Subclasses set NAME and DESCRIPTION and override `plan()`."""
+
+    NAME: ClassVar[str] = ""
+    DESCRIPTION: ClassVar[str] = ""
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, context: CodemodContext, anatomy: Anatomy, options: Options) -> None:
+        super().__init__(context)
+        self.anatomy = anatomy
+        self.options = options
+        self.report = Report()
+        self._before: dict[Key, list[cst.BaseStatement]] = {}
+        self._after: dict[Key, list[cst.BaseStatement]] = {}
+        self._rewrite: dict[Key, StatementRewrite] = {}
+        self._body_start: dict[Key, list[cst.BaseStatement]] = {}
+        self._module_end: list[cst.BaseStatement] = []
+        self._expr: dict[tuple[Key, type], Callable[[cst.CSTNode], cst.CSTNode]] = {}
+
+    # ----- what subclasses implement -----------------------------------------------------------
+    def plan(self) -> None:
+        """Queue this transform's edits from the anatomy (called before the tree is visited)."""
+
+    # ----- reporting -------------------------------------------------------------------------
+    def changed(self, line: int, message: str) -> None:
+        self.report.changes.append(Change(line, self.NAME, message))
+
+    def advise(self, line: int, message: str) -> None:
+        self.report.advice.append(Advice(line, message))
+
+    # ----- queuing edits ---------------------------------------------------------------------
+    def insert_before(self, stmt: ast.stmt, code: str | Sequence[cst.BaseStatement]) -> None:
+        self._before.setdefault(key_of(stmt), []).extend(_statements(code))
+
+    def insert_after(self, stmt: ast.stmt, code: str | Sequence[cst.BaseStatement]) -> None:
+        self._after.setdefault(key_of(stmt), []).extend(_statements(code))
+
+    def insert_at_body_start(self, compound: ast.stmt, code: str | Sequence[cst.BaseStatement]) -> None:
+        """Insert as the first statements of a def/for/while/with/if body (after a docstring)."""
+        self._body_start.setdefault(key_of(compound), []).extend(_statements(code))
+
+    def append_to_module(self, code: str | Sequence[cst.BaseStatement]) -> None:
+        self._module_end.extend(_statements(code))
+
+    def rewrite_statement(self, stmt: ast.stmt, rewrite: StatementRewrite) -> None:
+        """Replace a statement by what `rewrite(updated_cst_statement)` returns."""
+        key = key_of(stmt)
+        previous = self._rewrite.get(key)
+        self._rewrite[key] = rewrite if previous is None else (lambda s, p=previous: _chain(p, rewrite, s))
+
+    def rewrite_node(self, node: ast.AST | Pos, cst_type: type, rewrite: Callable[[cst.CSTNode], cst.CSTNode]) -> None:
+        """Replace the CST node of `cst_type` starting where `node` starts."""
+        self._expr[(key_of(node), cst_type)] = rewrite
+
+    def add_import(self, module: str, obj: str | None = None, asname: str | None = None) -> None:
+        AddImportsVisitor.add_needed_import(self.context, module, obj, asname)
+
+    @property
+    def has_edits(self) -> bool:
+        return any((self._before, self._after, self._rewrite, self._body_start, self._module_end, self._expr))
+
+    # ----- applying them ---------------------------------------------------------------------
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        self.plan()
+        if not self.has_edits:
+            return tree
+        return super().transform_module_impl(tree)
+
+    def _key(self, node: cst.CSTNode) -> Key:
+        start = self.get_metadata(PositionProvider, node).start
+        return start.line, start.column
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
+        updated = super().on_leave(original_node, updated_node)
+        if self._expr and isinstance(original_node, cst.BaseExpression):
+            rewrite = self._expr.get((self._key(original_node), type(original_node)))
+            if rewrite is not None:
+                return rewrite(updated)  # type: ignore[arg-type]
+        return updated
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        body = self._apply_to_block(original_node.body, updated_node.body) + self._module_end
+        return updated_node.with_changes(body=body)
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        return updated_node.with_changes(body=self._apply_to_block(original_node.body, updated_node.body))
+
+    def _apply_to_block(self, originals: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        for orig, new in zip(originals, updated):
+            key = self._key(orig)
+            out.extend(self._before.pop(key, ()))
+            new = self._with_body_start(key, new)
+            rewrite = self._rewrite.pop(key, None)
+            produced = list(rewrite(new)) if rewrite else [new]
+            if produced and produced[0] is not new and produced[0] is not None:
+                produced[0] = _keep_leading_lines(new, produced[0])
+            out.extend(produced)
+            out.extend(self._after.pop(key, ()))
+        return out
+
+    def _with_body_start(self, key: Key, stmt: cst.BaseStatement) -> cst.BaseStatement:
+        extra = self._body_start.pop(key, None)
+        if not extra or not isinstance(getattr(stmt, "body", None), cst.IndentedBlock):
+            return stmt
+        block: cst.IndentedBlock = stmt.body  # type: ignore[attr-defined]
+        head = 1 if block.body and _is_docstring(block.body[0]) else 0
+        return stmt.with_changes(body=block.with_changes(body=[*block.body[:head], *extra, *block.body[head:]]))  # type: ignore[attr-defined]
+
+
+def _statements(code: str | Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    return parse_statements(code) if isinstance(code, str) else list(code)
+
+
+def _chain(first: StatementRewrite, second: StatementRewrite, stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
+    out: list[cst.BaseStatement] = []
+    for s in first(stmt):
+        out.extend(second(s))
+    return out
+
+
+def _keep_leading_lines(old: cst.BaseStatement, new: cst.BaseStatement) -> cst.BaseStatement:
+    """Comments and blank lines above a replaced statement stay above its replacement."""
+    leading = getattr(old, "leading_lines", None)
+    if leading is None or not hasattr(new, "leading_lines") or new.leading_lines:  # type: ignore[attr-defined]
+        return new
+    return new.with_changes(leading_lines=leading)  # type: ignore[attr-defined]
+
+
+def _is_docstring(stmt: cst.BaseStatement) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def guard(stmts: Sequence[cst.BaseStatement], condition: str) -> cst.If:
+    """`if <condition>:` around statements, keeping the first one's comments above the `if`."""
+    first = stmts[0]
+    leading = getattr(first, "leading_lines", ())
+    body = [first.with_changes(leading_lines=()) if leading else first, *stmts[1:]]  # type: ignore[attr-defined]
+    return cst.If(test=parse_expr(condition), body=cst.IndentedBlock(body=body), leading_lines=leading)

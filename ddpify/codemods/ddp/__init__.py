@@ -1,0 +1,8 @@
+"""The DDP codemod: the transforms that turn a single-GPU script into a torchrun one, in order."""
+
+from ddpify.codemods.ddp.devices import RankDevices
+from ddpify.codemods.ddp.setup import DistributedSetup
+from ddpify.codemods.ddp.module_access import DDPModuleAccess
+from ddpify.codemods.ddp.wrap import WrapModel
+
+DDP_TRANSFORMS = (DistributedSetup, RankDevices, WrapModel, DDPModuleAccess)
