@@ -21,6 +21,7 @@ from ddpify.anatomy import Anatomy, Pos
 
 Key = tuple[int, int]
 StatementRewrite = Callable[[cst.BaseStatement], Sequence[cst.BaseStatement]]
+GroupBuilder = Callable[[list[cst.BaseStatement]], cst.BaseStatement]
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class Transform(VisitorBasedCodemodCommand):
         self._body_start: dict[Key, list[cst.BaseStatement]] = {}
         self._module_end: list[cst.BaseStatement] = []
         self._expr: dict[tuple[Key, type], Callable[[cst.CSTNode], cst.CSTNode]] = {}
+        self._grouped: dict[Key, tuple[object, GroupBuilder]] = {}
 
     # ----- what subclasses implement -----------------------------------------------------------
     def plan(self) -> None:
@@ -129,12 +131,20 @@ class Transform(VisitorBasedCodemodCommand):
         """Replace the CST node of `cst_type` starting where `node` starts."""
         self._expr[(key_of(node), cst_type)] = rewrite
 
+    def guard_statement(self, stmt: ast.stmt, condition: str) -> None:
+        """Put `stmt` under `if <condition>:`; neighbours guarded by the same condition share one `if`."""
+        self.group_statement(stmt, ("if", condition), lambda run: guard(run, condition))
+
+    def group_statement(self, stmt: ast.stmt, group: object, build: GroupBuilder) -> None:
+        """Consecutive statements of the same `group` are replaced by `build(their CST statements)`."""
+        self._grouped[key_of(stmt)] = (group, build)
+
     def add_import(self, module: str, obj: str | None = None, asname: str | None = None) -> None:
         AddImportsVisitor.add_needed_import(self.context, module, obj, asname)
 
     @property
     def has_edits(self) -> bool:
-        return any((self._before, self._after, self._rewrite, self._body_start, self._module_end, self._expr))
+        return any((self._before, self._after, self._rewrite, self._body_start, self._module_end, self._expr, self._grouped))
 
     # ----- applying them ---------------------------------------------------------------------
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
@@ -164,17 +174,38 @@ class Transform(VisitorBasedCodemodCommand):
 
     def _apply_to_block(self, originals: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         out: list[cst.BaseStatement] = []
+        run: list[cst.BaseStatement] = []  # consecutive statements of one group
+        run_group: tuple[object, GroupBuilder] | None = None
+        trailing: list[cst.BaseStatement] = []
         for orig, new in zip(originals, updated):
             key = self._key(orig)
-            out.extend(self._before.pop(key, ()))
-            new = self._with_body_start(key, new)
-            rewrite = self._rewrite.pop(key, None)
-            produced = list(rewrite(new)) if rewrite else [new]
-            if produced and produced[0] is not new and produced[0] is not None:
-                produced[0] = _keep_leading_lines(new, produced[0])
-            out.extend(produced)
-            out.extend(self._after.pop(key, ()))
+            group = self._grouped.pop(key, None)
+            if run and (group is None or group[0] != run_group[0]):  # type: ignore[index]
+                out.append(run_group[1](run))  # type: ignore[index]
+                out.extend(trailing)
+                run, trailing = [], []
+            before = self._before.pop(key, [])
+            produced = self._produce(key, new)
+            after = self._after.pop(key, [])
+            if group is None:
+                out.extend([*before, *produced, *after])
+                continue
+            (run if run else out).extend(before)
+            run.extend(produced)
+            trailing.extend(after)
+            run_group = group
+        if run:
+            out.append(run_group[1](run))  # type: ignore[index]
+            out.extend(trailing)
         return out
+
+    def _produce(self, key: Key, new: cst.BaseStatement) -> list[cst.BaseStatement]:
+        new = self._with_body_start(key, new)
+        rewrite = self._rewrite.pop(key, None)
+        produced = list(rewrite(new)) if rewrite else [new]
+        if produced and produced[0] is not new:
+            produced[0] = _keep_leading_lines(new, produced[0])
+        return produced
 
     def _with_body_start(self, key: Key, stmt: cst.BaseStatement) -> cst.BaseStatement:
         extra = self._body_start.pop(key, None)

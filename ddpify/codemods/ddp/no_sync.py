@@ -1,0 +1,75 @@
+"""Transform 10: gradient accumulation skips the all-reduce on micro-steps with `model.no_sync()`.
+
+In a step loop whose `optimizer.step()` sits under a condition (`if (i + 1) % accum == 0:`), the
+statements from the model's forward through `backward()` run under
+`model.no_sync() if not <condition> else contextlib.nullcontext()`: gradients still accumulate
+locally, and are averaged across ranks once, on the micro-step that steps the optimizer.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+
+from ddpify.anatomy import ROLE_MODEL, LoopSite
+from ddpify.codemods.base import Transform, parse_statements
+
+
+class NoSyncAccumulation(Transform):
+    NAME = "no_sync"
+    DESCRIPTION = "Skip gradient all-reduce on accumulation micro-steps with model.no_sync()."
+
+    def plan(self) -> None:
+        for loop in self.anatomy.step_loops:
+            if loop.trains:
+                self._plan_loop(loop)
+
+    def _plan_loop(self, loop: LoopSite) -> None:
+        body: list[ast.stmt] = loop.node.body  # type: ignore[attr-defined]
+        condition = self._step_condition(body)
+        if condition is None:
+            return
+        span = self._forward_to_backward(body)
+        if span is None:
+            self.advise(loop.line, "gradient accumulation: wrap forward and backward in model.no_sync() on micro-steps by hand")
+            return
+        first, last, model = span
+        assigned = {n.id for s in body[first:last + 1] for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        if assigned & {n.id for n in ast.walk(condition) if isinstance(n, ast.Name)}:
+            self.advise(loop.line, "gradient accumulation: the step condition depends on the micro-step's own results; add no_sync by hand")
+            return
+        context = f"{model}.no_sync() if not ({ast.unparse(condition)}) else contextlib.nullcontext()"
+        self.add_import("contextlib")
+        statements = body[first:last + 1]
+        for stmt in statements:
+            self.group_statement(stmt, ("no_sync", loop.line), lambda run: _with_block(run, context))
+        self.changed(statements[0].lineno, f"accumulation micro-steps run under {model}.no_sync() (one all-reduce per optimizer step)")
+
+    def _step_condition(self, body: list[ast.stmt]) -> ast.expr | None:
+        """The test of the `if` (directly in the loop body) that holds `optimizer.step()`."""
+        for stmt in body:
+            if isinstance(stmt, ast.If) and not stmt.orelse and self.anatomy.body_contains(stmt.body, self.anatomy.is_training_call):
+                if not any(self.anatomy.is_training_call(n) and n.func.attr == "backward" for n in ast.walk(stmt)):  # type: ignore[attr-defined]
+                    return stmt.test
+        return None
+
+    def _forward_to_backward(self, body: list[ast.stmt]) -> tuple[int, int, str] | None:
+        """Indices of the first statement calling the model and of the `backward()` statement."""
+        first = model = None
+        for i, stmt in enumerate(body):
+            for node in ast.walk(stmt):
+                if first is None and isinstance(node, ast.Call) and self.anatomy.has_role(node.func, ROLE_MODEL):
+                    first, model = i, ast.unparse(node.func)
+                if first is not None and isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
+                    return first, i, model  # type: ignore[return-value]
+        return None
+
+
+def _with_block(run: list[cst.BaseStatement], context: str) -> cst.With:
+    """`with <context>:` around the statements, keeping the first one's comments above it."""
+    first = run[0]
+    leading = getattr(first, "leading_lines", ())
+    body = [first.with_changes(leading_lines=()), *run[1:]]  # type: ignore[attr-defined]
+    header = parse_statements(f"with {context}:\n    pass\n")[0]
+    return header.with_changes(body=cst.IndentedBlock(body=body), leading_lines=leading)  # type: ignore[return-value]

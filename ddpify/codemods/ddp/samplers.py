@@ -1,0 +1,156 @@
+"""Transforms 5 and 9: DistributedSampler on training loaders, set_epoch each epoch, batch size.
+
+Each training DataLoader gets `sampler=DistributedSampler(dataset, shuffle=..., seed=..., drop_last=...)`
+(its own `shuffle` moves into the sampler), and every epoch loop that trains on it calls
+`<loader>.sampler.set_epoch(epoch)` first, so each epoch shuffles differently and all ranks agree.
+Evaluation loaders are left whole: every rank evaluates the full set, so metrics equal the
+single-GPU ones and any decision taken on them is the same on all ranks.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+
+from ddpify.anatomy import ROLE_LOADER, LoaderSite, LoopSite
+from ddpify.codemods.base import Transform, parse_expr
+from ddpify.codemods.ddp.runtime import WORLD_SIZE
+
+_TIGHT_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+_PER_GPU_NOTE = f"# ddpify: batch_size is per process; the global batch is batch_size * {WORLD_SIZE}."
+_GLOBAL_NOTE = f"# ddpify: the global batch is split over {WORLD_SIZE} processes."
+
+
+class DistributedSamplers(Transform):
+    NAME = "sampler"
+    DESCRIPTION = "Shard training loaders with DistributedSampler and reshuffle every epoch."
+
+    def plan(self) -> None:
+        sharded = [ld for ld in self.anatomy.train_loaders if self._shard(ld)]
+        if sharded:
+            self.add_import("torch.utils.data", "DistributedSampler")
+        for loop in self.anatomy.epoch_loops:
+            self._set_epoch(loop, sharded)
+        for loader in self.anatomy.loaders:
+            if not loader.is_train:
+                self.advise(loader.line, "evaluation loader left whole: every rank evaluates the full set (same metric as one GPU); shard it with DistributedSampler + all_reduce for speed")
+
+    # ----- the loader call ---------------------------------------------------------------------
+    def _shard(self, loader: LoaderSite) -> bool:
+        call = loader.call
+        keywords = {kw.arg: kw.value for kw in call.keywords if kw.arg}
+        if "sampler" in keywords or "batch_sampler" in keywords:
+            self.advise(loader.line, "training loader has its own sampler; shard it across ranks by hand")
+            return False
+        dataset = call.args[0] if call.args else keywords.get("dataset")
+        if dataset is None:
+            self.advise(loader.line, "can't tell the training loader's dataset; add a DistributedSampler by hand")
+            return False
+        sampler = f"DistributedSampler({self._dataset_code(dataset)}{self._sampler_options(keywords)})"
+        self.rewrite_node(call, cst.Call, lambda node: self._with_sampler(node, sampler))
+        self.rewrite_statement(loader.stmt, self._with_batch_note)
+        self.changed(loader.line, "training loader sharded with DistributedSampler (its shuffle moved into the sampler)")
+        if self.options.batch_size == "global" and "batch_size" in keywords:
+            self.changed(loader.line, f"batch_size -> batch_size // {WORLD_SIZE} (the global batch stays as in the original)")
+        return True
+
+    def _dataset_code(self, dataset: ast.AST) -> str:
+        """The dataset expression to hand the sampler (built twice when it is not a plain name)."""
+        if not isinstance(dataset, (ast.Name, ast.Attribute)):
+            self.advise(dataset.lineno, "the dataset expression is built again for the sampler; bind it to a variable if that is costly")
+        return ast.unparse(dataset)
+
+    def _sampler_options(self, keywords: dict[str, ast.AST]) -> str:
+        options = [f"shuffle={ast.unparse(keywords['shuffle'])}" if "shuffle" in keywords else "shuffle=False"]
+        seed = _generator_seed(keywords.get("generator"))
+        if seed is not None:
+            options.append(f"seed={seed}")
+        if "drop_last" in keywords:
+            options.append(f"drop_last={ast.unparse(keywords['drop_last'])}")
+        return ", " + ", ".join(options)
+
+    def _with_sampler(self, node: cst.CSTNode, sampler: str) -> cst.CSTNode:
+        """The call with `sampler=...` where `shuffle=` was (or appended), keeping its layout."""
+        assert isinstance(node, cst.Call)
+        new_arg = cst.Arg(keyword=cst.Name("sampler"), value=parse_expr(sampler), equal=_TIGHT_EQUAL)
+        args = list(node.args)
+        shuffle = next((i for i, a in enumerate(args) if a.keyword and a.keyword.value == "shuffle"), None)
+        if shuffle is not None:
+            args[shuffle] = new_arg.with_changes(comma=args[shuffle].comma)
+        else:
+            last = args[-1]
+            separator = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            args[-1] = last.with_changes(comma=separator)
+            args.append(new_arg.with_changes(comma=last.comma))
+        if self.options.batch_size == "global":
+            args = [_divided_batch(a) for a in args]
+        return node.with_changes(args=args)
+
+    def _with_batch_note(self, stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
+        note = _GLOBAL_NOTE if self.options.batch_size == "global" else _PER_GPU_NOTE
+        line = cst.EmptyLine(comment=cst.Comment(note))
+        return [stmt.with_changes(leading_lines=[*stmt.leading_lines, line])]  # type: ignore[attr-defined]
+
+    # ----- set_epoch ---------------------------------------------------------------------------
+    def _set_epoch(self, loop: LoopSite, sharded: list[LoaderSite]) -> None:
+        for loader in sharded:
+            if not self._trains_inside(loop, loader):
+                continue
+            if loop.loop_var is None:
+                self.advise(loop.line, "epoch loop has no epoch variable; call <loader>.sampler.set_epoch(epoch) by hand")
+                return
+            call = f"{{}}.sampler.set_epoch({loop.loop_var})\n"
+            built_inside = self._binding_inside(loop, loader)
+            if built_inside is not None:
+                stmt, name = built_inside
+                self.insert_after(stmt, call.format(name))
+            else:
+                name = self._visible_name(loop, loader)
+                if name is None:
+                    self.advise(loop.line, "can't name the training loader here; call set_epoch(epoch) on its sampler by hand")
+                    continue
+                self.insert_at_body_start(loop.node, call.format(name))  # type: ignore[arg-type]
+            self.changed(loop.line, f"{name}.sampler.set_epoch({loop.loop_var}) at the start of every epoch")
+
+    def _trains_inside(self, loop: LoopSite, loader: LoaderSite) -> bool:
+        steps = {s.node for s in self.anatomy.step_loops if s.trains and s.loader is loader}
+        return self.anatomy.body_contains(loop.node.body, lambda n: n in steps)  # type: ignore[attr-defined]
+
+    def _binding_inside(self, loop: LoopSite, loader: LoaderSite) -> tuple[ast.stmt, str] | None:
+        """An assignment in the epoch loop's own block that (re)builds the loader each epoch."""
+        for stmt in loop.node.body:  # type: ignore[attr-defined]
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                target = stmt.targets[0]
+                if (ROLE_LOADER, loader) in self.anatomy.roles(stmt.value) and self.anatomy.ref(target) is not None:
+                    return stmt, ast.unparse(target)
+        return None
+
+    def _visible_name(self, loop: LoopSite, loader: LoaderSite) -> str | None:
+        """The variable holding the loader that the epoch loop's code can see."""
+        holders = self.anatomy.refs_holding(loader, ROLE_LOADER)
+        scope = loop.scope
+        cls = self.anatomy.class_of_scope.get(scope)
+        visible = [r for r in holders if r.scope == scope or r.scope == "<module>" or (cls and r.scope == cls)]
+        mentioned = {self.anatomy.ref(n, scope) for n in ast.walk(loop.node) if isinstance(n, (ast.Name, ast.Attribute))}
+        ranked = sorted(visible, key=lambda r: (r not in mentioned, r.scope != scope, r.name))
+        return ranked[0].name if ranked else None
+
+
+def _generator_seed(generator: ast.AST | None) -> int | None:
+    """The seed of `torch.Generator().manual_seed(S)` when S is a literal."""
+    if isinstance(generator, ast.Call) and isinstance(generator.func, ast.Attribute) and generator.func.attr == "manual_seed":
+        arg = generator.args[0] if generator.args else None
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, int):
+            return arg.value
+    return None
+
+
+def _divided_batch(arg: cst.Arg) -> cst.Arg:
+    if arg.keyword is None or arg.keyword.value != "batch_size":
+        return arg
+    value = arg.value
+    if isinstance(value, (cst.BinaryOperation, cst.BooleanOperation, cst.IfExp)):
+        value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return arg.with_changes(value=cst.BinaryOperation(value, cst.FloorDivide(), cst.Name(WORLD_SIZE)))
+
