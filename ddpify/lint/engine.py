@@ -1,0 +1,235 @@
+"""Run the enabled rules over files: parse once, one pass of every rule that applies to the
+script's kind, drop suppressed findings, and optionally apply fixes (iterating until none is left)."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache, partial
+from typing import Iterable, Sequence
+
+from ddpify.anatomy import Anatomy, Pos, ScriptKind, analyze
+from ddpify.lint.config import Config
+from ddpify.lint.fixes import apply_fixes
+from ddpify.lint.registry import all_rules
+from ddpify.lint.rule import Fix, Rule
+from ddpify.lint.suppress import directives, is_suppressed, statement_last_lines
+from ddpify.sources import (
+    Source,
+    SourceError,
+    check_syntax,
+    iter_python_files,
+    mentions_torch,
+    read_source,
+    unchanged_since_read,
+    write_atomic,
+)
+
+MAX_FIX_ROUNDS = 10
+MIN_FILES_FOR_POOL = 8
+NOTEBOOK_SUFFIX = ".ipynb"
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One finding of one rule in one file, ready to print."""
+
+    path: str
+    code: str
+    name: str
+    message: str
+    severity: str
+    pos: Pos
+    fix: Fix | None
+    source_line: str
+
+    @property
+    def sort_key(self) -> tuple:
+        return (self.path, self.pos.line, self.pos.col, self.code)
+
+
+@dataclass
+class FileReport:
+    """What linting one file gave: findings left, errors, fixes applied, and the fix diff."""
+
+    path: str
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    fixes_applied: int = 0
+    diff: str = ""
+    skipped: bool = False  # never mentions torch: not parsed
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to lint: the config, and whether to fix (write), show the fix diff, include unsafe fixes."""
+
+    config: Config = field(default_factory=Config)
+    fix: bool = False
+    diff: bool = False
+    unsafe_fixes: bool = False
+
+    def wants(self, fix: Fix | None) -> bool:
+        return fix is not None and (fix.safe or self.unsafe_fixes)
+
+
+class FixError(Exception):
+    """Applying fixes failed or produced code that does not parse."""
+
+
+# ----- one text ---------------------------------------------------------------------------------
+class RuleSet:
+    """Instances of the enabled rules, grouped by the script kinds they apply to."""
+
+    def __init__(self, rules: Iterable[type[Rule]]) -> None:
+        self.rules = [rule() for rule in rules]
+        self.by_kind = {kind: [r for r in self.rules if kind in r.applies_to] for kind in ScriptKind}
+
+
+@lru_cache(maxsize=64)
+def rule_set(codes: frozenset[str]) -> RuleSet:
+    """The (cached) RuleSet of the rules with these codes."""
+    return RuleSet(r for r in all_rules() if r.code in codes)
+
+
+def parse(text: str, path: str) -> Anatomy:
+    """The anatomy of `text`; SourceError (`path:line: message`) when it is not valid Python."""
+    try:
+        return analyze(text, path)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        check_syntax(Source(path=path, text=text, encoding="utf-8", bom=False, mode=None))
+        raise SourceError(path, f"cannot be analysed: {type(e).__name__}: {e}") from None
+
+
+def check_text(text: str, path: str, rules: RuleSet) -> tuple[list[Diagnostic], list[str]]:
+    """Findings of the rules on `text` (suppressed ones dropped), and errors of rules that crashed."""
+    anatomy = parse(text, path)
+    found: list[Diagnostic] = []
+    errors: list[str] = []
+    for rule in rules.by_kind[anatomy.kind]:
+        try:
+            found.extend(_diagnostic(anatomy, rule, f) for f in rule.check(anatomy))
+        except Exception as e:  # a broken rule must not stop the others or the other files
+            errors.append(f"{path}: internal error in rule {rule.code}: {type(e).__name__}: {e}")
+    if found:
+        comments = directives(text)
+        if comments:
+            last_lines = statement_last_lines(anatomy.tree)
+            found = [d for d in found if not is_suppressed(d.code, d.pos, comments, last_lines)]
+    return sorted(found, key=lambda d: d.sort_key), errors
+
+
+def _diagnostic(anatomy: Anatomy, rule: Rule, finding) -> Diagnostic:
+    lines = anatomy.lines
+    line = lines[finding.pos.line - 1] if 0 < finding.pos.line <= len(lines) else ""
+    return Diagnostic(
+        path=anatomy.path,
+        code=rule.code,
+        name=rule.name,
+        message=finding.message or rule.message,
+        severity=rule.severity,
+        pos=finding.pos,
+        fix=finding.fix,
+        source_line=line,
+    )
+
+
+def fix_text(text: str, path: str, rules: RuleSet, options: Options) -> tuple[str, int, list[Diagnostic], list[str]]:
+    """Apply the wanted fixes, re-linting after each round, until none is left (or MAX_FIX_ROUNDS).
+
+    Returns the fixed text, the number of fixes applied, the findings left and rule errors.
+    Raises FixError when the fixes break the code (the caller then leaves the file alone).
+    """
+    diagnostics, errors = check_text(text, path, rules)
+    applied = 0
+    for _ in range(MAX_FIX_ROUNDS):
+        fixes = [d.fix for d in diagnostics if options.wants(d.fix)]
+        if not fixes:
+            break
+        new_text, count = _apply(text, fixes, diagnostics)
+        if new_text == text:
+            break
+        try:
+            diagnostics, errors = check_text(new_text, path, rules)
+        except SourceError as e:
+            codes = ", ".join(sorted({d.code for d in diagnostics if options.wants(d.fix)}))
+            raise FixError(f"{e} (after applying fixes of {codes}; file left unchanged)") from None
+        text, applied = new_text, applied + count
+    return text, applied, diagnostics, errors
+
+
+def _apply(text: str, fixes: list[Fix], diagnostics: list[Diagnostic]) -> tuple[str, int]:
+    try:
+        return apply_fixes(text, fixes)
+    except ValueError as e:
+        codes = ", ".join(sorted({d.code for d in diagnostics if d.fix in fixes}))
+        raise FixError(f"{diagnostics[0].path}: a fix of {codes} is malformed: {e}") from None
+
+
+# ----- one file ---------------------------------------------------------------------------------
+def lint_file(path: str, options: Options) -> FileReport:
+    """Read, lint and (per options) fix one file; problems become `report.errors`, never exceptions."""
+    report = FileReport(path)
+    try:
+        source = read_source(path)
+        if not mentions_torch(source.text):
+            report.skipped = True
+            return report
+        rules = rule_set(options.config.enabled(all_rules(), path))
+        if options.fix or options.diff:
+            _fix_file(source, rules, options, report)
+        else:
+            report.diagnostics, report.errors = check_text(source.text, path, rules)
+    except (SourceError, FixError) as e:
+        report.errors.append(str(e))
+    return report
+
+
+def _fix_file(source: Source, rules: RuleSet, options: Options, report: FileReport) -> None:
+    new_text, applied, report.diagnostics, report.errors = fix_text(source.text, source.path, rules, options)
+    if new_text == source.text:
+        return
+    if options.diff:
+        report.diff = unified_diff(source.path, source.text, new_text)
+        report.fixes_applied = applied
+        return
+    data = source.encode(new_text)
+    if not unchanged_since_read(source):
+        raise SourceError(source.path, "changed on disk while being fixed; not written")
+    write_atomic(source.path, data, source.mode)
+    report.fixes_applied = applied
+
+
+def unified_diff(path: str, old: str, new: str) -> str:
+    """The `diff -u` of a fix, with git's a/ and b/ prefixes on relative paths."""
+    before, after = (path, path) if os.path.isabs(path) else (f"a/{path}", f"b/{path}")
+    lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True), before, after)
+    return "".join(line if line.endswith(("\n", "\r")) else line + "\n\\ No newline at end of file\n" for line in lines)
+
+
+# ----- many files -------------------------------------------------------------------------------
+def collect_files(paths: Sequence[str], config: Config) -> tuple[list[str], list[str]]:
+    """Python files named by or found under `paths` (notebooks left out), and errors finding them."""
+    files, errors = [], []
+    for found in iter_python_files(paths, exclude=config.exclude):
+        if isinstance(found, SourceError):
+            errors.append(str(found))
+        elif found.suffix != NOTEBOOK_SUFFIX:
+            files.append(str(found))
+    return files, errors
+
+
+def lint_files(files: Sequence[str], options: Options, jobs: int | None = None) -> list[FileReport]:
+    """Lint every file, in a process pool when there are enough of them; reports sorted by path."""
+    jobs = jobs or os.cpu_count() or 1
+    work = partial(lint_file, options=options)
+    if jobs == 1 or len(files) < MIN_FILES_FOR_POOL:
+        reports = list(map(work, files))
+    else:
+        all_rules()  # import the rules once, before the workers fork
+        chunk = max(1, min(64, len(files) // (jobs * 4)))
+        with ProcessPoolExecutor(max_workers=min(jobs, len(files))) as pool:
+            reports = list(pool.map(work, files, chunksize=chunk))
+    return sorted(reports, key=lambda r: r.path)

@@ -1,0 +1,171 @@
+"""Print findings as text, JSON, GitHub Actions workflow commands or SARIF 2.1.0.
+
+Positions are printed 1-based for lines and columns; an end column is the column just past the
+last character (exclusive), as in SARIF.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from urllib.parse import quote
+from typing import Sequence
+
+from ddpify import __version__
+from ddpify.lint.docs import kinds_text, render_rule, rule_doc
+from ddpify.lint.engine import Diagnostic
+from ddpify.lint.rule import Edit, Fix, Rule
+
+FORMATS = ("text", "json", "github", "sarif")
+_GITHUB_LEVELS = {"error": "error", "warning": "warning", "info": "notice"}
+_SARIF_LEVELS = {"error": "error", "warning": "warning", "info": "note"}
+SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
+
+
+def render(fmt: str, diagnostics: Sequence[Diagnostic], rules: Sequence[type[Rule]], errors: Sequence[str]) -> str:
+    """The findings in format `fmt`; `rules` describe the tool (SARIF), `errors` its failures."""
+    if fmt == "text":
+        return "".join(f"{text_diagnostic(d)}\n" for d in diagnostics)
+    if fmt == "json":
+        return json.dumps([json_diagnostic(d) for d in diagnostics], indent=2) + "\n"
+    if fmt == "github":
+        return "".join(f"{github_command(d)}\n" for d in diagnostics)
+    if fmt == "sarif":
+        return json.dumps(sarif_log(diagnostics, rules, errors), indent=2) + "\n"
+    raise ValueError(f"unknown output format {fmt!r}")
+
+
+# ----- text -------------------------------------------------------------------------------------
+def text_diagnostic(d: Diagnostic) -> str:
+    """`path:line:col: CODE message`, then the source line with a caret under the range."""
+    head = f"{d.path}:{d.pos.line}:{d.pos.col + 1}: {d.code} {d.message}"
+    gutter = str(d.pos.line)
+    blank = " " * len(gutter)
+    frame = f" {gutter} | {d.source_line}\n {blank} | {_caret(d)}"
+    if d.fix is not None:
+        frame += f"\n {blank} = fix ({'safe' if d.fix.safe else 'unsafe'}): {d.fix.description}"
+    return f"{head}\n{frame}\n"
+
+
+def _caret(d: Diagnostic) -> str:
+    line = d.source_line
+    indent = "".join(ch if ch == "\t" else " " for ch in line[: d.pos.col])
+    end = d.pos.end_col if d.pos.end_line == d.pos.line else len(line.rstrip())
+    return indent + "^" * max(1, end - d.pos.col)
+
+
+# ----- json -------------------------------------------------------------------------------------
+def json_diagnostic(d: Diagnostic) -> dict:
+    return {
+        "path": d.path,
+        **_json_range(d.pos.line, d.pos.col, d.pos.end_line, d.pos.end_col),
+        "code": d.code,
+        "name": d.name,
+        "message": d.message,
+        "severity": d.severity,
+        "fix": _json_fix(d.fix),
+    }
+
+
+def _json_range(line: int, col: int, end_line: int, end_col: int) -> dict:
+    return {"line": line, "column": col + 1, "end_line": end_line, "end_column": end_col + 1}
+
+
+def _json_fix(fix: Fix | None) -> dict | None:
+    if fix is None:
+        return None
+    edits = [{**_json_range(e.line, e.col, e.end_line, e.end_col), "text": e.text} for e in fix.edits]
+    return {"safe": fix.safe, "description": fix.description, "edits": edits}
+
+
+# ----- github -----------------------------------------------------------------------------------
+def github_command(d: Diagnostic) -> str:
+    """A GitHub Actions `::error ...::message` workflow command (warning/notice by severity)."""
+    props = {
+        "file": d.path,
+        "line": d.pos.line,
+        "col": d.pos.col + 1,
+        "endLine": d.pos.end_line,
+        "endColumn": d.pos.end_col + 1,
+        "title": f"{d.code} {d.name}",
+    }
+    listed = ",".join(f"{k}={_escape_property(str(v))}" for k, v in props.items())
+    return f"::{_GITHUB_LEVELS.get(d.severity, 'error')} {listed}::{_escape_data(d.message)}"
+
+
+def _escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+# ----- sarif ------------------------------------------------------------------------------------
+def sarif_log(diagnostics: Sequence[Diagnostic], rules: Sequence[type[Rule]], errors: Sequence[str]) -> dict:
+    """A SARIF 2.1.0 log with one run: the rules as the driver's rules, one result per finding."""
+    index = {r.code: i for i, r in enumerate(rules)}
+    driver = {"name": "ddpify", "version": __version__, "rules": [_sarif_rule(r) for r in rules]}
+    invocation = {
+        "executionSuccessful": not errors,
+        "toolExecutionNotifications": [{"level": "error", "message": {"text": e}} for e in errors],
+    }
+    return {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {"driver": driver},
+                "invocations": [invocation],
+                "columnKind": "unicodeCodePoints",
+                "results": [_sarif_result(d, index) for d in diagnostics],
+            }
+        ],
+    }
+
+
+def _sarif_rule(rule: type[Rule]) -> dict:
+    doc = rule_doc(rule)
+    return {
+        "id": rule.code,
+        "name": rule.name,
+        "shortDescription": {"text": rule.message},
+        "fullDescription": {"text": doc.sections.get("What it does") or doc.summary or rule.message},
+        "help": {"text": render_rule(rule), "markdown": render_rule(rule)},
+        "defaultConfiguration": {"level": _SARIF_LEVELS[rule.severity], "enabled": rule.default_enabled},
+        "properties": {"tags": kinds_text(rule).split(", ")},
+    }
+
+
+def _sarif_result(d: Diagnostic, index: dict[str, int]) -> dict:
+    uri = _uri(d.path)
+    result = {
+        "ruleId": d.code,
+        "level": _SARIF_LEVELS.get(d.severity, "error"),
+        "message": {"text": d.message},
+        "locations": [{"physicalLocation": {"artifactLocation": {"uri": uri}, "region": _region(d.pos.line, d.pos.col, d.pos.end_line, d.pos.end_col)}}],
+    }
+    if d.code in index:
+        result["ruleIndex"] = index[d.code]
+    if d.fix is not None:
+        result["fixes"] = [_sarif_fix(d.fix, uri)]
+    return result
+
+
+def _sarif_fix(fix: Fix, uri: str) -> dict:
+    replacements = [_sarif_replacement(e) for e in fix.edits]
+    return {"description": {"text": fix.description}, "artifactChanges": [{"artifactLocation": {"uri": uri}, "replacements": replacements}]}
+
+
+def _sarif_replacement(edit: Edit) -> dict:
+    return {"deletedRegion": _region(edit.line, edit.col, edit.end_line, edit.end_col), "insertedContent": {"text": edit.text}}
+
+
+def _region(line: int, col: int, end_line: int, end_col: int) -> dict:
+    return {"startLine": line, "startColumn": col + 1, "endLine": end_line, "endColumn": end_col + 1}
+
+
+def _uri(path: str) -> str:
+    """A relative path as a relative URI reference (posix separators), an absolute one as file://."""
+    p = Path(path)
+    return p.as_uri() if p.is_absolute() else quote(p.as_posix())

@@ -1,0 +1,124 @@
+"""DDP001: `torch.load()` without `map_location` in a distributed script."""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterable
+
+from ddpify.anatomy import MODULE_SCOPE, Anatomy, CallSite, ScriptKind
+from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
+
+
+class TorchLoadWithoutMapLocation(Rule):
+    """
+    ## What it does
+    Checks for `torch.load(...)` calls without a `map_location` in scripts that run one process
+    per GPU (`init_process_group`, `DistributedDataParallel`, `mp.spawn`).
+
+    ## Why is this bad?
+    Without `map_location`, tensors are restored onto the device they were saved from, which for a
+    checkpoint written by rank 0 is `cuda:0`. Every rank then allocates the whole checkpoint on
+    GPU 0: it runs out of memory, or silently slows down while GPU 0 holds N copies.
+
+    ## Example
+    ```python
+    checkpoint = torch.load("checkpoint.pt")
+    model.load_state_dict(checkpoint["model"])
+    ```
+
+    ## Use instead
+    ```python
+    checkpoint = torch.load("checkpoint.pt", map_location=device)  # this rank's device
+    model.load_state_dict(checkpoint["model"])
+    ```
+
+    ## Fix safety
+    The fix adds `map_location=<device>` when the function (or module) binds a `torch.device(...)`
+    or a variable named `device` before the call; that is safe, it is where this rank's tensors
+    belong. Otherwise it adds `map_location="cpu"`, which is unsafe: `load_state_dict` copies
+    CPU tensors to the model's device, but tensors used directly would now stay on the CPU.
+    """
+
+    code = "DDP001"
+    name = "torch-load-without-map-location"
+    message = "torch.load() without map_location loads every rank's copy onto the GPU it was saved from (usually cuda:0)"
+    applies_to = frozenset({ScriptKind.DDP, ScriptKind.SPAWN})
+
+    VALID = (
+        "import torch\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\n"
+        "state = torch.load('ckpt.pt', map_location='cpu')\n",
+        "import torch\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\n"
+        "state = torch.load('ckpt.pt', 'cpu')\n",
+        "import torch\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\n"
+        "state = torch.load('ckpt.pt', **load_kwargs)\n",
+        # single-GPU script: one process, nothing to collide with
+        "import torch\n\nstate = torch.load('ckpt.pt')\n",
+    )
+    INVALID = (
+        Invalid(
+            "import torch\nimport torch.distributed as dist\n\n\ndef main(local_rank):\n"
+            "    dist.init_process_group('nccl')\n"
+            "    device = torch.device('cuda', local_rank)\n"
+            "    state = torch.load('ckpt.pt')\n",
+            line=8,
+            fixed="import torch\nimport torch.distributed as dist\n\n\ndef main(local_rank):\n"
+            "    dist.init_process_group('nccl')\n"
+            "    device = torch.device('cuda', local_rank)\n"
+            "    state = torch.load('ckpt.pt', map_location=device)\n",
+        ),
+        Invalid(
+            "import torch\nimport torch.multiprocessing as mp\n\n\ndef worker(rank):\n"
+            "    state = torch.load(\n        'ckpt.pt',\n    )\n\n\nmp.spawn(worker, nprocs=2)\n",
+            line=6,
+            fixed="import torch\nimport torch.multiprocessing as mp\n\n\ndef worker(rank):\n"
+            "    state = torch.load(\n        'ckpt.pt', map_location=\"cpu\",\n    )\n\n\nmp.spawn(worker, nprocs=2)\n",
+        ),
+    )
+
+    def check(self, anatomy: Anatomy) -> Iterable[Finding]:
+        for site in anatomy.calls_to("torch.load"):
+            call: ast.Call = site.node  # type: ignore[assignment]
+            if _lacks_map_location(call):
+                yield Finding(site.pos, fix=_fix(anatomy, site, call))
+
+
+def _lacks_map_location(call: ast.Call) -> bool:
+    """One positional argument, no `map_location=`, nothing unpacked that could hold it."""
+    if len(call.args) != 1 or isinstance(call.args[0], ast.Starred):
+        return False
+    return all(kw.arg not in ("map_location", None) for kw in call.keywords)
+
+
+def _fix(anatomy: Anatomy, site: CallSite, call: ast.Call) -> Fix:
+    last = max((call.args[0], *(kw.value for kw in call.keywords)), key=lambda n: (n.end_lineno, n.end_col_offset))
+    end = anatomy.pos(last)
+    device = _device_name(anatomy, site)
+    value = device or '"cpu"'
+    edit = Edit.insert(end.end_line, end.end_col, f", map_location={value}")
+    return Fix((edit,), safe=device is not None, description=f"Add map_location={value}")
+
+
+def _device_name(anatomy: Anatomy, site: CallSite) -> str | None:
+    """A variable holding this process's device, bound before the call where the call can see it."""
+    visible = _bound_names(anatomy, site.scope, site.pos.line)
+    if site.scope != MODULE_SCOPE:
+        visible = {**_bound_names(anatomy, MODULE_SCOPE, None), **visible}
+    devices = [name for name, is_device in visible.items() if is_device]
+    if devices:
+        return devices[0]
+    return "device" if "device" in visible else None
+
+
+def _bound_names(anatomy: Anatomy, scope: str, before_line: int | None) -> dict[str, bool]:
+    """Names assigned (or taken as parameters) in `scope` -> is the value a `torch.device(...)`?"""
+    fn = anatomy.functions.get(scope)
+    found = {p: False for p in fn.params} if fn else {}
+    body = fn.node.body if fn else anatomy.tree.body
+    for stmt in body:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Assign) and (before_line is None or node.lineno < before_line):
+                is_device = isinstance(node.value, ast.Call) and anatomy.qualname(node.value.func) == "torch.device"
+                for target in node.targets:
+                    if isinstance(target, ast.Name) and anatomy.scope_of.get(target) == scope:
+                        found[target.id] = found.get(target.id, False) or is_device
+    return found
