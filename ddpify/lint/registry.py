@@ -6,6 +6,7 @@ import importlib
 import inspect
 import pkgutil
 from functools import lru_cache
+from types import ModuleType
 
 from ddpify.lint.rule import Rule
 
@@ -16,9 +17,15 @@ class RuleError(Exception):
 
 @lru_cache(maxsize=1)
 def all_rules() -> tuple[type[Rule], ...]:
-    """Every rule class, sorted by code; raises RuleError when two rules share a code."""
-    import ddpify.rules as package
+    """Every rule of ddpify, sorted by code."""
+    import ddpify.rules
 
+    return discover(ddpify.rules)
+
+
+def discover(package: ModuleType) -> tuple[type[Rule], ...]:
+    """The Rule subclasses defined by the modules of `package`, sorted by code; raises RuleError
+    when two rules share a code."""
     found: dict[str, type[Rule]] = {}
     for info in pkgutil.iter_modules(package.__path__):
         module = importlib.import_module(f"{package.__name__}.{info.name}")
@@ -31,7 +38,7 @@ def all_rules() -> tuple[type[Rule], ...]:
     return tuple(found[code] for code in sorted(found))
 
 
-def _rules_defined_in(module) -> list[type[Rule]]:
+def _rules_defined_in(module: ModuleType) -> list[type[Rule]]:
     return [
         obj
         for obj in vars(module).values()
