@@ -1,0 +1,160 @@
+"""Helpers shared by the DDP rules: the kinds they apply to, finding ranges, and fix edits.
+
+The facts themselves come from `ddpify.anatomy.distributed`; this module only turns them into
+positions and source edits.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import Anatomy, Pos, ScriptKind
+from ddpify.anatomy import distributed as ddp
+from ddpify.lint import Edit, Fix
+
+DDP_KINDS = frozenset({ScriptKind.DDP, ScriptKind.SPAWN})
+INDENT = "    "
+
+
+def header_pos(a: Anatomy, stmt: ast.stmt) -> Pos:
+    """The first line of a compound statement (`for epoch in range(n):`), or the whole statement."""
+    head = getattr(stmt, "iter", None) or getattr(stmt, "test", None)
+    if head is None and isinstance(stmt, (ast.With, ast.AsyncWith)):
+        head = stmt.items[-1].context_expr
+    end = a.pos(head) if head is not None else a.pos(stmt)
+    start = a.pos(stmt)
+    return Pos(start.line, start.col, end.end_line, end.end_col)
+
+
+def line_indent(a: Anatomy, line: int) -> str:
+    text = a.lines[line - 1]
+    return text[: len(text) - len(text.lstrip())]
+
+
+def owns_its_lines(a: Anatomy, stmt: ast.stmt) -> bool:
+    """Does `stmt` start its first line and end its last one (no `a; b`, no `if x: y`)?"""
+    pos = a.pos(stmt)
+    first, last = a.lines[pos.line - 1], a.lines[pos.end_line - 1]
+    tail = last[pos.end_col:].strip()
+    return first[: pos.col].strip() == "" and (tail == "" or tail.startswith("#"))
+
+
+def insert_before(a: Anatomy, stmt: ast.stmt, code: str) -> Edit | None:
+    """Insert the line `code` before `stmt`, at its indentation."""
+    if not owns_its_lines(a, stmt):
+        return None
+    return Edit.insert(stmt.lineno, 0, f"{line_indent(a, stmt.lineno)}{code}\n")
+
+
+def insert_at_top_of_body(a: Anatomy, compound: ast.stmt, code: str) -> Edit | None:
+    """Insert the line `code` as the first statement of a `for`/`if`/`with` body."""
+    first = compound.body[0]  # type: ignore[attr-defined]
+    if first.lineno == compound.lineno:
+        return None
+    return insert_before(a, first, code)
+
+
+def wrap_in_if(a: Anatomy, stmt: ast.stmt, test: str) -> Edit | None:
+    """Put `stmt` under `if <test>:`, indenting its lines; None when that would change a string."""
+    if not owns_its_lines(a, stmt) or _spans_multiline_string(stmt):
+        return None
+    indent = line_indent(a, stmt.lineno)
+    lines = a.lines[stmt.lineno - 1 : stmt.end_lineno]
+    body = "\n".join(INDENT + line if line.strip() else line for line in lines)
+    end = len(a.lines[stmt.end_lineno - 1])  # type: ignore[index]
+    return Edit(stmt.lineno, 0, stmt.end_lineno, end, f"{indent}if {test}:\n{body}")  # type: ignore[arg-type]
+
+
+def _spans_multiline_string(stmt: ast.stmt) -> bool:
+    return any(
+        isinstance(n, (ast.Constant, ast.JoinedStr)) and getattr(n, "end_lineno", n.lineno) != n.lineno
+        for n in ast.walk(stmt)
+    )
+
+
+def remove_keyword(a: Anatomy, call: ast.Call, kw: ast.keyword) -> Edit:
+    """Delete `kw=value` from the call, with the comma that separates it from its neighbour."""
+    args: list[ast.AST] = sorted([*call.args, *call.keywords], key=lambda n: (n.lineno, n.col_offset))
+    index = args.index(kw)
+    here = a.pos(kw)
+    if index > 0:
+        before = a.pos(args[index - 1])
+        return Edit(before.end_line, before.end_col, here.end_line, here.end_col, "")
+    if len(args) > 1:
+        after = a.pos(args[1])
+        return Edit(here.line, here.col, after.line, after.col, "")
+    return Edit.replace(here, "")
+
+
+def insert_module(a: Anatomy, wrapper_expr: ast.AST) -> Edit:
+    """`model.x` -> `model.module.x`: insert `.module` right after the wrapper expression."""
+    end = a.pos(wrapper_expr)
+    return Edit.insert(end.end_line, end.end_col, ".module")
+
+
+def rank_zero_test(a: Anatomy, node: ast.AST) -> tuple[str, bool] | None:
+    """Source text of a rank-0 test for a guard around `node`, and whether it is known to work there.
+
+    The script's own test is reused when an earlier `if <rank-0 test>:` in the same function reads
+    the same variables (known to work); otherwise `dist.get_rank() == 0` (needs an initialised
+    process group at that point, so not known to work). None when torch.distributed isn't spelled.
+    """
+    scope = ddp.enclosing_function(a, node)
+    for guard in _rank_zero_guards(a):
+        if ddp.enclosing_function(a, guard) == scope and guard.lineno < node.lineno:  # type: ignore[attr-defined]
+            return ast.get_source_segment(a.text, guard.test) or "", True  # type: ignore[attr-defined]
+    rank_variable = _global_rank_variable(a, scope, node.lineno)  # type: ignore[attr-defined]
+    if rank_variable is not None:
+        return f"{rank_variable} == 0", True
+    get_rank = ddp.spelling(a, "torch.distributed.get_rank")
+    return (f"{get_rank}() == 0", False) if get_rank else None
+
+
+def _rank_zero_guards(a: Anatomy) -> list[ast.If]:
+    cache = a.__dict__.setdefault("_dist", {})
+    if "_rank_zero_guards" not in cache:
+        cache["_rank_zero_guards"] = [
+            n for n in ast.walk(a.tree)
+            if isinstance(n, ast.If) and not isinstance(n.test, ast.BoolOp) and ddp.is_rank_zero_test(a, n.test)
+            and "\n" not in (ast.get_source_segment(a.text, n.test) or "\n")
+        ]
+    return cache["_rank_zero_guards"]
+
+
+def rank_zero_guard_fix(a: Anatomy, stmt: ast.stmt, may_be_safe: bool) -> Fix | None:
+    """Put `stmt` under a rank-0 test; safe only if `may_be_safe` and the test is known to work there."""
+    test = rank_zero_test(a, stmt)
+    if test is None:
+        return None
+    text, known = test
+    edit = wrap_in_if(a, stmt, text)
+    if edit is None:
+        return None
+    return Fix((edit,), safe=may_be_safe and known, description=f"run it on rank 0 only (`if {text}:`)")
+
+
+def per_rank_target(a: Anatomy, call: ast.Call) -> bool:
+    """Does the call name its target after the rank (`f"ckpt_rank{rank}.pt"`, `print(f"[{rank}] ...")`)?"""
+    return any(ddp.mentions_rank(a, arg) for arg in (*call.args, *(kw.value for kw in call.keywords)))
+
+
+def _global_rank_variable(a: Anatomy, scope: str, line: int) -> str | None:
+    """A name holding the global rank in `scope` before `line`: a spawn worker's first parameter,
+    or a variable assigned `dist.get_rank()` / `int(os.environ["RANK"])`."""
+    if scope in ddp.spawn_workers(a):
+        return a.functions[scope].params[0] if a.functions[scope].params else None
+    for ref, entries in ddp.assignments(a).items():
+        if ref.scope != scope or "." in ref.name:
+            continue
+        for stmt, value in entries:
+            if stmt.lineno < line and ddp.enclosing_function(a, stmt) == scope and _is_global_rank(a, value):
+                return ref.name
+    return None
+
+
+def _is_global_rank(a: Anatomy, value: ast.AST) -> bool:
+    if isinstance(value, ast.Call) and ddp.identifier(value.func) == "int" and value.args:
+        value = value.args[0]
+    if isinstance(value, ast.Call):
+        return a.qualname(value.func) == "torch.distributed.get_rank"
+    return isinstance(value, ast.Subscript) and ddp.constant(value.slice, "RANK") and a.qualname(value.value) == "os.environ"

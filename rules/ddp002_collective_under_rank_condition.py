@@ -1,0 +1,181 @@
+"""DDP002: a collective or a DDP forward that only some ranks reach."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import distributed as ddp
+from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS, insert_module
+
+
+class CollectiveUnderRankCondition(Rule):
+    """## What it does
+    Flags a collective (`dist.all_reduce`, `dist.barrier`, `dist.broadcast`, `dist.all_gather`, ...)
+    or a forward pass of the DDP-wrapped model that only some ranks reach: it sits under
+    `if rank == 0:` (or `if dist.get_rank() == 0`, `if is_main_process():`, ...), after an early
+    `return` taken by the other ranks, or in a function that is only called from such places.
+
+    ## Why is this bad?
+    A collective completes only when every rank of the group calls it. When only rank 0 calls it,
+    rank 0 waits forever for the others (and they wait for rank 0 at their next collective): the
+    job hangs until the NCCL timeout kills it. A DDP forward is a collective too: it broadcasts
+    buffers (e.g. BatchNorm statistics) from rank 0, and its backward all-reduces gradients.
+
+    A matched pair in complementary branches (`if rank != 0: dist.barrier()` ... `if rank == 0:
+    dist.barrier()`, the "rank 0 first" idiom) is fine and not reported.
+
+    ## Example
+    ```python
+    if rank == 0:
+        dist.all_reduce(loss)
+        print(loss.item())
+    ```
+
+    ## Use instead
+    ```python
+    dist.all_reduce(loss)
+    if rank == 0:
+        print(loss.item())
+    ```
+    and evaluate on rank 0 only through the plain module: `model.module(x)`.
+
+    ## Fix safety
+    A DDP forward gets an unsafe fix that calls `model.module(...)` instead (no synchronisation;
+    unsafe because gradients of a backward through it are no longer averaged). Collectives have no
+    fix: whether to move them out of the branch or drop them needs a decision.
+    """
+
+    code = "DDP002"
+    name = "collective-under-rank-condition"
+    message = "collective runs on some ranks only; the other ranks never join it and the job hangs"
+    severity = "error"
+    applies_to = DDP_KINDS
+
+    def check(self, anatomy):
+        a = anatomy
+        for site in ddp.collectives(a):
+            if ddp.rank_guarded(a, site.node) and not _has_complementary_partner(a, site):
+                name = site.qualname.rpartition(".")[2]
+                yield Finding(site.pos, f"`{name}` runs on some ranks only; the other ranks never join it and the job hangs")
+        for call in _guarded_ddp_forwards(a):
+            yield Finding(
+                a.pos(call),
+                "forward of the DDP wrapper runs on some ranks only (it syncs buffers and gradients "
+                "with all ranks); call the plain module (`.module(...)`) for rank-0-only work",
+                Fix((insert_module(a, call.func),), safe=False, description="call the module inside the DDP wrapper"),
+            )
+
+
+def _branch(a, node: ast.AST) -> tuple[ast.AST | None, bool]:
+    guard = ddp.rank_guard(a, node)
+    if guard is None:
+        return None, False
+    in_else = any(child in guard.orelse for parent, child in ddp.ancestors(a, node) if parent is guard)
+    return guard, in_else
+
+
+def _has_complementary_partner(a, site) -> bool:
+    """The same collective, in the same function, in a different rank branch (`zero_first` idiom)."""
+    scope, branch = ddp.enclosing_function(a, site.node), _branch(a, site.node)
+    return any(
+        other is not site
+        and other.qualname == site.qualname
+        and ddp.enclosing_function(a, other.node) == scope
+        and ddp.rank_guarded(a, other.node)
+        and _branch(a, other.node) != branch
+        for other in ddp.collectives(a)
+    )
+
+
+def _guarded_ddp_forwards(a) -> list[ast.Call]:
+    if not ddp.wrap_calls(a):
+        return []
+    return [
+        site.node
+        for site in a.calls
+        if isinstance(site.node.func, (ast.Name, ast.Attribute))
+        and ddp.is_wrapper(a, site.node.func)
+        and ddp.rank_guarded(a, site.node)
+    ]
+
+
+_HEAD = """import torch.distributed as dist
+import torch
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+"""
+
+CollectiveUnderRankCondition.VALID = (
+    _HEAD + "loss = torch.ones(1)\ndist.all_reduce(loss)\nif rank == 0:\n    print(loss.item())\n",
+    # the "rank 0 first" idiom: every rank reaches exactly one barrier
+    _HEAD + "if rank != 0:\n    dist.barrier()\ndata = torch.ones(3)\nif rank == 0:\n    dist.barrier()\n",
+    # `local_rank != -1` asks "distributed at all?": the same on every rank
+    """import os
+import torch.distributed as dist
+local_rank = int(os.environ.get("LOCAL_RANK", -1))
+if local_rank != -1:
+    dist.init_process_group("nccl")
+    dist.barrier()
+""",
+    # rank-0 evaluation through the plain module
+    _HEAD + """from torch.nn.parallel import DistributedDataParallel as DDP
+model = DDP(torch.nn.Linear(2, 2))
+if rank == 0:
+    with torch.no_grad():
+        out = model.module(torch.ones(1, 2))
+""",
+)
+CollectiveUnderRankCondition.INVALID = (
+    Invalid(_HEAD + "loss = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(loss)\n", line=7),
+    Invalid(_HEAD + "if dist.get_rank() == 0:\n    dist.barrier()\n", line=6),
+    Invalid(
+        """import torch
+import torch.distributed as dist
+
+
+def is_main_process():
+    return dist.get_rank() == 0
+
+
+def log_metrics(loss):
+    dist.all_reduce(loss)
+    print(loss.item())
+
+
+def main():
+    dist.init_process_group("nccl")
+    if is_main_process():
+        log_metrics(torch.ones(1))
+""",
+        line=10,
+    ),
+    Invalid(
+        """import torch.distributed as dist
+
+
+def finish(rank):
+    if rank != 0:
+        return
+    dist.barrier()
+
+
+dist.init_process_group("gloo")
+finish(dist.get_rank())
+""",
+        line=7,
+    ),
+    Invalid(
+        _HEAD + """from torch.nn.parallel import DistributedDataParallel as DDP
+model = DDP(torch.nn.Linear(2, 2))
+if rank == 0:
+    out = model(torch.ones(1, 2))
+""",
+        line=8,
+        fixed=_HEAD + """from torch.nn.parallel import DistributedDataParallel as DDP
+model = DDP(torch.nn.Linear(2, 2))
+if rank == 0:
+    out = model.module(torch.ones(1, 2))
+""",
+    ),
+)

@@ -1,0 +1,140 @@
+"""DDP003: a shuffling DistributedSampler whose epoch never changes."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import distributed as ddp
+from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS, header_pos, insert_at_top_of_body
+
+
+class SamplerWithoutSetEpoch(Rule):
+    """## What it does
+    Flags an epoch loop around a training loader whose `DistributedSampler` shuffles, when nothing
+    in the loop (or in the functions it calls) calls `set_epoch(...)`.
+
+    ## Why is this bad?
+    `DistributedSampler` seeds its shuffle with `seed + epoch`. Without `set_epoch(epoch)` the epoch
+    stays 0, so every epoch visits the samples in the same order and every rank keeps the same
+    shard: the shuffle is done once, not every epoch, which hurts convergence.
+
+    ## Example
+    ```python
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+    for epoch in range(epochs):
+        for x, y in loader:
+            ...
+    ```
+
+    ## Use instead
+    ```python
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            ...
+    ```
+
+    ## Fix safety
+    Safe: inserts `<sampler>.set_epoch(<epoch>)` (or `<loader>.sampler.set_epoch(<epoch>)`) as the
+    first statement of the epoch loop, which only changes the order the sampler yields. There is no
+    fix when the loop has no loop variable or neither the sampler nor the loader has a name there.
+    """
+
+    code = "DDP003"
+    name = "sampler-without-set-epoch"
+    message = "DistributedSampler never gets `set_epoch(epoch)`: every epoch uses the same shuffle"
+    severity = "warning"
+    applies_to = DDP_KINDS
+
+    def check(self, anatomy):
+        a = anatomy
+        for loader in a.train_loaders:
+            sampler = ddp.loader_sampler(a, loader)
+            if sampler is None or not ddp.sampler_shuffles(sampler):
+                continue
+            for epoch_loop in _epoch_loops_around(a, loader):
+                if not ddp.sets_epoch(a, epoch_loop.node.body):
+                    yield Finding(header_pos(a, epoch_loop.node), fix=_fix(a, epoch_loop, loader, sampler))
+
+
+def _epoch_loops_around(a, loader):
+    step_loops = {loop.node for loop in a.step_loops if loop.loader is loader and loop.trains}
+    return [e for e in a.epoch_loops if a.body_contains(e.node.body, lambda n: n in step_loops)]
+
+
+def _fix(a, epoch_loop, loader, sampler) -> Fix | None:
+    if epoch_loop.loop_var is None:
+        return None
+    receiver = _visible_name(a, ddp.bound_name(a, sampler), epoch_loop.node)
+    if receiver is None:
+        loader_name = _visible_name(a, ddp.bound_name(a, loader.call), epoch_loop.node)
+        receiver = f"{loader_name}.sampler" if loader_name else None
+    if receiver is None:
+        return None
+    edit = insert_at_top_of_body(a, epoch_loop.node, f"{receiver}.set_epoch({epoch_loop.loop_var})")
+    if edit is None:
+        return None
+    return Fix((edit,), safe=True, description=f"call `{receiver}.set_epoch({epoch_loop.loop_var})` at the start of each epoch")
+
+
+def _visible_name(a, target: ast.AST | None, where: ast.AST) -> str | None:
+    """The source text of `target` (`sampler`, `self.sampler`) if `where` can read that variable."""
+    if target is None:
+        return None
+    ref, ref_there = a.ref(target), a.ref(target, a.scope_of.get(where))
+    if ref is None or ref != ref_there:
+        return None
+    return ast.get_source_segment(a.text, target)
+
+
+_HEAD = """import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+dist.init_process_group("gloo")
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
+"""
+_STEP = """        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+"""
+
+SamplerWithoutSetEpoch.VALID = (
+    _HEAD + "sampler = DistributedSampler(data)\nloader = DataLoader(data, sampler=sampler)\n"
+    "for epoch in range(3):\n    sampler.set_epoch(epoch)\n    for x, y in loader:\n" + _STEP,
+    # an unshuffled sampler has nothing to reseed
+    _HEAD + "loader = DataLoader(data, sampler=DistributedSampler(data, shuffle=False))\n"
+    "for epoch in range(3):\n    for x, y in loader:\n" + _STEP,
+    # set_epoch inside the per-epoch function
+    _HEAD + """loader = DataLoader(data, sampler=DistributedSampler(data))
+
+
+def train_one_epoch(epoch):
+    loader.sampler.set_epoch(epoch)
+    for x, y in loader:
+""" + _STEP + """
+
+for epoch in range(3):
+    train_one_epoch(epoch)
+""",
+)
+SamplerWithoutSetEpoch.INVALID = (
+    Invalid(
+        _HEAD + "sampler = DistributedSampler(data)\nloader = DataLoader(data, sampler=sampler)\n"
+        "for epoch in range(3):\n    for x, y in loader:\n" + _STEP,
+        line=11,
+        fixed=_HEAD + "sampler = DistributedSampler(data)\nloader = DataLoader(data, sampler=sampler)\n"
+        "for epoch in range(3):\n    sampler.set_epoch(epoch)\n    for x, y in loader:\n" + _STEP,
+    ),
+    Invalid(
+        _HEAD + "train_loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=2)\n"
+        "for ep in range(3):\n    for x, y in train_loader:\n" + _STEP,
+        line=10,
+        fixed=_HEAD + "train_loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=2)\n"
+        "for ep in range(3):\n    train_loader.sampler.set_epoch(ep)\n    for x, y in train_loader:\n" + _STEP,
+    ),
+)

@@ -1,0 +1,74 @@
+"""DDP004: `shuffle=True` next to `sampler=` in a DataLoader."""
+
+from __future__ import annotations
+
+from ddpify.anatomy import distributed as ddp
+from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS, remove_keyword
+
+
+class ShuffleWithSampler(Rule):
+    """## What it does
+    Flags a `DataLoader(...)` given both `shuffle=True` and a `sampler=` (or `batch_sampler=`).
+
+    ## Why is this bad?
+    The sampler decides the order; `DataLoader` refuses the combination with
+    `ValueError: sampler option is mutually exclusive with shuffle` as soon as the line runs. With
+    a `DistributedSampler`, pass `shuffle=True` to the sampler instead (its default).
+
+    ## Example
+    ```python
+    loader = DataLoader(dataset, batch_size=32, shuffle=True, sampler=DistributedSampler(dataset))
+    ```
+
+    ## Use instead
+    ```python
+    loader = DataLoader(dataset, batch_size=32, sampler=DistributedSampler(dataset))
+    ```
+
+    ## Fix safety
+    Safe: drops `shuffle=True`; the line raised before, and a `DistributedSampler` shuffles by default.
+    """
+
+    code = "DDP004"
+    name = "shuffle-with-sampler"
+    message = "`shuffle=True` with `sampler=` raises ValueError; the sampler does the shuffling"
+    severity = "error"
+    applies_to = DDP_KINDS
+
+    def check(self, anatomy):
+        a = anatomy
+        for loader in a.loaders:
+            shuffle = ddp.keyword(loader.call, "shuffle")
+            if shuffle is None or not ddp.constant(shuffle.value, True) or not ddp.has_sampler_argument(loader):
+                continue
+            edit = remove_keyword(a, loader.call, shuffle)
+            yield Finding(a.pos(shuffle), fix=Fix((edit,), safe=True, description="drop `shuffle=True`"))
+
+
+_HEAD = """import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+dist.init_process_group("gloo")
+data = TensorDataset(torch.randn(8, 4))
+"""
+
+ShuffleWithSampler.VALID = (
+    _HEAD + "loader = DataLoader(data, batch_size=2, sampler=DistributedSampler(data, shuffle=True))\n",
+    _HEAD + "sampler = DistributedSampler(data) if dist.is_initialized() else None\n"
+    "loader = DataLoader(data, shuffle=(sampler is None), sampler=sampler)\n",
+    _HEAD + "loader = DataLoader(data, batch_size=2, shuffle=True, sampler=None)\n",
+)
+ShuffleWithSampler.INVALID = (
+    Invalid(
+        _HEAD + "loader = DataLoader(data, batch_size=2, shuffle=True, sampler=DistributedSampler(data))\n",
+        line=7,
+        fixed=_HEAD + "loader = DataLoader(data, batch_size=2, sampler=DistributedSampler(data))\n",
+    ),
+    Invalid(
+        _HEAD + "sampler = DistributedSampler(data)\nloader = DataLoader(\n    data,\n    shuffle=True,\n    sampler=sampler,\n)\n",
+        line=10,
+        fixed=_HEAD + "sampler = DistributedSampler(data)\nloader = DataLoader(\n    data,\n    sampler=sampler,\n)\n",
+    ),
+)

@@ -1,0 +1,117 @@
+"""DDP006: checkpoints and files written by every rank."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import distributed as ddp
+from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS, per_rank_target, rank_zero_guard_fix
+
+_WRITE_MODES = ("w", "a", "x", "+")
+
+
+class SaveOnEveryRank(Rule):
+    """## What it does
+    Flags `torch.save(...)`, `numpy.save(...)`, `.save_pretrained(...)` and `open(..., "w")` that
+    run on every rank: not under a rank-0 test, not after an early return of the other ranks, and
+    not in a function only called from such places. Writes to a path that contains the rank
+    (`f"ckpt_{rank}.pt"`) are per-rank on purpose and not reported.
+
+    ## Why is this bad?
+    All ranks write the same file at the same time. The writes race: on a shared filesystem the
+    file can end up truncated or interleaved, and a later `torch.load` fails or loads garbage. It
+    also multiplies I/O by the world size. After DDP's gradient averaging every rank holds the same
+    weights, so rank 0's copy is the checkpoint.
+
+    ## Example
+    ```python
+    torch.save(model.module.state_dict(), "model.pt")
+    ```
+
+    ## Use instead
+    ```python
+    if dist.get_rank() == 0:
+        torch.save(model.module.state_dict(), "model.pt")
+    dist.barrier()  # if other ranks read the file next
+    ```
+
+    ## Fix safety
+    Unsafe: wraps the statement (a `torch.save(...)` statement or a whole `with open(...)` block) in
+    `if <rank-0 test>:`, reusing the script's own rank-0 test when the function already has one,
+    else `dist.get_rank() == 0`. Other ranks that read the file afterwards now need a barrier,
+    which the fix does not add.
+    """
+
+    code = "DDP006"
+    name = "save-on-every-rank"
+    message = "every rank writes this file at once; the writes race — write on rank 0 only"
+    severity = "error"
+    applies_to = DDP_KINDS
+
+    def check(self, anatomy):
+        a = anatomy
+        for site in a.calls:
+            call: ast.Call = site.node  # type: ignore[assignment]
+            if not _writes_file(a, site) or per_rank_target(a, call) or not ddp.runs_on_every_rank(a, call):
+                continue
+            yield Finding(site.pos, fix=_fix(a, site))
+
+
+def _writes_file(a, site) -> bool:
+    if site.qualname in ddp.SAVE_CALLS or ddp.method_name(site.node) == "save_pretrained":
+        return True
+    if site.qualname == "open":
+        mode = ddp.argument(site.node, 1, "mode")
+        return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and any(m in mode.value for m in _WRITE_MODES)
+    return False
+
+
+def _fix(a, site):
+    stmt = site.stmt
+    wraps_whole_write = (isinstance(stmt, ast.Expr) and stmt.value is site.node) or (
+        isinstance(stmt, ast.With) and site.qualname == "open"
+    )
+    return rank_zero_guard_fix(a, stmt, may_be_safe=False) if wraps_whole_write else None
+
+
+_HEAD = """import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.Linear(4, 1)
+"""
+
+SaveOnEveryRank.VALID = (
+    _HEAD + "if rank == 0:\n    torch.save(model.state_dict(), 'model.pt')\ndist.barrier()\n",
+    _HEAD + "torch.save(model.state_dict(), f'model_rank{rank}.pt')\n",
+    _HEAD + """
+
+def save(path):
+    with open(path, "w") as f:
+        f.write("done")
+
+
+if dist.get_rank() == 0:
+    save("log.txt")
+""",
+    _HEAD + "with open('config.json') as f:\n    text = f.read()\n",
+)
+SaveOnEveryRank.INVALID = (
+    Invalid(
+        _HEAD + "torch.save(model.state_dict(), 'model.pt')\n",
+        line=7,
+        fixed=_HEAD + "if rank == 0:\n    torch.save(model.state_dict(), 'model.pt')\n",
+    ),
+    Invalid(
+        _HEAD + "\n\ndef finish(net):\n    torch.save(net.state_dict(), 'model.pt')\n\n\nfinish(model)\n",
+        line=10,
+        fixed=_HEAD + "\n\ndef finish(net):\n    if dist.get_rank() == 0:\n        torch.save(net.state_dict(), 'model.pt')\n\n\nfinish(model)\n",
+    ),
+    Invalid(
+        _HEAD + "if rank == 0:\n    print('saving')\nwith open('log.txt', 'a') as f:\n    f.write('x')\n",
+        line=9,
+        fixed=_HEAD + "if rank == 0:\n    print('saving')\nif rank == 0:\n    with open('log.txt', 'a') as f:\n        f.write('x')\n",
+    ),
+)

@@ -1,0 +1,178 @@
+"""DDP007: prints, log records, TensorBoard writers and progress bars on every rank."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import LOG_METHODS, ROLE_LOGGER
+from ddpify.anatomy import distributed as ddp
+from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS, per_rank_target, rank_zero_guard_fix
+
+_WRITERS = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter", "wandb.init"})
+_PROGRESS_BARS = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm"})
+_INFO_LEVELS = frozenset({"debug", "info", "log"})  # warnings and errors belong to every rank
+_LOGGING_SETUP = frozenset({"logging.basicConfig"})
+# calls that may stay inside a print when the fix puts it under a rank test
+_HARMLESS = frozenset({
+    "item", "format", "len", "str", "repr", "round", "float", "int", "abs", "min", "max", "sum", "mean", "tolist",
+    "numel", "size", "join", "get_last_lr", "time", "perf_counter", "get_rank", "get_world_size",
+})
+
+
+class LogOnEveryRank(Rule):
+    """## What it does
+    Flags `print(...)`, `logging.info(...)`/`logger.info(...)` (debug/info levels),
+    `SummaryWriter(...)`, `wandb.init(...)` and `tqdm(...)` without `disable=` that run on every
+    rank. Output that names the rank (`print(f"[rank {rank}] ...")`) is per-rank on purpose, and a
+    logging setup whose level depends on the rank already silences the other ranks: neither is
+    reported.
+
+    ## Why is this bad?
+    Each line is printed world-size times, interleaved; progress bars overwrite each other; every
+    rank's SummaryWriter writes its own event file into the same directory, so TensorBoard shows
+    duplicated, conflicting curves (and `wandb.init` creates one run per rank). The values are
+    usually rank 0's anyway (or only one shard's).
+
+    ## Example
+    ```python
+    print(f"epoch {epoch} loss {loss.item():.4f}")
+    ```
+
+    ## Use instead
+    ```python
+    if rank == 0:
+        print(f"epoch {epoch} loss {loss.item():.4f}")
+    ```
+
+    ## Fix safety
+    A print or log statement is put under `if <rank-0 test>:`. The fix is safe when it reuses a
+    rank-0 test that the same function already uses earlier and the printed expression calls
+    nothing with side effects; otherwise (a new `dist.get_rank() == 0` that needs an initialised
+    process group at that point, or calls that other ranks would skip) it is unsafe. Writers and
+    progress bars have no fix: the object is used later on every rank.
+    """
+
+    code = "DDP007"
+    name = "log-on-every-rank"
+    message = "runs on every rank: the output is repeated world-size times"
+    severity = "warning"
+    applies_to = DDP_KINDS
+
+    def check(self, anatomy):
+        a = anatomy
+        silenced = _logging_depends_on_rank(a)
+        for site in a.calls:
+            call: ast.Call = site.node  # type: ignore[assignment]
+            what = _output_kind(a, site, silenced)
+            if what is None or per_rank_target(a, call) or not ddp.runs_on_every_rank(a, call):
+                continue
+            yield Finding(site.pos, f"{what} on every rank: the output is repeated world-size times", _fix(a, site, what))
+
+
+def _output_kind(a, site, logging_silenced: bool) -> str | None:
+    call = site.node
+    if site.qualname == "print":
+        return "print"
+    if site.qualname in _WRITERS:
+        return site.qualname.rpartition(".")[2]
+    if site.qualname in _PROGRESS_BARS and ddp.keyword(call, "disable") is None:
+        return "progress bar"
+    if logging_silenced:
+        return None
+    method = ddp.method_name(call)
+    if method in _INFO_LEVELS and method in LOG_METHODS:
+        if site.qualname == f"logging.{method}" or a.has_role(call.func.value, ROLE_LOGGER):
+            return "log record"
+    return None
+
+
+def _logging_depends_on_rank(a) -> bool:
+    return any(
+        (c.qualname in _LOGGING_SETUP or ddp.method_name(c.node) == "setLevel") and per_rank_target(a, c.node)
+        for c in a.calls
+    )
+
+
+def _fix(a, site, what: str):
+    stmt = site.stmt
+    if what not in ("print", "log record") or not (isinstance(stmt, ast.Expr) and stmt.value is site.node):
+        return None
+    return rank_zero_guard_fix(a, stmt, may_be_safe=_only_harmless_calls(site.node))
+
+
+def _only_harmless_calls(call: ast.Call) -> bool:
+    inner = [n for arg in (*call.args, *(k.value for k in call.keywords)) for n in ast.walk(arg) if isinstance(n, ast.Call)]
+    return all(ddp.identifier(n.func) in _HARMLESS for n in inner)
+
+
+_HEAD = """import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+loss = torch.ones(1)
+"""
+
+LogOnEveryRank.VALID = (
+    _HEAD + "if rank == 0:\n    print(f'loss {loss.item():.4f}')\n",
+    _HEAD + "print(f'[rank {rank}] ready')\n",
+    _HEAD + "import logging\nlogging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING)\nlogging.info('start')\n",
+    _HEAD + "import logging\nlogger = logging.getLogger(__name__)\nlogger.warning('disk almost full')\n",
+    _HEAD + "from tqdm import tqdm\nfor i in tqdm(range(3), disable=rank != 0):\n    pass\n",
+    # an mp.spawn parent prints once, before the workers start
+    """import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def worker(rank, world_size):
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+if __name__ == "__main__":
+    print("spawning 2 workers")
+    mp.spawn(worker, args=(2,), nprocs=2)
+""",
+)
+LogOnEveryRank.INVALID = (
+    Invalid(
+        _HEAD + "if rank == 0:\n    print('start')\nprint(f'loss {loss.item():.4f}')\n",
+        line=9,
+        fixed=_HEAD + "if rank == 0:\n    print('start')\nif rank == 0:\n    print(f'loss {loss.item():.4f}')\n",
+    ),
+    Invalid(
+        _HEAD + "import logging\nlogger = logging.getLogger(__name__)\nlogger.info('loss %f', loss.item())\n",
+        line=9,
+        fixed=_HEAD + "import logging\nlogger = logging.getLogger(__name__)\n"
+        "if rank == 0:\n    logger.info('loss %f', loss.item())\n",
+    ),
+    Invalid(_HEAD + "from torch.utils.tensorboard import SummaryWriter\nwriter = SummaryWriter('runs/exp')\n", line=8),
+    Invalid(
+        """import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def worker(rank, world_size):
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    print("worker up")
+
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(2,), nprocs=2)
+""",
+        line=7,
+        fixed="""import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def worker(rank, world_size):
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if rank == 0:
+        print("worker up")
+
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(2,), nprocs=2)
+""",
+    ),
+)
