@@ -78,7 +78,7 @@ def _summary(reports: Sequence[FileReport], seconds: float, fixing: bool, diff: 
     scanned = sum(not r.skipped for r in reports)
     skipped = len(reports) - scanned
     by_code = Counter(d.code for r in reports for d in r.diagnostics)
-    fixable = sum(1 for r in reports for d in r.diagnostics if d.fix is not None and d.fix.safe)
+    safety = Counter(d.fix.safe for r in reports for d in r.diagnostics if d.fix is not None)
     fixed = sum(r.fixes_applied for r in reports)
     parts = [f"{scanned} file{'s' * (scanned != 1)} scanned" + (f" ({skipped} without torch skipped)" if skipped else "")]
     total = sum(by_code.values())
@@ -86,8 +86,11 @@ def _summary(reports: Sequence[FileReport], seconds: float, fixing: bool, diff: 
     parts.append(f"{total} finding{'s' * (total != 1)}" + (f" ({codes})" if codes else ""))
     if fixing:
         parts.append(f"{fixed} fix{'es' * (fixed != 1)} {'to apply' if diff else 'applied'}")
-    elif fixable:
-        parts.append(f"{fixable} fixable with --fix")
+    else:
+        if safety[True]:
+            parts.append(f"{safety[True]} fixable with --fix")
+        if safety[False]:
+            parts.append(f"{safety[False]} with --unsafe-fixes")
     return f"ddpify: {', '.join(parts)} in {seconds:.2f}s"
 
 

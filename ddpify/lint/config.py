@@ -22,6 +22,7 @@ import pathspec
 from ddpify.lint.rule import Rule
 
 CONFIG_FILE = "pyproject.toml"
+RULE_FAMILIES = ("DDP", "DP")  # valid selectors even while a family has no rule yet
 _LIST_KEYS = ("select", "ignore", "extend-select", "exclude")
 
 
@@ -57,7 +58,7 @@ class Config:
         selectors = [*(self.select or ()), *self.ignore, *self.extend_select]
         selectors += [code for _, codes_ in self.per_file_ignores for code in codes_]
         for selector in selectors:
-            if not any(code.startswith(selector) for code in codes):
+            if selector not in RULE_FAMILIES and not any(code.startswith(selector) for code in codes):
                 raise ConfigError(f"{self.path or 'command line'}: unknown rule code or prefix {selector!r}")
 
     def enabled(self, rules: Iterable[type[Rule]], path: str) -> frozenset[str]:
