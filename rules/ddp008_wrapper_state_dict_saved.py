@@ -1,0 +1,143 @@
+"""DDP008: a checkpoint saved from the DDP wrapper's state_dict (keys prefixed `module.`)."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import distributed as ddp
+from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS, insert_module
+
+
+class WrapperStateDictSaved(Rule):
+    """## What it does
+    Flags `model.state_dict()` saved with `torch.save` (directly, or through a checkpoint dict or
+    variable that is saved) when `model` is the `DistributedDataParallel` wrapper.
+
+    ## Why is this bad?
+    The wrapper holds the network as its `module` attribute, so every key of its state dict starts
+    with `module.` (`module.fc.weight`). Loading that checkpoint into the plain model, for
+    inference or a single-GPU run, fails with "Missing key(s) ... Unexpected key(s) module.fc.weight"
+    unless every loader strips the prefix.
+
+    ## Example
+    ```python
+    model = DDP(net, device_ids=[local_rank])
+    torch.save(model.state_dict(), "model.pt")
+    ```
+
+    ## Use instead
+    ```python
+    torch.save(model.module.state_dict(), "model.pt")
+    ```
+
+    ## Fix safety
+    Inserts `.module`. Safe when the script itself never loads a state dict into the wrapper;
+    unsafe when it does (`model.load_state_dict(...)` on the wrapper would now miss the prefix:
+    fix that call too, see DDP009).
+    """
+
+    code = "DDP008"
+    name = "wrapper-state-dict-saved"
+    message = "state_dict() of the DDP wrapper is saved: its keys start with `module.`; save `model.module.state_dict()`"
+    severity = "warning"
+    applies_to = DDP_KINDS
+
+    def check(self, anatomy):
+        a = anatomy
+        if not ddp.wrap_calls(a):
+            return
+        safe = not _loads_into_wrapper(a)
+        for site in a.calls:
+            call: ast.Call = site.node  # type: ignore[assignment]
+            if ddp.method_name(call) != "state_dict" or not ddp.is_wrapper(a, call.func.value):  # type: ignore[attr-defined]
+                continue
+            if _is_saved(a, call):
+                edit = insert_module(a, call.func.value)  # type: ignore[attr-defined]
+                yield Finding(site.pos, fix=Fix((edit,), safe=safe, description="save the state dict of `.module`"))
+
+
+def _loads_into_wrapper(a) -> bool:
+    return any(
+        ddp.method_name(c.node) == "load_state_dict" and ddp.is_wrapper(a, c.node.func.value)  # type: ignore[attr-defined]
+        for c in a.calls
+    )
+
+
+def _is_saved(a, call: ast.Call) -> bool:
+    """Inside `torch.save(...)`, or put into a variable (or a dict in one) that is saved later."""
+    for parent, _ in ddp.ancestors(a, call):
+        if isinstance(parent, ast.Call) and a.qualname(parent.func) == "torch.save":
+            return True
+        if isinstance(parent, ast.stmt):
+            return _saved_later(a, parent)
+    return False
+
+
+def _saved_later(a, stmt: ast.stmt) -> bool:
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+    names = {_base_name(t) for t in targets} - {None}
+    scope = ddp.enclosing_function(a, stmt)
+    return any(
+        ddp.enclosing_function(a, save.node) == scope
+        and save.line >= stmt.lineno
+        and any(isinstance(n, ast.Name) and n.id in names for arg in save.node.args for n in ast.walk(arg))  # type: ignore[attr-defined]
+        for save in a.calls_to("torch.save")
+    )
+
+
+def _base_name(target: ast.AST | None) -> str | None:
+    """`ckpt` for `ckpt`, `ckpt["model"]`, `ckpt.model`."""
+    while isinstance(target, (ast.Subscript, ast.Attribute)):
+        target = target.value
+    return target.id if isinstance(target, ast.Name) else None
+
+
+_HEAD = """import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+net = torch.nn.Linear(4, 1)
+model = DDP(net)
+"""
+
+WrapperStateDictSaved.VALID = (
+    _HEAD + "if dist.get_rank() == 0:\n    torch.save(model.module.state_dict(), 'model.pt')\n",
+    _HEAD + "torch.save(net.state_dict(), 'model.pt')\n",
+    # an in-memory copy, loaded back into the same wrapper
+    _HEAD + "import copy\nbest = copy.deepcopy(model.state_dict())\nmodel.load_state_dict(best)\n",
+)
+WrapperStateDictSaved.INVALID = (
+    Invalid(
+        _HEAD + "torch.save(model.state_dict(), 'model.pt')\n",
+        line=8,
+        fixed=_HEAD + "torch.save(model.module.state_dict(), 'model.pt')\n",
+    ),
+    Invalid(
+        _HEAD + "ckpt = {'model': model.state_dict(), 'epoch': 3}\ntorch.save(ckpt, 'ckpt.pt')\n",
+        line=8,
+        fixed=_HEAD + "ckpt = {'model': model.module.state_dict(), 'epoch': 3}\ntorch.save(ckpt, 'ckpt.pt')\n",
+    ),
+    Invalid(
+        """import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Trainer:
+    def __init__(self, net):
+        self.model = DDP(net)
+
+    def save(self, path):
+        state = {}
+        state["model"] = self.model.state_dict()
+        torch.save(state, path)
+
+
+dist.init_process_group("gloo")
+Trainer(torch.nn.Linear(2, 2)).save("ckpt.pt")
+""",
+        line=12,
+    ),
+)

@@ -1,0 +1,166 @@
+"""DDP009: the model's own attributes read through the DDP wrapper."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import ROLE_MODEL
+from ddpify.anatomy import distributed as ddp
+from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS, insert_module
+
+
+class WrapperAttribute(Rule):
+    """## What it does
+    Flags `model.<name>` where `model` is the `DistributedDataParallel` wrapper and `<name>` is
+    not something `nn.Module` or DDP itself provides: the model's own methods (`model.generate()`,
+    `model.encode(x)`), submodules (`model.fc`) and attributes (`model.num_classes`). It also flags
+    `model.load_state_dict(...)` on the wrapper for a state dict that does not come from the wrapper.
+
+    Methods every module has (`train`, `eval`, `parameters`, `zero_grad`, `to`, `named_parameters`,
+    ...) and DDP's own (`no_sync`, `module`, `join`, ...) are fine on the wrapper.
+
+    ## Why is this bad?
+    DDP stores the network as `self.module` and does not forward attribute lookups to it, so
+    `model.encode` raises `AttributeError: 'DistributedDataParallel' object has no attribute
+    'encode'` — typically at the first evaluation, long after training started. A state dict saved
+    from the plain model has no `module.` prefix, so loading it into the wrapper fails with
+    missing/unexpected keys.
+
+    ## Example
+    ```python
+    model = DDP(Net().to(rank), device_ids=[rank])
+    features = model.encode(x)
+    model.load_state_dict(torch.load("net.pt"))
+    ```
+
+    ## Use instead
+    ```python
+    features = model.module.encode(x)
+    model.module.load_state_dict(torch.load("net.pt", map_location=f"cuda:{rank}"))
+    ```
+
+    ## Fix safety
+    Inserting `.module` before an attribute the wrapper lacks is safe (that line raised before).
+    For `load_state_dict` it is unsafe: a checkpoint saved from another DDP wrapper has `module.`
+    keys and loads into the wrapper as written.
+    """
+
+    code = "DDP009"
+    name = "wrapper-attribute"
+    message = "attribute of the model read through the DDP wrapper; use `.module`"
+    severity = "error"
+    applies_to = DDP_KINDS
+
+    def check(self, anatomy):
+        a = anatomy
+        if not ddp.wrap_calls(a):
+            return
+        for node in ast.walk(a.tree):
+            if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)):
+                continue
+            if node.attr == "load_state_dict":
+                finding = _load_into_wrapper(a, node)
+            elif node.attr.startswith("_") or node.attr in ddp.WRAPPER_ATTRIBUTES:
+                continue
+            else:
+                finding = _missing_attribute(a, node)
+            if finding is not None:
+                yield finding
+
+
+def _receiver_is_wrapper(a, node: ast.Attribute) -> bool:
+    return isinstance(node.value, (ast.Name, ast.Attribute)) and a.has_role(node.value, ROLE_MODEL) and ddp.is_wrapper(a, node.value)
+
+
+def _missing_attribute(a, node: ast.Attribute) -> Finding | None:
+    if not _receiver_is_wrapper(a, node):
+        return None
+    fix = Fix((insert_module(a, node.value),), safe=True, description=f"read `{node.attr}` from `.module`")
+    return Finding(a.pos(node), f"the DDP wrapper has no attribute `{node.attr}` (AttributeError); use `.module.{node.attr}`", fix)
+
+
+def _load_into_wrapper(a, node: ast.Attribute) -> Finding | None:
+    call = a.parents.get(node)
+    if not (isinstance(call, ast.Call) and call.func is node and call.args) or not _receiver_is_wrapper(a, node):
+        return None
+    if _comes_from_wrapper_state_dict(a, call.args[0]):
+        return None
+    fix = Fix((insert_module(a, node.value),), safe=False, description="load into `.module`")
+    return Finding(
+        a.pos(node),
+        "load_state_dict on the DDP wrapper expects `module.`-prefixed keys; load into `.module` instead",
+        fix,
+    )
+
+
+def _comes_from_wrapper_state_dict(a, expr: ast.AST) -> bool:
+    values = [expr]
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Name):
+            values += ddp.reaching_values(a, node)
+    return any(
+        ddp.method_name(n) == "state_dict" and ddp.is_wrapper(a, n.func.value)  # type: ignore[attr-defined]
+        for v in values for n in ast.walk(v)
+    )
+
+
+_HEAD = """import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def encode(self, x):
+        return self.fc(x)
+
+    def forward(self, x):
+        return self.encode(x)
+
+
+dist.init_process_group("gloo")
+"""
+
+WrapperAttribute.VALID = (
+    _HEAD + "model = DDP(Net())\nmodel.train()\nparams = list(model.parameters())\nz = model.module.encode(torch.ones(1, 4))\n",
+    # before wrapping, `model` is the plain network
+    _HEAD + "model = Net()\nz = model.encode(torch.ones(1, 4))\nmodel = DDP(model)\n",
+    _HEAD + "model = DDP(Net())\nwith model.no_sync():\n    model(torch.ones(1, 4)).sum().backward()\n",
+    _HEAD + "model = DDP(Net())\nmodel.module.load_state_dict(torch.load('net.pt', map_location='cpu'))\n",
+)
+WrapperAttribute.INVALID = (
+    Invalid(
+        _HEAD + "model = DDP(Net())\nz = model.encode(torch.ones(1, 4))\n",
+        line=21,
+        fixed=_HEAD + "model = DDP(Net())\nz = model.module.encode(torch.ones(1, 4))\n",
+    ),
+    Invalid(
+        _HEAD + """
+
+def evaluate(net, x):
+    return net.fc(x)
+
+
+evaluate(DDP(Net()), torch.ones(1, 4))
+""",
+        line=23,
+        fixed=_HEAD + """
+
+def evaluate(net, x):
+    return net.module.fc(x)
+
+
+evaluate(DDP(Net()), torch.ones(1, 4))
+""",
+    ),
+    Invalid(
+        _HEAD + "model = DDP(Net())\nmodel.load_state_dict(torch.load('net.pt', map_location='cpu'))\n",
+        line=21,
+        fixed=_HEAD + "model = DDP(Net())\nmodel.module.load_state_dict(torch.load('net.pt', map_location='cpu'))\n",
+    ),
+)
