@@ -1,0 +1,129 @@
+"""DDP012: gradient accumulation that all-reduces on every micro-batch."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import distributed as ddp
+from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS
+
+
+class AccumulationWithoutNoSync(Rule):
+    """## What it does
+    Flags `loss.backward()` in a training loop that accumulates gradients — the optimizer steps
+    only under a condition like `if (i + 1) % accum_steps == 0:` while backward runs on every
+    batch — when the script never uses `model.no_sync()`.
+
+    ## Why is this bad?
+    DDP all-reduces the gradients during every backward. With accumulation only the last
+    micro-batch's all-reduce is needed; the others send the whole gradient over the network for
+    nothing, so the job spends (accum_steps - 1) extra all-reduces per optimizer step. The result
+    is correct, just slower — often much slower across nodes.
+
+    ## Example
+    ```python
+    for i, (x, y) in enumerate(loader):
+        loss = criterion(model(x), y) / accum_steps
+        loss.backward()
+        if (i + 1) % accum_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    ```
+
+    ## Use instead
+    ```python
+    for i, (x, y) in enumerate(loader):
+        sync = (i + 1) % accum_steps == 0
+        with contextlib.nullcontext() if sync else model.no_sync():
+            loss = criterion(model(x), y) / accum_steps
+            loss.backward()
+        if sync:
+            optimizer.step()
+            optimizer.zero_grad()
+    ```
+
+    ## Fix safety
+    No fix: the forward pass has to move into the `no_sync()` context too, which means
+    restructuring the loop body.
+    """
+
+    code = "DDP012"
+    name = "accumulation-without-no-sync"
+    message = "gradient accumulation without `model.no_sync()`: DDP all-reduces gradients on every micro-batch"
+    severity = "warning"
+    applies_to = DDP_KINDS
+
+    def check(self, anatomy):
+        a = anatomy
+        if not ddp.wrap_calls(a) or ddp.uses_no_sync(a):
+            return
+        for loop in a.step_loops:
+            if not loop.trains:
+                continue
+            nodes = [n for stmt in loop.node.body for n in ast.walk(stmt)]
+            steps = [n for n in nodes if ddp.method_name(n) == "step" and a.is_training_call(n)]
+            for backward in (n for n in nodes if ddp.method_name(n) == "backward"):
+                if any(_accumulation_guard(a, step, loop.node, backward) for step in steps):
+                    yield Finding(a.pos(backward))
+
+
+def _accumulation_guard(a, step: ast.AST, loop: ast.AST, backward: ast.AST) -> bool:
+    """Is `step` under an `if` inside the loop that looks like an accumulation test and that
+    `backward` is not under?"""
+    for parent, child in ddp.ancestors(a, step):
+        if parent is loop:
+            return False
+        if isinstance(parent, ast.If) and child is not parent.test and _looks_like_accumulation(parent.test):
+            return not any(p is parent for p, _ in ddp.ancestors(a, backward))
+    return False
+
+
+def _looks_like_accumulation(test: ast.AST) -> bool:
+    return ddp.contains(test, lambda n: (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)) or "accum" in (ddp.identifier(n) or ""))
+
+
+_HEAD = """import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+dist.init_process_group("gloo")
+data = TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
+loader = DataLoader(data, sampler=DistributedSampler(data, shuffle=False))
+model = DDP(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+accum_steps = 4
+"""
+
+AccumulationWithoutNoSync.VALID = (
+    _HEAD + """import contextlib
+for i, (x, y) in enumerate(loader):
+    sync = (i + 1) % accum_steps == 0
+    with contextlib.nullcontext() if sync else model.no_sync():
+        loss = (model(x) - y).pow(2).mean() / accum_steps
+        loss.backward()
+    if sync:
+        opt.step()
+        opt.zero_grad()
+""",
+    # no accumulation: an optimizer step per batch
+    _HEAD + """for x, y in loader:
+    loss = (model(x) - y).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+""",
+)
+AccumulationWithoutNoSync.INVALID = (
+    Invalid(
+        _HEAD + """for i, (x, y) in enumerate(loader):
+    loss = (model(x) - y).pow(2).mean() / accum_steps
+    loss.backward()
+    if (i + 1) % accum_steps == 0:
+        opt.step()
+        opt.zero_grad()
+""",
+        line=14,
+    ),
+)

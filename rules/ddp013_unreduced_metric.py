@@ -1,0 +1,138 @@
+"""DDP013: a metric summed over one rank's shard and used as if it were the whole dataset's."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import MODULE_SCOPE
+from ddpify.anatomy import distributed as ddp
+from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS
+
+
+class UnreducedMetric(Rule):
+    """## What it does
+    Flags a metric accumulated (`correct += ...`, `total_loss += ...`) in an evaluation loop over a
+    loader with a `DistributedSampler`, and used after the loop, when neither that function nor
+    any function calling it runs a collective (`all_reduce`, `all_gather`, `reduce`, ...) and the
+    script does not use torchmetrics (which syncs its metrics itself).
+
+    ## Why is this bad?
+    The sampler gives each rank 1/world-size of the evaluation set, so the sum covers one shard:
+    each rank prints, logs or checkpoints-by a different, noisier number, and rank 0's "validation
+    accuracy" is measured on a fraction of the data. Early stopping or best-model selection that
+    reads it can differ between ranks, which then diverge or deadlock.
+
+    ## Example
+    ```python
+    for x, y in val_loader:  # DistributedSampler inside
+        correct += (model(x).argmax(1) == y).sum().item()
+        total += y.numel()
+    print(correct / total)
+    ```
+
+    ## Use instead
+    ```python
+    stats = torch.tensor([correct, total], device=device)
+    dist.all_reduce(stats)
+    print((stats[0] / stats[1]).item())
+    ```
+
+    ## Fix safety
+    No fix: the reduction needs tensors on the right device and a decision of what to sum.
+    """
+
+    code = "DDP013"
+    name = "unreduced-metric"
+    message = "metric accumulated over this rank's shard only (DistributedSampler); all_reduce it before using it"
+    severity = "warning"
+    applies_to = DDP_KINDS
+
+    def check(self, anatomy):
+        a = anatomy
+        if a.names.imports("torchmetrics"):
+            return
+        for loop in a.step_loops:
+            if loop.trains or loop.loader is None or ddp.loader_sampler(a, loop.loader) is None:
+                continue
+            scope = ddp.enclosing_function(a, loop.node)
+            if _reduces(a, scope):
+                continue
+            accumulated = _first_used_accumulation(a, loop.node)
+            if accumulated is not None:
+                name = ast.get_source_segment(a.text, accumulated.target)
+                yield Finding(a.pos(accumulated), f"`{name}` sums this rank's shard only (DistributedSampler); all_reduce it before using it")
+
+
+def _reduces(a, scope: str, seen: frozenset[str] = frozenset()) -> bool:
+    """Does the function (or a function calling it) run a collective?"""
+    body = a.tree.body if scope == MODULE_SCOPE else a.functions[scope].node.body
+    if ddp.calls_collective(a, body):
+        return True
+    return any(
+        (caller := ddp.enclosing_function(a, call)) not in seen and _reduces(a, caller, seen | {scope})
+        for call in ddp.callers(a, scope)
+    )
+
+
+def _first_used_accumulation(a, loop: ast.For) -> ast.AugAssign | None:
+    """The first `x += ...` in the loop whose variable is read after the loop."""
+    after = _statements_after(a, loop)
+    for node in ast.walk(loop):
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, (ast.Name, ast.Attribute)):
+            target = ast.unparse(node.target)
+            if any(ast.unparse(n) == target for stmt in after for n in ast.walk(stmt) if isinstance(n, (ast.Name, ast.Attribute))):
+                return node
+    return None
+
+
+def _statements_after(a, stmt: ast.stmt) -> list[ast.stmt]:
+    """The statements that run after `stmt` in its function: later siblings at every nesting level."""
+    found: list[ast.stmt] = []
+    for parent, child in [(None, stmt), *ddp.ancestors(a, stmt)]:
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            break
+        if isinstance(child, ast.stmt):
+            block = a.block_of(child)
+            found += block[block.index(child) + 1 :] if child in block else []
+    return found
+
+
+_HEAD = """import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+dist.init_process_group("gloo")
+model = torch.nn.Linear(4, 2)
+data = TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,)))
+val_loader = DataLoader(data, sampler=DistributedSampler(data, shuffle=False))
+"""
+_EVAL = """
+
+def evaluate():
+    correct, total = 0, 0
+    with torch.no_grad():
+        for x, y in val_loader:
+            correct += (model(x).argmax(1) == y).sum().item()
+            total += y.numel()
+"""
+
+UnreducedMetric.VALID = (
+    _HEAD + _EVAL + """    stats = torch.tensor([correct, total])
+    dist.all_reduce(stats)
+    return (stats[0] / stats[1]).item()
+""",
+    # the caller reduces
+    _HEAD + _EVAL + """    return torch.tensor([correct, total])
+
+
+stats = evaluate()
+dist.all_reduce(stats)
+""",
+    # every rank evaluates the whole set: the metric is complete
+    _HEAD + "full_loader = DataLoader(data, batch_size=4)\ncorrect = 0\nfor x, y in full_loader:\n"
+    "    correct += (model(x).argmax(1) == y).sum().item()\nprint(correct / len(data))\n",
+)
+UnreducedMetric.INVALID = (
+    Invalid(_HEAD + _EVAL + "    return correct / total\n", line=15),
+)

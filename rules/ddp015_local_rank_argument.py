@@ -1,0 +1,103 @@
+"""DDP015: the rank taken from a `--local_rank` argument (torch.distributed.launch)."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import distributed as ddp
+from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS
+
+
+class LocalRankArgument(Rule):
+    """## What it does
+    Flags `parser.add_argument("--local_rank", ...)` (or `"--local-rank"`): the convention of the
+    deprecated `python -m torch.distributed.launch`, which passed the local rank on the command line.
+    An argument whose default reads the `LOCAL_RANK` environment variable is not reported.
+
+    ## Why is this bad?
+    `torchrun` (and `torch.distributed.launch` since it became a wrapper of it) sets the
+    `LOCAL_RANK` environment variable and passes no argument, so the argument keeps its default:
+    with the usual `default=-1` the script believes it is not distributed, or every rank picks
+    GPU 0. With `torch.distributed.launch` on torch >= 2.0 the argument is spelled `--local-rank`,
+    and a parser that only knows `--local_rank` exits with "unrecognized arguments".
+
+    ## Example
+    ```python
+    parser.add_argument("--local_rank", type=int, default=-1)
+    ```
+
+    ## Use instead
+    ```python
+    local_rank = int(os.environ["LOCAL_RANK"])
+    ```
+    or, to keep the argument working with both launchers,
+    `parser.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", -1)))`.
+
+    ## Fix safety
+    Unsafe: when the default is an integer literal, it becomes
+    `int(os.environ.get("LOCAL_RANK", <old default>))`, which changes the value the script sees
+    under torchrun (the point of the fix, but code that relied on the default changes path).
+    No fix when `os` is not imported or the default is not an integer literal.
+    """
+
+    code = "DDP015"
+    name = "local-rank-argument"
+    message = "`--local_rank` argument: torchrun passes LOCAL_RANK in the environment, not as an argument"
+    severity = "warning"
+    applies_to = DDP_KINDS
+
+    def check(self, anatomy):
+        a = anatomy
+        for site in ddp.local_rank_arguments(a):
+            if not _defaults_to_environment(site.node):
+                yield Finding(site.pos, fix=_fix(a, site.node))
+
+
+def _defaults_to_environment(call: ast.Call) -> bool:
+    """`default=int(os.environ.get("LOCAL_RANK", -1))`: works under torchrun too."""
+    default = ddp.keyword(call, "default")
+    return default is not None and ddp.contains(default.value, lambda n: ddp.constant(n, "LOCAL_RANK"))
+
+
+def _fix(a, call: ast.Call) -> Fix | None:
+    default = ddp.keyword(call, "default")
+    environ = ddp.spelling(a, "os.environ")
+    if default is None or environ is None or not _is_int_literal(default.value):
+        return None
+    old = ast.get_source_segment(a.text, default.value)
+    edit = Edit.replace(a.pos(default.value), f'int({environ}.get("LOCAL_RANK", {old}))')
+    return Fix((edit,), safe=False, description="default to the LOCAL_RANK environment variable")
+
+
+def _is_int_literal(expr: ast.AST) -> bool:
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.USub):
+        expr = expr.operand
+    return isinstance(expr, ast.Constant) and type(expr.value) is int
+
+
+_HEAD = """import argparse
+import os
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+"""
+
+LocalRankArgument.VALID = (
+    _HEAD + "parser.add_argument('--local_rank', type=int, default=int(os.environ.get('LOCAL_RANK', -1)))\n"
+    "args = parser.parse_args()\ndist.init_process_group('nccl')\n",
+    _HEAD + "parser.add_argument('--epochs', type=int, default=3)\nargs = parser.parse_args()\n"
+    "local_rank = int(os.environ['LOCAL_RANK'])\ndist.init_process_group('nccl')\n",
+)
+LocalRankArgument.INVALID = (
+    Invalid(
+        _HEAD + "parser.add_argument('--local_rank', type=int, default=-1)\nargs = parser.parse_args()\ndist.init_process_group('nccl')\n",
+        line=6,
+        fixed=_HEAD + "parser.add_argument('--local_rank', type=int, default=int(os.environ.get(\"LOCAL_RANK\", -1)))\n"
+        "args = parser.parse_args()\ndist.init_process_group('nccl')\n",
+    ),
+    Invalid(
+        _HEAD + "parser.add_argument('--local-rank', type=int)\nargs = parser.parse_args()\ndist.init_process_group('nccl')\n",
+        line=6,
+    ),
+)

@@ -1,0 +1,92 @@
+"""DDP016: the gloo backend in a script that trains on CUDA."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import distributed as ddp
+from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS
+
+_CUDA_SETUP = frozenset({"torch.cuda.set_device", "torch.cuda.device"})
+
+
+class GlooWithCuda(Rule):
+    """## What it does
+    Flags `init_process_group("gloo")` (or `backend="gloo"`) in a script that puts its work on the
+    GPU: it calls `.cuda()`, `torch.cuda.set_device(...)`, or moves things to a `"cuda..."` device.
+
+    ## Why is this bad?
+    Gloo is the CPU backend. It can all-reduce CUDA tensors, but by copying them through host
+    memory, so DDP's gradient all-reduce is many times slower than with NCCL, and several
+    collectives (`reduce_scatter`, `all_to_all`, ...) are not supported for CUDA tensors with gloo
+    at all. Scripts usually get here by copying a CPU example; a backend chosen by condition
+    (`"nccl" if torch.cuda.is_available() else "gloo"`) is not reported.
+
+    ## Example
+    ```python
+    dist.init_process_group("gloo")
+    model = DDP(Net().cuda(local_rank), device_ids=[local_rank])
+    ```
+
+    ## Use instead
+    ```python
+    dist.init_process_group("nccl")
+    ```
+
+    ## Fix safety
+    Unsafe: NCCL needs CUDA (it fails on CPU-only machines and on Windows), and collectives on CPU
+    tensors the script may also run then fail.
+    """
+
+    code = "DDP016"
+    name = "gloo-with-cuda"
+    message = "gloo backend while training on CUDA: use NCCL for GPU tensors"
+    severity = "warning"
+    applies_to = DDP_KINDS
+
+    def check(self, anatomy):
+        a = anatomy
+        gloo = [(site, backend) for site, backend in ddp.backends(a) if ddp.constant(backend, "gloo")]
+        if not gloo or not _uses_cuda(a):
+            return
+        for site, backend in gloo:
+            old = ast.get_source_segment(a.text, backend) or '"gloo"'
+            fix = Fix((Edit.replace(a.pos(backend), old.replace("gloo", "nccl")),), safe=False, description="use the NCCL backend")
+            yield Finding(site.pos, fix=fix)
+
+
+def _uses_cuda(a) -> bool:
+    for site in a.calls:
+        call = site.node
+        if site.qualname in _CUDA_SETUP or ddp.method_name(call) == "cuda":
+            return True
+        places = ddp.method_name(call) == "to" or site.qualname == "torch.device"
+        if places and any(_names_cuda(arg) for arg in call.args):  # type: ignore[attr-defined]
+            return True
+    return any(kw.arg == "device" and _names_cuda(kw.value) for c in a.calls for kw in c.node.keywords)  # type: ignore[attr-defined]
+
+
+def _names_cuda(expr: ast.AST) -> bool:
+    """A literal or f-string starting with "cuda" anywhere inside `expr`."""
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("cuda"):
+            return True
+    return False
+
+
+_HEAD = "import torch\nimport torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+
+GlooWithCuda.VALID = (
+    _HEAD + "dist.init_process_group('gloo')\nmodel = DDP(torch.nn.Linear(4, 1))\n",
+    _HEAD + "dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')\n"
+    "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\nmodel = DDP(torch.nn.Linear(4, 1).to(device))\n",
+    _HEAD + "dist.init_process_group(backend='nccl')\nmodel = DDP(torch.nn.Linear(4, 1).cuda())\n",
+)
+GlooWithCuda.INVALID = (
+    Invalid(
+        _HEAD + "dist.init_process_group(backend='gloo')\nrank = dist.get_rank()\nmodel = DDP(torch.nn.Linear(4, 1).to(f'cuda:{rank}'))\n",
+        line=4,
+        fixed=_HEAD + "dist.init_process_group(backend='nccl')\nrank = dist.get_rank()\nmodel = DDP(torch.nn.Linear(4, 1).to(f'cuda:{rank}'))\n",
+    ),
+)
