@@ -87,9 +87,14 @@ def remove_keyword(a: Anatomy, call: ast.Call, kw: ast.keyword) -> Edit:
 
 
 def insert_module(a: Anatomy, wrapper_expr: ast.AST) -> Edit:
-    """`model.x` -> `model.module.x`: insert `.module` right after the wrapper expression."""
-    end = a.pos(wrapper_expr)
-    return Edit.insert(end.end_line, end.end_col, ".module")
+    """`model.x` -> `model.module.x`.
+
+    Spelled as a replacement of the wrapper expression rather than a bare insertion, so that the
+    engine sees it overlap a fix that rewrites the whole statement (e.g. DDP006 wrapping it in an
+    `if`) and defers it to the next round.
+    """
+    text = ast.get_source_segment(a.text, wrapper_expr) or ""
+    return Edit.replace(a.pos(wrapper_expr), f"{text}.module")
 
 
 def rank_zero_test(a: Anatomy, node: ast.AST) -> tuple[str, bool] | None:
@@ -133,9 +138,13 @@ def rank_zero_guard_fix(a: Anatomy, stmt: ast.stmt, may_be_safe: bool) -> Fix | 
     return Fix((edit,), safe=may_be_safe and known, description=f"run it on rank 0 only (`if {text}:`)")
 
 
-def per_rank_target(a: Anatomy, call: ast.Call) -> bool:
-    """Does the call name its target after the rank (`f"ckpt_rank{rank}.pt"`, `print(f"[{rank}] ...")`)?"""
-    return any(ddp.mentions_rank(a, arg) for arg in (*call.args, *(kw.value for kw in call.keywords)))
+def per_rank_target(a: Anatomy, *exprs: ast.AST | None, through_variables: bool = True) -> bool:
+    """Do these arguments name their target after the rank (`f"ckpt_rank{rank}.pt"`, `print(f"[{rank}] ...")`)?"""
+    return any(expr is not None and ddp.mentions_rank(a, expr, through_variables) for expr in exprs)
+
+
+def call_arguments(call: ast.Call) -> list[ast.AST]:
+    return [*call.args, *(kw.value for kw in call.keywords)]
 
 
 def _global_rank_variable(a: Anatomy, scope: str, line: int) -> str | None:

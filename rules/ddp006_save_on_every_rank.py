@@ -53,7 +53,7 @@ class SaveOnEveryRank(Rule):
         a = anatomy
         for site in a.calls:
             call: ast.Call = site.node  # type: ignore[assignment]
-            if not _writes_file(a, site) or per_rank_target(a, call) or not ddp.runs_on_every_rank(a, call):
+            if not _writes_file(a, site) or per_rank_target(a, _path(a, site)) or not ddp.runs_on_every_rank(a, call):
                 continue
             yield Finding(site.pos, fix=_fix(a, site))
 
@@ -65,6 +65,13 @@ def _writes_file(a, site) -> bool:
         mode = ddp.argument(site.node, 1, "mode")
         return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and any(m in mode.value for m in _WRITE_MODES)
     return False
+
+
+def _path(a, site) -> ast.AST | None:
+    """The file (or directory) argument: `torch.save(obj, f)`, `open(file)`, `np.save(file, arr)`, `.save_pretrained(dir)`."""
+    if site.qualname == "torch.save":
+        return ddp.argument(site.node, 1, "f")
+    return ddp.argument(site.node, 0, "file") or ddp.argument(site.node, 0, "save_directory")
 
 
 def _fix(a, site):

@@ -7,7 +7,7 @@ import ast
 from ddpify.anatomy import LOG_METHODS, ROLE_LOGGER
 from ddpify.anatomy import distributed as ddp
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS, per_rank_target, rank_zero_guard_fix
+from ddpify.rules._ddp import DDP_KINDS, call_arguments, per_rank_target, rank_zero_guard_fix
 
 _WRITERS = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter", "wandb.init"})
 _PROGRESS_BARS = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm"})
@@ -65,7 +65,7 @@ class LogOnEveryRank(Rule):
         for site in a.calls:
             call: ast.Call = site.node  # type: ignore[assignment]
             what = _output_kind(a, site, silenced)
-            if what is None or per_rank_target(a, call) or not ddp.runs_on_every_rank(a, call):
+            if what is None or per_rank_target(a, *call_arguments(call), through_variables=False) or not ddp.runs_on_every_rank(a, call):
                 continue
             yield Finding(site.pos, f"{what} on every rank: the output is repeated world-size times", _fix(a, site, what))
 
@@ -89,7 +89,7 @@ def _output_kind(a, site, logging_silenced: bool) -> str | None:
 
 def _logging_depends_on_rank(a) -> bool:
     return any(
-        (c.qualname in _LOGGING_SETUP or ddp.method_name(c.node) == "setLevel") and per_rank_target(a, c.node)
+        (c.qualname in _LOGGING_SETUP or ddp.method_name(c.node) == "setLevel") and per_rank_target(a, *call_arguments(c.node))
         for c in a.calls
     )
 

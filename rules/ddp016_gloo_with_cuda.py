@@ -9,6 +9,7 @@ from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS
 
 _CUDA_SETUP = frozenset({"torch.cuda.set_device", "torch.cuda.device"})
+_CUDA_CHECKS = frozenset({"torch.cuda.is_available", "torch.cuda.device_count"})
 
 
 class GlooWithCuda(Rule):
@@ -20,8 +21,9 @@ class GlooWithCuda(Rule):
     Gloo is the CPU backend. It can all-reduce CUDA tensors, but by copying them through host
     memory, so DDP's gradient all-reduce is many times slower than with NCCL, and several
     collectives (`reduce_scatter`, `all_to_all`, ...) are not supported for CUDA tensors with gloo
-    at all. Scripts usually get here by copying a CPU example; a backend chosen by condition
-    (`"nccl" if torch.cuda.is_available() else "gloo"`) is not reported.
+    at all. Scripts usually get here by copying a CPU example; a backend chosen by a CUDA check
+    (`"nccl" if torch.cuda.is_available() else "gloo"`, or gloo in the branch without CUDA) is not
+    reported.
 
     ## Example
     ```python
@@ -47,13 +49,24 @@ class GlooWithCuda(Rule):
 
     def check(self, anatomy):
         a = anatomy
-        gloo = [(site, backend) for site, backend in ddp.backends(a) if ddp.constant(backend, "gloo")]
+        gloo = [
+            (site, backend) for site, backend in ddp.backends(a)
+            if ddp.constant(backend, "gloo") and not _depends_on_cuda(a, site.node)
+        ]
         if not gloo or not _uses_cuda(a):
             return
         for site, backend in gloo:
             old = ast.get_source_segment(a.text, backend) or '"gloo"'
             fix = Fix((Edit.replace(a.pos(backend), old.replace("gloo", "nccl")),), safe=False, description="use the NCCL backend")
             yield Finding(site.pos, fix=fix)
+
+
+def _depends_on_cuda(a, node: ast.AST) -> bool:
+    """Is the call on a path chosen by a CUDA check (`if torch.cuda.is_available(): ... else: gloo`)?"""
+    return any(
+        any(a.qualname(n.func) in _CUDA_CHECKS for n in ast.walk(test) if isinstance(n, ast.Call))
+        for test in ddp.conditions_on(a, node)
+    )
 
 
 def _uses_cuda(a) -> bool:
@@ -78,6 +91,16 @@ def _names_cuda(expr: ast.AST) -> bool:
 _HEAD = "import torch\nimport torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
 
 GlooWithCuda.VALID = (
+    _HEAD + """
+
+def setup(local_rank):
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl")
+        return torch.device("cuda", local_rank)
+    dist.init_process_group("gloo")
+    return torch.device("cpu")
+""",
     _HEAD + "dist.init_process_group('gloo')\nmodel = DDP(torch.nn.Linear(4, 1))\n",
     _HEAD + "dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')\n"
     "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\nmodel = DDP(torch.nn.Linear(4, 1).to(device))\n",

@@ -20,7 +20,7 @@ class ModelOnFixedDevice(Rule):
     `torch.cuda.set_device(...)` — `.cuda()`, `.to("cuda")` and `torch.device("cuda")` (which mean
     the *current* device, cuda:0 in every fresh process). Devices are followed through variables
     (`device = torch.device("cuda")` ... `model.to(device)`). Scripts that pick the GPU per rank by
-    setting `CUDA_VISIBLE_DEVICES` are not checked.
+    setting `CUDA_VISIBLE_DEVICES` from the rank are not checked.
 
     ## Why is this bad?
     Every rank puts its replica on the same GPU: the other GPUs idle, that one runs out of memory,
@@ -55,8 +55,8 @@ class ModelOnFixedDevice(Rule):
 
     def check(self, anatomy):
         a = anatomy
-        if ddp.env_writes(a, "CUDA_VISIBLE_DEVICES"):
-            return
+        if any(ddp.mentions_rank(a, a.stmt_of.get(w, w)) for w in ddp.env_writes(a, "CUDA_VISIBLE_DEVICES")):
+            return  # each rank sees only its own GPU, as cuda:0
         selects_device = bool(a.calls_to("torch.cuda.set_device", "torch.cuda.device"))
         for site in a.calls:
             placement = _model_placement(a, site.node)

@@ -363,15 +363,29 @@ def _negates_rank(a: Anatomy, expr: ast.AST) -> bool:
     return isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not) and is_rank_test(a, expr.operand)
 
 
-def is_rank_exit(a: Anatomy, stmt: ast.stmt) -> bool:
-    """`if rank != 0: return` — everything after it in the block runs on some ranks only."""
-    if not (isinstance(stmt, ast.If) and is_rank_test(a, stmt.test) and stmt.body):
+def exits(a: Anatomy, body: list[ast.stmt]) -> bool:
+    """Does this block end by leaving the function (return, raise, sys.exit)?"""
+    if not body:
         return False
-    last = stmt.body[-1]
+    last = body[-1]
     if isinstance(last, (ast.Return, ast.Raise)):
         return True
     return isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) and a.qualname(last.value.func) in (
         "sys.exit", "exit", "quit", "os._exit")
+
+
+def conditions_on(a: Anatomy, node: ast.AST) -> Iterator[ast.expr]:
+    """The tests that decide whether `node` runs, within its function: those of the `if`s around
+    it, and those of earlier `if <test>: return` statements (whose falsehood it needs)."""
+    for parent, child in ancestors(a, node):
+        if isinstance(child, ast.stmt):
+            block = a.block_of(child)
+            if child in block:
+                yield from (s.test for s in block[: block.index(child)] if isinstance(s, ast.If) and exits(a, s.body))
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return
+        if isinstance(parent, ast.If) and child is not parent.test:
+            yield parent.test
 
 
 def rank_guard(a: Anatomy, node: ast.AST) -> ast.If | None:
@@ -384,22 +398,10 @@ def rank_guard(a: Anatomy, node: ast.AST) -> ast.If | None:
     return None
 
 
-def after_rank_exit(a: Anatomy, node: ast.AST) -> bool:
-    """Does an `if <rank test>: return` come before `node` in its function?"""
-    for parent, child in ancestors(a, node):
-        if isinstance(child, ast.stmt):
-            block = a.block_of(child)
-            if child in block and any(is_rank_exit(a, s) for s in block[: block.index(child)]):
-                return True
-        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            return False
-    return False
-
-
 def rank_guarded(a: Anatomy, node: ast.AST, _seen: frozenset[str] = frozenset()) -> bool:
     """Does `node` run on some ranks only: under a rank test, after a rank exit, or in a function
     that is only ever called from such places?"""
-    if rank_guard(a, node) is not None or after_rank_exit(a, node):
+    if any(is_rank_test(a, test) for test in conditions_on(a, node)):
         return True
     scope = enclosing_function(a, node)
     if scope == MODULE_SCOPE or scope in _seen:
@@ -656,12 +658,12 @@ def backends(a: Anatomy) -> list[tuple[CallSite, ast.AST | None]]:
     return [(c, argument(c.node, 0, "backend")) for c in a.calls_to(f"{DIST}.init_process_group")]  # type: ignore[arg-type]
 
 
-def mentions_rank(a: Anatomy, expr: ast.AST) -> bool:
-    """Does `expr` (or a variable it reads, one assignment deep) depend on the rank?"""
+def mentions_rank(a: Anatomy, expr: ast.AST, through_variables: bool = True) -> bool:
+    """Does `expr` (or, `through_variables`, a variable it reads, one assignment deep) depend on the rank?"""
     for node in ast.walk(expr):
         if is_rank_value(a, node):
             return True
-        if isinstance(node, ast.Name):
+        if through_variables and isinstance(node, ast.Name):
             ref = a.ref(node)
             if ref and any(contains(v, lambda n: is_rank_value(a, n)) for _, v in assignments(a).get(ref, ())):
                 return True
