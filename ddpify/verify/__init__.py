@@ -1,0 +1,17 @@
+"""`ddpify verify`: run the original and the converted script side by side and compare them step by step.
+
+Modules, from the command line down to the training process:
+
+- runner: prepares a workspace, converts the script if needed, starts the launcher in
+  its own process group and always kills that group at the end;
+- launcher: imports torch once, forks the reference run and the candidate ranks
+  (or starts the candidate under real torchrun), watches for failures and hangs,
+  then compares the records;
+- harness: installs the recording hooks inside one training process and runs the
+  unmodified script with runpy;
+- alignment: makes the reference's training DataLoaders see, step by step, the
+  union of what the DistributedSampler ranks see;
+- compare / diagnose / report: turn records, tracebacks and stack dumps into a verdict.
+
+Nothing is imported here, so `python -m ddpify.verify.harness` starts cheaply.
+"""

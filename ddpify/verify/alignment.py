@@ -1,0 +1,173 @@
+"""Re-cut the reference run's training batches to match the candidate's DDP ranks.
+
+DistributedSampler gives rank r the slice `indices[r::N]` of `randperm(n)` seeded with
+`seed + epoch` (padded to a multiple of N), and each rank batches its own slice. For
+step k of the single reference process to see exactly the union of what the N ranks
+see at their step k, every training DataLoader the reference creates gets an
+AlignedBatchSampler: it rebuilds the N slices with DistributedSampler itself and
+concatenates the k-th batch of every rank. Evaluation loaders are left alone.
+
+Imports torch and the standard library only.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import sys
+from typing import Callable
+
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
+
+DISTRIBUTED_SAMPLER_SEED = 0  # DistributedSampler's default, which converted scripts keep
+
+
+class LoaderCensus:
+    """What the training-loader decision may depend on, gathered while the script runs."""
+
+    def __init__(self) -> None:
+        self.shuffled_loaders = 0
+        self.claimed_unshuffled = False
+        self.optimizer_stepped = False
+
+
+def is_training_loader(shuffle: bool, census: LoaderCensus) -> bool:
+    """Whether a loader feeds training (aligned) or evaluation (left alone).
+
+    Shuffled loaders train; when the script has none, the first loader iterated before
+    any optimizer step does. The one place to swap for a static answer.
+    """
+    if shuffle:
+        return True
+    return not (census.shuffled_loaders or census.claimed_unshuffled or census.optimizer_stepped)
+
+
+class AlignedBatchSampler:
+    """Batch sampler of one reference loader; decides on first use whether it trains.
+
+    Training: batch k is the concatenation over ranks of each rank's k-th DistributedSampler
+    batch, and each pass over it is one more epoch (mirroring `set_epoch`). Evaluation: the
+    loader's own sequential batches.
+    """
+
+    def __init__(self, size: int, batch_size: int, per_rank_batch: int, drop_last: bool, shuffle: bool,
+                 world: int, census: LoaderCensus, on_training: Callable[[AlignedBatchSampler], None]) -> None:
+        self.size = size
+        self.batch_size = batch_size
+        self.per_rank_batch = per_rank_batch
+        self.drop_last = drop_last
+        self.shuffle = shuffle
+        self.world = world
+        self.census = census
+        self.on_training = on_training
+        self.training: bool | None = None
+        self.epoch = 0
+
+    def _is_training(self) -> bool:
+        if self.training is None:
+            self.training = is_training_loader(self.shuffle, self.census)
+            if self.training:
+                self.census.claimed_unshuffled |= not self.shuffle
+                self.on_training(self)
+        return self.training
+
+    def _own_batches(self) -> BatchSampler:
+        return BatchSampler(SequentialSampler(range(self.size)), self.batch_size, self.drop_last)
+
+    def rank_slices(self, epoch: int) -> list[list[int]]:
+        """The indices each rank's DistributedSampler yields in `epoch`."""
+        slices = []
+        for rank in range(self.world):
+            sampler = DistributedSampler(range(self.size), num_replicas=self.world, rank=rank,
+                                         shuffle=self.shuffle, seed=DISTRIBUTED_SAMPLER_SEED)
+            sampler.set_epoch(epoch)
+            slices.append(list(sampler))
+        return slices
+
+    def _aligned_len(self) -> int:
+        per_rank = math.ceil(self.size / self.world)
+        return per_rank // self.per_rank_batch if self.drop_last else math.ceil(per_rank / self.per_rank_batch)
+
+    def __len__(self) -> int:
+        return self._aligned_len() if self._is_training() else len(self._own_batches())
+
+    def __iter__(self):
+        if not self._is_training():
+            yield from self._own_batches()
+            return
+        slices = self.rank_slices(self.epoch)
+        self.epoch += 1
+        b = self.per_rank_batch
+        for k in range(self._aligned_len()):
+            yield [index for indices in slices for index in indices[k * b:(k + 1) * b]]
+
+
+def _call_site() -> str:
+    """`file:line` of the user code that constructed the DataLoader."""
+    frame = sys._getframe(2)
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def _shuffles(arguments: dict) -> bool | None:
+    """True/False for the samplers we can mirror, None for a custom sampler."""
+    sampler = arguments.get("sampler")
+    if sampler is None:
+        return bool(arguments.get("shuffle"))
+    if isinstance(sampler, (RandomSampler, SequentialSampler)):
+        return isinstance(sampler, RandomSampler)
+    return None
+
+
+def align_training_loaders(world: int, batch_mode: str, recorder) -> None:
+    """Patch DataLoader construction so the reference's training loaders match `world` ranks.
+
+    `batch_mode` is "per-gpu" (each rank keeps the script's batch) or "global" (the ranks
+    split it). `recorder` receives notes and flags (see harness.Recorder).
+    """
+    census = LoaderCensus()
+    register_optimizer_step_post_hook(lambda *_: setattr(census, "optimizer_stepped", True))
+    original_init = DataLoader.__init__
+    signature = inspect.signature(original_init)
+
+    def aligned_init(self, *args, **kwargs):
+        arguments = signature.bind(self, *args, **kwargs).arguments
+        sampler = _aligned_sampler(arguments, _call_site(), world, batch_mode, census, recorder)
+        if sampler is not None:
+            for name in ("batch_size", "shuffle", "sampler", "drop_last"):
+                arguments.pop(name, None)
+            arguments["batch_sampler"] = sampler
+        original_init(**arguments)
+
+    DataLoader.__init__ = aligned_init
+
+
+def _aligned_sampler(arguments: dict, site: str, world: int, batch_mode: str,
+                     census: LoaderCensus, recorder) -> AlignedBatchSampler | None:
+    """The batch sampler replacing this loader's batching, or None to leave the loader alone."""
+    dataset = arguments["dataset"]
+    batch_size = arguments.get("batch_size", 1)
+    shuffle = _shuffles(arguments)
+    if arguments.get("batch_sampler") is not None or batch_size is None or shuffle is None \
+            or isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        recorder.note(f"loader at {site} uses its own sampling, so the reference cannot mirror the ranks' samples")
+        return None
+    per_rank_batch = batch_size
+    if batch_mode == "global":
+        per_rank_batch = max(1, batch_size // world)
+        if batch_size % world:
+            recorder.flag("indivisible_batch", f"the global batch {batch_size} (loader at {site}) "
+                                               f"is not divisible by {world} ranks")
+    census.shuffled_loaders += shuffle
+
+    def describe(sampler: AlignedBatchSampler) -> None:
+        order = "shuffled" if sampler.shuffle else "in order"
+        recorder.note(f"training loader at {site}: reference step = {world} ranks x batch {per_rank_batch}, "
+                      f"{order} as DistributedSampler(seed={DISTRIBUTED_SAMPLER_SEED}) with set_epoch per pass")
+        if sampler.size % world:
+            recorder.note(f"{sampler.size} samples are not divisible by {world} ranks: DistributedSampler "
+                          f"repeats {world - sampler.size % world} of them each epoch (the reference too)")
+
+    return AlignedBatchSampler(len(dataset), batch_size, per_rank_batch, bool(arguments.get("drop_last")),
+                               shuffle, world, census, describe)

@@ -1,0 +1,146 @@
+"""Compare the reference's record with the candidate ranks' records, step by step.
+
+Exact mode: per step, the relative loss difference and the max relative parameter
+difference (max|Δ| / max|ref|) are at most EXACT_TOLERANCE, and every rank holds the
+same parameters. Statistical mode (plain BatchNorm under DDP, where each rank
+normalizes with its own batch statistics): losses within STATISTICAL_LOSS_TOLERANCE
+and ranks agree. Runs in the launcher, which has torch imported already.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ddpify.verify.plan import EXACT_TOLERANCE, STATISTICAL_LOSS_TOLERANCE, Plan
+from ddpify.verify.result import error_result
+
+TINY = 1e-12
+
+
+@dataclass
+class StepRow:
+    step: int
+    loss_reference: float | None
+    loss_candidate: float | None
+    rel_loss: float | None
+    max_rel_param: float | None  # None when the parameter counts differ
+    ranks_agree: bool
+    problems: list[str]
+
+
+@dataclass
+class Record:
+    losses: list[float | None]
+    params: list[torch.Tensor]
+    flags: dict[str, str]
+    notes: list[str]
+
+    @classmethod
+    def load(cls, path: str) -> Record:
+        return cls(**torch.load(path, weights_only=True))
+
+
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max|a - b| / max|b|; infinite when the shapes differ."""
+    if a.shape != b.shape:
+        return float("inf")
+    if a.numel() == 0:
+        return 0.0
+    return float((a - b).abs().max() / max(float(b.abs().max()), TINY))
+
+
+def mean_loss(losses: list[float | None]) -> float | None:
+    """The candidate's loss for a step: the mean of the ranks' (mean-reduced) losses."""
+    known = [loss for loss in losses if loss is not None]
+    return sum(known) / len(known) if known else None
+
+
+def compare_step(k: int, reference: Record, ranks: list[Record], statistical: bool) -> StepRow:
+    """One table row, with the reasons this step fails (empty when it matches)."""
+    ref_loss = reference.losses[k]
+    cand_loss = mean_loss([rank.losses[k] for rank in ranks])
+    rel_loss = None if ref_loss is None or cand_loss is None else abs(cand_loss - ref_loss) / max(abs(ref_loss), TINY)
+    rel_param = relative_difference(ranks[0].params[k], reference.params[k])
+    agree = all(relative_difference(rank.params[k], ranks[0].params[k]) <= EXACT_TOLERANCE for rank in ranks[1:])
+    loss_tolerance = STATISTICAL_LOSS_TOLERANCE if statistical else EXACT_TOLERANCE
+    problems = []
+    if rel_loss is not None and rel_loss > loss_tolerance:
+        problems.append(f"loss {cand_loss:.6g} vs reference {ref_loss:.6g} (rel diff {rel_loss:.1e} > {loss_tolerance:g})")
+    if rel_param == float("inf"):
+        problems.append(f"parameter count differs ({ranks[0].params[k].numel()} vs reference {reference.params[k].numel()})")
+    elif not statistical and rel_param > EXACT_TOLERANCE:
+        problems.append(f"max rel Δparam {rel_param:.1e} > {EXACT_TOLERANCE:g}")
+    if not agree:
+        problems.append("ranks hold different parameters")
+    return StepRow(k + 1, ref_loss, cand_loss, rel_loss, None if rel_param == float("inf") else rel_param, agree, problems)
+
+
+def first_divergence(rows: list[StepRow], counts: list[int]) -> tuple[int, list[str]] | None:
+    """(step, reasons) of the first mismatch, including runs of different lengths; None if none."""
+    for row in rows:
+        if row.problems:
+            return row.step, row.problems
+    if len(set(counts)) > 1:
+        return min(counts) + 1, [f"the reference made {counts[0]} optimizer steps, the candidate {min(counts[1:])}"]
+    return None
+
+
+def _all_flags(records: list[Record]) -> dict[str, str]:
+    flags: dict[str, str] = {}
+    for record in records:
+        for name, detail in record.flags.items():
+            flags.setdefault(name, detail)
+    return flags
+
+
+def preconditions(plan: Plan, flags: dict[str, str]) -> list[str]:
+    """Conditions under which the candidate cannot train like the reference."""
+    found = []
+    if plan.aligns_reference() and "sum_reduction" in flags:
+        found.append(f"the loss uses {flags['sum_reduction']}: DDP averages gradients over {plan.nproc} ranks, "
+                     f"so every update is {plan.nproc}x smaller than the single-process one "
+                     f"(scale the loss or the learning rate by the world size, or use reduction='mean')")
+    if "indivisible_batch" in flags:
+        found.append(flags["indivisible_batch"])
+    return found
+
+
+def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
+    """The verdict, per-step rows, notes and preconditions, as a JSON-ready dict."""
+    flags = _all_flags([reference, *ranks])
+    statistical = plan.aligns_reference() and "plain_batchnorm" in flags
+    notes = list(dict.fromkeys(note for record in (reference, *ranks) for note in record.notes))
+    if "dropout" in flags:
+        notes.append(flags["dropout"])
+    if statistical:
+        notes.append(f"plain {flags['plain_batchnorm']} under DDP: each rank normalizes with its own batch "
+                     f"statistics (SyncBatchNorm would not), so the runs are compared in statistical mode: "
+                     f"losses within {STATISTICAL_LOSS_TOLERANCE:g} and ranks agree")
+    found = preconditions(plan, flags)
+    counts = [len(reference.params), *(len(rank.params) for rank in ranks)]
+    rows = [compare_step(k, reference, ranks, statistical) for k in range(min(counts))]
+    result = {"mode": "statistical" if statistical else "exact", "steps": [asdict(row) for row in rows],
+              "notes": notes, "preconditions": found}
+    if not counts[0]:
+        return {**error_result("the reference made no optimizer step"), **result}
+    divergence = first_divergence(rows, counts)
+    if divergence is None:
+        return {**result, "verdict": "equivalent", "diverged_at": None,
+                "message": _equivalent_message(rows, plan, statistical)}
+    step, problems = divergence
+    cause = " (a precondition failed, see preconditions)" if found else ""
+    message = f"diverged at step {step}{cause}: " + "; ".join(problems)
+    return {**result, "verdict": "diverged", "diverged_at": step, "message": message}
+
+
+def _equivalent_message(rows: list[StepRow], plan: Plan, statistical: bool) -> str:
+    ranks = f"all {plan.nproc} ranks agree" if plan.nproc > 1 else "one candidate process"
+    if statistical:
+        return (f"equivalent (statistical mode): {len(rows)} steps, losses within "
+                f"{STATISTICAL_LOSS_TOLERANCE:g}, {ranks}")
+    worst_param = max(row.max_rel_param for row in rows)
+    worst_loss = max((row.rel_loss for row in rows if row.rel_loss is not None), default=0.0)
+    return (f"equivalent: {len(rows)} steps match (max rel Δparam {worst_param:.1e}, max rel Δloss "
+            f"{worst_loss:.1e}, tolerance {EXACT_TOLERANCE:g}), {ranks}")

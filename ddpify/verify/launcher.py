@@ -1,0 +1,178 @@
+"""Start the reference and the candidate ranks, wait for them, and judge the pair.
+
+`python -m ddpify.verify.launcher PLAN_JSON`, started by the command in a process
+group of its own. torch is imported here once; the reference and every candidate
+rank are then os.fork()ed from this process (torch's thread pools have not started:
+no tensor math happens before the forks), each sets its torchrun-style environment
+and runs its script through the harness. With `launcher == "torchrun"` the candidate
+runs under real `torchrun --standalone` instead.
+
+A rank that fails cuts the wait short; a run still going after the plan's timeout
+is reported as hung, at the place its faulthandler dump shows. The verdict goes to
+result.json; the command then kills whatever is left in the process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import torch.distributed  # noqa: F401  (imported once here, shared by every forked run)
+import torch.nn.parallel  # noqa: F401
+
+from ddpify.verify import harness
+from ddpify.verify.compare import Record, judge
+from ddpify.verify.diagnose import hang_location, last_line
+from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan
+from ddpify.verify.result import error_result
+
+HANG_DUMP_GRACE_S = 1.0
+FAILURE_GRACE_S = 2.0
+POLL_S = 0.02
+DISTRIBUTED_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                         "MASTER_ADDR", "MASTER_PORT")
+
+
+class ForkedRun:
+    """A child made with os.fork, polled like a Popen."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_environment(rank: int, world: int, port: int) -> dict[str, str]:
+    """What torchrun would set for one rank on a single node."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+            "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def fork_role(plan: Plan, role: str, environment: dict[str, str]) -> ForkedRun:
+    """Fork a child that runs `role` under the harness with `environment` (and no other rank variables)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return ForkedRun(pid)
+    try:
+        for name in DISTRIBUTED_VARIABLES:
+            os.environ.pop(name, None)
+        os.environ.update(environment)
+        harness.run_role(plan, role)
+    finally:
+        os._exit(70)
+
+
+def start_torchrun(plan: Plan, plan_path: str) -> subprocess.Popen:
+    """The candidate under real torchrun; its workers run `python -m ddpify.verify.harness`."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={plan.nproc}",
+               "--module", "ddpify.verify.harness", plan_path, CANDIDATE]
+    with open(os.path.join(plan.outdir, "torchrun.txt"), "w") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=plan.candidate.workdir)
+
+
+def start_runs(plan: Plan, plan_path: str) -> list:
+    """The reference, then the candidate: one process per rank (one in all for dp) or one torchrun."""
+    runs = [fork_role(plan, REFERENCE, {})]
+    if plan.target == "dp":
+        return runs + [fork_role(plan, CANDIDATE, {})]
+    if plan.launcher == "torchrun":
+        return runs + [start_torchrun(plan, plan_path)]
+    port = free_port()
+    return runs + [fork_role(plan, CANDIDATE, rank_environment(rank, plan.nproc, port)) for rank in range(plan.nproc)]
+
+
+def wait_for(runs: list, deadline: float) -> None:
+    """Until every run ends, a failure's grace period passes, or the deadline (plus time to dump stacks)."""
+    deadline += HANG_DUMP_GRACE_S
+    while True:
+        codes = [run.poll() for run in runs]
+        if None not in codes:
+            return
+        if any(code for code in codes if code is not None):
+            deadline = min(deadline, time.time() + FAILURE_GRACE_S)
+        if time.time() > deadline:
+            return
+        time.sleep(POLL_S)
+
+
+def processes(plan: Plan) -> list[tuple[str, int, str]]:
+    """(role, rank, label) of every process the plan runs."""
+    label = "rank {}" if plan.target == "ddp" else "candidate"
+    return [(REFERENCE, 0, "reference")] + [(CANDIDATE, r, label.format(r)) for r in range(plan.candidate.ranks)]
+
+
+def failure_message(plan: Plan) -> str | None:
+    """Why the pair could not run (the first traceback, else every process that never finished), or None."""
+    failures = []
+    silent = []
+    for role, rank, label in processes(plan):
+        error = plan.file("error", role, rank)
+        if os.path.exists(error):
+            failures.append((os.path.getmtime(error), f"{label} failed: {last_line(error)}"))
+        elif not os.path.exists(plan.file("record", role, rank)):
+            where = hang_location(plan.file("stack", role, rank), plan.run(role).script)
+            silent.append(f"{label} hung for {plan.timeout:g} s at {where}" if where
+                          else f"{label} ended without a record (killed, or it called os._exit)")
+    if failures:
+        return min(failures)[1]
+    return "; ".join(silent) or None
+
+
+def result_of(plan: Plan) -> dict:
+    """The verdict dict for result.json."""
+    problem = failure_message(plan)
+    if problem:
+        return error_result(problem)
+    reference = Record.load(plan.file("record", REFERENCE, 0))
+    ranks = [Record.load(plan.file("record", CANDIDATE, rank)) for rank in range(plan.candidate.ranks)]
+    return judge(plan, reference, ranks)
+
+
+def shared_gpu_problem(plan: Plan) -> str | None:
+    """For --device cuda: a reason to stop, after choosing nccl (one GPU per rank) or gloo on one shared GPU."""
+    import torch
+
+    count = torch.cuda.device_count()  # NVML-based (set by the command), so forking stays safe
+    if not count:
+        return "--device cuda needs CUDA, and torch sees no GPU here"
+    if count < plan.nproc:
+        os.environ[harness.SHARED_GPU_ENV] = "1"
+    return None
+
+
+def main(plan_path: str) -> None:
+    plan = Plan.load(plan_path)
+    problem = shared_gpu_problem(plan) if plan.device == "cuda" else None
+    if problem:
+        result = error_result(problem)
+    else:
+        harness.make_deterministic()  # its one-off import of torch._inductor.config, paid once before forking
+        deadline = time.time() + plan.timeout
+        os.environ[harness.DEADLINE_ENV] = repr(deadline)
+        wait_for(start_runs(plan, plan_path), deadline)
+        result = result_of(plan)
+    with open(plan.result_path, "w") as f:
+        json.dump(result, f, indent=1)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,82 @@
+"""The verify plan: what to run, how, and where each process leaves its files.
+
+Written as JSON by the command, read by the launcher and every harness process.
+Imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+REFERENCE = "reference"
+CANDIDATE = "candidate"
+
+EXACT_TOLERANCE = 1e-5
+STATISTICAL_LOSS_TOLERANCE = 5e-2
+
+_EXTENSIONS = {"record": ".pt", "error": ".txt", "stack": ".txt", "log": ".txt"}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One script to execute: the reference (1 process) or the candidate (`ranks` processes)."""
+
+    script: str
+    import_dir: str
+    workdir: str
+    ranks: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the launcher and the harness need to know about one verify pair."""
+
+    target: str
+    steps: int
+    device: str
+    batch_mode: str
+    timeout: float
+    launcher: str
+    outdir: str
+    script_args: tuple[str, ...]
+    reference: Run
+    candidate: Run
+
+    @property
+    def nproc(self) -> int:
+        return self.candidate.ranks
+
+    def run(self, role: str) -> Run:
+        return self.reference if role == REFERENCE else self.candidate
+
+    def aligns_reference(self) -> bool:
+        """Only a multi-rank DDP candidate needs the reference's batches re-cut to match it."""
+        return self.target == "ddp" and self.nproc > 1
+
+    def file(self, kind: str, role: str, rank: int) -> str:
+        """Path of one process's `record`, `error`, `stack` or `log` file."""
+        return os.path.join(self.outdir, f"{kind}-{role}-{rank}{_EXTENSIONS[kind]}")
+
+    @property
+    def result_path(self) -> str:
+        return os.path.join(self.outdir, "result.json")
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.outdir, "plan.json")
+
+    def save(self) -> str:
+        with open(self.path, "w") as f:
+            json.dump(asdict(self), f, indent=1)
+        return self.path
+
+    @classmethod
+    def load(cls, path: str) -> Plan:
+        with open(path) as f:
+            data = json.load(f)
+        data["script_args"] = tuple(data["script_args"])
+        data["reference"] = Run(**data["reference"])
+        data["candidate"] = Run(**data["candidate"])
+        return cls(**data)

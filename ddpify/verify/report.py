@@ -1,0 +1,39 @@
+"""Render a verdict dict as the text report: header, notes, per-step table, verdict line."""
+
+from __future__ import annotations
+
+from ddpify.verify.runner import Request
+
+COLUMNS = ("step", "loss reference", "loss candidate", "rel Δloss", "max rel Δparam", "ranks agree")
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def step_lines(result: dict) -> list[str]:
+    """The per-step table; the first diverging step is marked."""
+    widths = [len(column) for column in COLUMNS]
+    rows = [(str(row["step"]), _number(row["loss_reference"], ".6f"), _number(row["loss_candidate"], ".6f"),
+             _number(row["rel_loss"], ".1e"), _number(row["max_rel_param"], ".1e"),
+             "yes" if row["ranks_agree"] else "NO") for row in result["steps"]]
+    widths = [max(width, *(len(row[i]) for row in rows)) for i, width in enumerate(widths)]
+    lines = ["  ".join(column.rjust(width) for column, width in zip(COLUMNS, widths))]
+    for row, raw in zip(rows, result["steps"]):
+        marker = "  <- diverged" if raw["step"] == result["diverged_at"] else ""
+        lines.append("  ".join(cell.rjust(width) for cell, width in zip(row, widths)) + marker)
+    return lines
+
+
+def render(request: Request, result: dict) -> str:
+    """The whole text report, ending with the verdict line."""
+    candidate = request.against or f"{request.script} converted by ddpify"
+    processes = f"{request.nproc} ranks" if request.target == "ddp" else "1 process"
+    lines = [f"verify {request.script} (1 process) against {candidate} ({request.target}, {processes}), "
+             f"{request.steps} steps on {request.device}"]
+    lines += [f"note: {note}" for note in result["notes"]]
+    if result["steps"]:
+        lines += step_lines(result)
+    lines += [f"precondition: {found}" for found in result["preconditions"]]
+    lines.append(result["message"])
+    return "\n".join(lines)

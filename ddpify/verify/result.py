@@ -1,0 +1,22 @@
+"""The verdict dict shared by the launcher (which writes it) and the command (which prints it).
+
+Keys: verdict ("equivalent" | "diverged" | "error"), diverged_at, message (the verdict
+line), mode ("exact" | "statistical" | None), steps (per-step rows), notes, preconditions.
+Imports the standard library only.
+"""
+
+from __future__ import annotations
+
+from ddpify.commands import EXIT_ERROR, EXIT_FOUND, EXIT_OK
+
+_EXIT_CODES = {"equivalent": EXIT_OK, "diverged": EXIT_FOUND, "error": EXIT_ERROR}
+
+
+def error_result(message: str) -> dict:
+    """A verdict for a pair that could not be run or compared."""
+    return {"verdict": "error", "diverged_at": None, "message": f"could not run: {message}",
+            "mode": None, "steps": [], "notes": [], "preconditions": []}
+
+
+def exit_code(result: dict) -> int:
+    return _EXIT_CODES[result["verdict"]]
