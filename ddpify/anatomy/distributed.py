@@ -64,10 +64,11 @@ DDP_ATTRIBUTES = frozenset({
 })
 WRAPPER_ATTRIBUTES = MODULE_ATTRIBUTES | DDP_ATTRIBUTES
 
-_RANK_NAME = re.compile(r"^(?:\w+_)?rank(?:_id)?$|^(?:gpu|gpu_id|local_gpu)$")
+_RANK_NAME = re.compile(r"^(?:\w+_)?rank(?:_id)?$|^(?:gpu|gpu_id|local_gpu)$", re.IGNORECASE)
 _MAIN_PROCESS_NAME = re.compile(
     r"^_?(?:is_)?(?:local_)?(?:main|master|primary|chief|rank_?0|rank_?zero|global_zero)"
-    r"(?:_process|_proc|_rank|_node|_worker)?$"
+    r"(?:_process|_proc|_rank|_node|_worker)?$",
+    re.IGNORECASE,
 )
 _RANK_FUNCTIONS = frozenset({f"{DIST}.get_rank", f"{DIST}.get_node_local_rank", f"{DIST}.get_global_rank"})
 _WRAPPER_KEEPING_METHODS = frozenset({"to", "cuda", "cpu", "train", "eval", "float", "half", "bfloat16", "requires_grad_"})
@@ -267,6 +268,8 @@ def is_rank_value(a: Anatomy, expr: ast.AST, depth: int = 0) -> bool:
         if name == "int" and expr.args:
             return is_rank_value(a, expr.args[0], depth + 1)
         return False
+    if isinstance(expr, ast.BinOp):  # args.rank % ngpus_per_node
+        return is_rank_value(a, expr.left, depth + 1) or is_rank_value(a, expr.right, depth + 1)
     if isinstance(expr, ast.Subscript):  # os.environ["LOCAL_RANK"]
         key = expr.slice
         return isinstance(key, ast.Constant) and key.value in ("RANK", "LOCAL_RANK")
@@ -375,8 +378,8 @@ def exits(a: Anatomy, body: list[ast.stmt]) -> bool:
 
 
 def conditions_on(a: Anatomy, node: ast.AST) -> Iterator[ast.expr]:
-    """The tests that decide whether `node` runs, within its function: those of the `if`s around
-    it, and those of earlier `if <test>: return` statements (whose falsehood it needs)."""
+    """The tests that decide whether `node` runs, within its function: those of the `if`s (and
+    `x if test else y`) around it, and those of earlier `if <test>: return` statements."""
     for parent, child in ancestors(a, node):
         if isinstance(child, ast.stmt):
             block = a.block_of(child)
@@ -384,7 +387,7 @@ def conditions_on(a: Anatomy, node: ast.AST) -> Iterator[ast.expr]:
                 yield from (s.test for s in block[: block.index(child)] if isinstance(s, ast.If) and exits(a, s.body))
         if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return
-        if isinstance(parent, ast.If) and child is not parent.test:
+        if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
             yield parent.test
 
 
@@ -490,11 +493,21 @@ def is_wrapper(a: Anatomy, expr: ast.AST, depth: int = 0) -> bool:
         callee = a.callee(expr)
         return callee is not None and any(is_wrapper(a, v, depth + 1) for v in returned_values(a, callee))
     if isinstance(expr, ast.IfExp):
+        if _unwraps(expr):
+            return False
         return is_wrapper(a, expr.body, depth + 1) or is_wrapper(a, expr.orelse, depth + 1)
     if isinstance(expr, (ast.Name, ast.Attribute)):
         if not a.has_role(expr, ROLE_MODEL) or not wrap_calls(a):
             return False
         return any(is_wrapper(a, v, depth + 1) for v in reaching_values(a, expr))
+    return False
+
+
+def _unwraps(expr: ast.IfExp) -> bool:
+    """`model.module if distributed else model`: the plain model on either branch."""
+    for inner, other in ((expr.body, expr.orelse), (expr.orelse, expr.body)):
+        if isinstance(inner, ast.Attribute) and inner.attr == "module" and ast.dump(inner.value) == ast.dump(other):
+            return True
     return False
 
 

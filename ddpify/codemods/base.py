@@ -20,6 +20,7 @@ from libcst.metadata import PositionProvider
 from ddpify.anatomy import Anatomy, Pos
 
 Key = tuple[int, int]
+Span = tuple[int, int, int, int]
 StatementRewrite = Callable[[cst.BaseStatement], Sequence[cst.BaseStatement]]
 GroupBuilder = Callable[[list[cst.BaseStatement]], cst.BaseStatement]
 
@@ -93,7 +94,7 @@ class Transform(VisitorBasedCodemodCommand):
         self._rewrite: dict[Key, StatementRewrite] = {}
         self._body_start: dict[Key, list[cst.BaseStatement]] = {}
         self._module_end: list[cst.BaseStatement] = []
-        self._expr: dict[tuple[Key, type], Callable[[cst.CSTNode], cst.CSTNode]] = {}
+        self._expr: dict[tuple[Span, type], Callable[[cst.CSTNode], cst.CSTNode]] = {}
         self._grouped: dict[Key, tuple[object, GroupBuilder]] = {}
 
     # ----- what subclasses implement -----------------------------------------------------------
@@ -127,9 +128,10 @@ class Transform(VisitorBasedCodemodCommand):
         previous = self._rewrite.get(key)
         self._rewrite[key] = rewrite if previous is None else (lambda s, p=previous: _chain(p, rewrite, s))
 
-    def rewrite_node(self, node: ast.AST | Pos, cst_type: type, rewrite: Callable[[cst.CSTNode], cst.CSTNode]) -> None:
-        """Replace the CST node of `cst_type` starting where `node` starts."""
-        self._expr[(key_of(node), cst_type)] = rewrite
+    def rewrite_node(self, node: ast.AST, cst_type: type, rewrite: Callable[[cst.CSTNode], cst.CSTNode]) -> None:
+        """Replace the CST node of `cst_type` that spans exactly what `node` spans."""
+        pos = self.anatomy.pos(node)
+        self._expr[((pos.line, pos.col, pos.end_line, pos.end_col), cst_type)] = rewrite
 
     def guard_statement(self, stmt: ast.stmt, condition: str) -> None:
         """Put `stmt` under `if <condition>:`; neighbours guarded by the same condition share one `if`."""
@@ -153,6 +155,10 @@ class Transform(VisitorBasedCodemodCommand):
             return tree
         return super().transform_module_impl(tree)
 
+    def _span(self, node: cst.CSTNode) -> Span:
+        code_range = self.get_metadata(PositionProvider, node)
+        return code_range.start.line, code_range.start.column, code_range.end.line, code_range.end.column
+
     def _key(self, node: cst.CSTNode) -> Key:
         start = self.get_metadata(PositionProvider, node).start
         return start.line, start.column
@@ -160,7 +166,7 @@ class Transform(VisitorBasedCodemodCommand):
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
         updated = super().on_leave(original_node, updated_node)
         if self._expr and isinstance(original_node, cst.BaseExpression):
-            rewrite = self._expr.get((self._key(original_node), type(original_node)))
+            rewrite = self._expr.get((self._span(original_node), type(original_node)))
             if rewrite is not None:
                 return rewrite(updated)  # type: ignore[arg-type]
         return updated

@@ -184,6 +184,8 @@ def lint_file(path: str, options: Options) -> FileReport:
             report.diagnostics, report.errors = check_text(source.text, path, rules)
     except (SourceError, FixError) as e:
         report.errors.append(str(e))
+    except Exception as e:  # a bug in the analysis must not stop the other files
+        report.errors.append(f"{path}: internal error: {type(e).__name__}: {e}")
     return report
 
 

@@ -13,7 +13,7 @@ import ast
 
 import libcst as cst
 
-from ddpify.anatomy import ROLE_LOADER, LoaderSite, LoopSite
+from ddpify.anatomy import ROLE_LOADER, ROLE_PBAR, LoaderSite, LoopSite
 from ddpify.codemods.base import Transform, parse_expr
 from ddpify.codemods.ddp.runtime import WORLD_SIZE
 
@@ -122,19 +122,25 @@ class DistributedSamplers(Transform):
         for stmt in loop.node.body:  # type: ignore[attr-defined]
             if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
                 target = stmt.targets[0]
-                if (ROLE_LOADER, loader) in self.anatomy.roles(stmt.value) and self.anatomy.ref(target) is not None:
+                roles = self.anatomy.roles(stmt.value)
+                if (ROLE_LOADER, loader) in roles and (ROLE_PBAR, None) not in roles and self.anatomy.ref(target) is not None:
                     return stmt, ast.unparse(target)
         return None
 
     def _visible_name(self, loop: LoopSite, loader: LoaderSite) -> str | None:
         """The variable holding the loader that the epoch loop's code can see."""
-        holders = self.anatomy.refs_holding(loader, ROLE_LOADER)
+        holders = {r for r in self.anatomy.refs_holding(loader, ROLE_LOADER) if not _is_progress_bar(self.anatomy, r)}
         scope = loop.scope
         cls = self.anatomy.class_of_scope.get(scope)
         visible = [r for r in holders if r.scope == scope or r.scope == "<module>" or (cls and r.scope == cls)]
         mentioned = {self.anatomy.ref(n, scope) for n in ast.walk(loop.node) if isinstance(n, (ast.Name, ast.Attribute))}
         ranked = sorted(visible, key=lambda r: (r not in mentioned, r.scope != scope, r.name))
         return ranked[0].name if ranked else None
+
+
+def _is_progress_bar(anatomy, ref) -> bool:
+    """`pbar = tqdm(loader)` iterates the loader but has no `.sampler`."""
+    return any(role == ROLE_PBAR for role, _ in anatomy.values.get(ref, ()))
 
 
 def _generator_seed(generator: ast.AST | None) -> int | None:

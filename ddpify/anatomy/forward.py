@@ -1,0 +1,508 @@
+"""What runs inside each DataParallel replica, and what the training code does with its outputs.
+
+`nn.DataParallel` copies the model onto every GPU for each call, splits the batch, runs `forward`
+on each copy in its own thread and gathers the outputs on the first GPU. That makes a few things
+that are harmless on one GPU go wrong, and the DP codemod and the DP lint rules both look for them:
+
+* a device named inside `forward` (`x.to("cuda:0")`, `.cuda()`, `device=DEVICE`) pulls every
+  replica's tensors onto one GPU;
+* assignments to `self` inside `forward` land on a copy that is thrown away;
+* a scalar loss returned by `forward` comes back as one loss per GPU and needs `.mean()`;
+* the model's parameters must sit on `device_ids[0]`, and each GPU needs a part of every batch.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from typing import Iterator
+
+from ddpify.anatomy.analyzer import DP_WRAPPER, ROLE_CRITERION, ROLE_MODEL, Anatomy, _walk_body
+from ddpify.anatomy.sites import MODULE_SCOPE, ModelSite, Ref
+
+# Where the loss sits in what forward returns: () the value itself, (1,) a tuple item, ("loss",) a dict item.
+LossPath = tuple[int | str, ...]
+
+_CUDA_STRING = re.compile(r"^cuda(:\d+)?$")
+_DEVICE_QUALNAMES = frozenset({"torch.device", "torch.cuda.current_device"})
+_LOSS_FUNCTION = re.compile(r"^torch\.nn\.functional\.(\w+_loss|cross_entropy|binary_cross_entropy\w*|kl_div)$")
+_LOSS_NAME = re.compile(r"(^|_)loss(es)?($|_)")
+_REDUCTIONS = frozenset({"mean", "sum"})
+_CONTAINER_MUTATORS = frozenset({"append", "extend", "insert", "update", "setdefault", "pop", "clear", "add", "remove"})
+_TENSOR_MOVES = frozenset({"to", "cuda"})
+
+
+# ----- the forward methods a wrapped model runs --------------------------------------------------
+def forward_of(anatomy: Anatomy, class_name: str) -> ast.FunctionDef | None:
+    """The `forward` a model class of this file runs (its own, or the nearest base class's)."""
+    mc = anatomy.model_classes.get(class_name)
+    if mc is None:
+        return None
+    if mc.forward is not None:
+        return mc.forward
+    bases = (anatomy.qualname(b) or "" for b in mc.node.bases)
+    return next((f for f in (forward_of(anatomy, b) for b in bases) if f is not None), None)
+
+
+def replica_forwards(anatomy: Anatomy, class_name: str) -> list[ast.FunctionDef]:
+    """Every `forward` a replica of `class_name` runs: its own and its submodules' (this file's classes)."""
+    found: list[ast.FunctionDef] = []
+    pending, seen = [class_name], set()
+    while pending:
+        name = pending.pop()
+        if name in seen or name not in anatomy.model_classes:
+            continue
+        seen.add(name)
+        forward = forward_of(anatomy, name)
+        if forward is not None and forward not in found:
+            found.append(forward)
+        pending.extend(_submodule_classes(anatomy, name))
+    return found
+
+
+def _submodule_classes(anatomy: Anatomy, class_name: str) -> list[str]:
+    node = anatomy.model_classes[class_name].node
+    names = (anatomy.qualname(c.func) for c in ast.walk(node) if isinstance(c, ast.Call))
+    return [n for n in names if n in anatomy.model_classes]
+
+
+def wrapped_class_names(anatomy: Anatomy, models: list[ModelSite]) -> list[str]:
+    """The classes (defined in this file) of the given models, each once."""
+    return list(dict.fromkeys(m.class_name for m in models if m.class_name in anatomy.model_classes))
+
+
+def dp_wrapped_models(anatomy: Anatomy) -> list[ModelSite]:
+    """The models a script passes to `DataParallel(...)`, at the sites that construct them."""
+    found: dict[ModelSite, None] = {}
+    for wrap in anatomy.calls_to(DP_WRAPPER):
+        if wrap.node.args:  # type: ignore[attr-defined]
+            found.update(dict.fromkeys(anatomy.origins(wrap.node.args[0], ROLE_MODEL)))  # type: ignore[attr-defined, arg-type]
+    return list(found)
+
+
+def input_name(forward: ast.FunctionDef) -> str | None:
+    """The first argument of `forward` after `self`: the input whose device a replica runs on."""
+    params = [a.arg for a in (*forward.args.posonlyargs, *forward.args.args)][1:]
+    return params[0] if params else None
+
+
+def forward_scopes(anatomy: Anatomy, forward: ast.FunctionDef) -> list[ast.FunctionDef]:
+    """`forward` and the methods of its class it calls through `self.method(...)`, transitively."""
+    scope_of = {f.node: name for name, f in anatomy.functions.items()}
+    found, pending = [forward], [forward]
+    while pending:
+        fn = pending.pop()
+        for node in _walk_body(fn.body):
+            callee = anatomy.callee(node) if isinstance(node, ast.Call) else None
+            method = anatomy.functions[callee].node if callee else None
+            if isinstance(method, ast.FunctionDef) and method not in found and callee != scope_of.get(fn):
+                found.append(method)
+                pending.append(method)
+    return found
+
+
+# ----- devices named inside forward ----------------------------------------------------------
+@dataclass(frozen=True)
+class DeviceUse:
+    """A hard-coded device inside forward.
+
+    kind "device": `node` is a device argument (`"cuda:0"`, `DEVICE`, `torch.device(...)`);
+    kind "cuda": `node` is a `t.cuda(...)` call; kind "redundant": `stmt` is `x = x.to(DEVICE)` on
+    forward's own input, which already is on the replica's device.
+    """
+
+    node: ast.AST
+    kind: str
+    stmt: ast.stmt
+
+
+def hardcoded_devices(anatomy: Anatomy, forward: ast.FunctionDef) -> list[DeviceUse]:
+    """The devices `forward` names itself instead of following its input's device."""
+    source = input_name(forward)
+    found: list[DeviceUse] = []
+    for node in _walk_body(forward.body):
+        if not isinstance(node, ast.Call):
+            continue
+        stmt = anatomy.stmt_of[node]
+        if _is_redundant_move(anatomy, node, stmt, source, forward):
+            found.append(DeviceUse(node, "redundant", stmt))
+        elif _is_cuda_call(anatomy, node):
+            found.append(DeviceUse(node, "cuda", stmt))
+        else:
+            found.extend(DeviceUse(arg, "device", stmt) for arg in _device_arguments(node) if is_fixed_device(anatomy, arg, forward))
+    return found
+
+
+def _device_arguments(call: ast.Call) -> list[ast.AST]:
+    """`t.to(<device>)` and `device=<device>` of any call."""
+    args = [kw.value for kw in call.keywords if kw.arg == "device"]
+    if isinstance(call.func, ast.Attribute) and call.func.attr == "to" and call.args:
+        args.append(call.args[0])
+    return args
+
+
+def _is_cuda_call(anatomy: Anatomy, call: ast.Call) -> bool:
+    return isinstance(call.func, ast.Attribute) and call.func.attr == "cuda" and anatomy.qualname(call.func) != "torch.cuda"
+
+
+def _is_redundant_move(anatomy: Anatomy, call: ast.Call, stmt: ast.stmt, source: str | None, forward: ast.FunctionDef) -> bool:
+    """`x = x.to(DEVICE)` / `x = x.cuda()` where x is forward's input, alone in a block of several."""
+    if source is None or not (isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1):
+        return False
+    target, func = stmt.targets[0], call.func
+    if not (isinstance(target, ast.Name) and target.id == source and isinstance(func, ast.Attribute)):
+        return False
+    if not (isinstance(func.value, ast.Name) and func.value.id == source) or len(anatomy.block_of(stmt)) < 2:
+        return False
+    if any(kw.arg != "non_blocking" for kw in call.keywords):
+        return False
+    if func.attr == "cuda":
+        return _is_cuda_call(anatomy, call) and len(call.args) <= 1
+    return func.attr == "to" and len(call.args) == 1 and is_fixed_device(anatomy, call.args[0], forward)
+
+
+def is_fixed_device(anatomy: Anatomy, expr: ast.AST, forward: ast.FunctionDef) -> bool:
+    """Does `expr`, read inside `forward`, name one device for every replica?"""
+    if isinstance(expr, ast.Constant):
+        return isinstance(expr.value, str) and bool(_CUDA_STRING.match(expr.value))
+    if isinstance(expr, ast.IfExp):
+        return is_fixed_device(anatomy, expr.body, forward) or is_fixed_device(anatomy, expr.orelse, forward)
+    if isinstance(expr, ast.Call):
+        return anatomy.qualname(expr.func) in _DEVICE_QUALNAMES
+    if isinstance(expr, ast.Name):
+        values = _global_values(anatomy, expr.id) if expr.id not in _locals(anatomy, forward) else []
+        return any(is_fixed_device(anatomy, v, forward) for v in values)
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
+        return any(_is_device_value(anatomy, v, forward) for v in _self_attribute_values(anatomy, forward, expr.attr))
+    return False
+
+
+def _is_device_value(anatomy: Anatomy, value: ast.AST, forward: ast.FunctionDef) -> bool:
+    """A value stored on the module as its device: a device expression, or an argument called `*device*`."""
+    return is_fixed_device(anatomy, value, forward) or (isinstance(value, ast.Name) and "device" in value.id)
+
+
+def _locals(anatomy: Anatomy, forward: ast.FunctionDef) -> set[str]:
+    fn = next((f for f in anatomy.functions.values() if f.node is forward), None)
+    return fn.locals if fn else set()
+
+
+def _global_values(anatomy: Anatomy, name: str) -> list[ast.AST]:
+    """Values assigned to module-level `name`."""
+    return [s.value for s in anatomy.tree.body if isinstance(s, ast.Assign) and any(_binds(t, name) for t in s.targets)]
+
+
+def _binds(target: ast.AST, name: str) -> bool:
+    return isinstance(target, ast.Name) and target.id == name
+
+
+def _self_attribute_values(anatomy: Anatomy, forward: ast.FunctionDef, attr: str) -> list[ast.AST]:
+    """Values assigned to `self.<attr>` anywhere in the class that defines `forward`."""
+    cls = next((mc.node for mc in anatomy.model_classes.values() if forward in mc.node.body), None)
+    if cls is None:
+        return []
+    return [
+        n.value
+        for n in ast.walk(cls)
+        if isinstance(n, ast.Assign)
+        and any(isinstance(t, ast.Attribute) and t.attr == attr and _is_self(t.value) for t in n.targets)
+    ]
+
+
+def _is_self(expr: ast.AST) -> bool:
+    return isinstance(expr, ast.Name) and expr.id == "self"
+
+
+# ----- state mutated inside forward ----------------------------------------------------------
+def state_mutations(anatomy: Anatomy, forward: ast.FunctionDef) -> list[ast.AST]:
+    """Statements and calls in `forward` (or the methods it calls) that change the module's Python state.
+
+    Replicas are shallow copies made for one call: `self.x = ...` and `self.n += 1` are lost, and
+    in-place changes to a shared list/dict race between the replicas' threads.
+    """
+    found: list[ast.AST] = []
+    for scope in forward_scopes(anatomy, forward):
+        for node in _walk_body(scope.body):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(_on_self(t) for t in _targets(node)):
+                found.append(node)
+            elif isinstance(node, ast.Call) and _mutates_self_attribute(node):
+                found.append(node)
+    return sorted(found, key=lambda n: (n.lineno, n.col_offset))
+
+
+def _targets(stmt: ast.Assign | ast.AugAssign | ast.AnnAssign) -> list[ast.AST]:
+    return list(stmt.targets) if isinstance(stmt, ast.Assign) else [stmt.target]
+
+
+def _on_self(target: ast.AST) -> bool:
+    """`self.x`, `self.x[i]`, `self.x.y` (a tuple target counts when any item does)."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return any(_on_self(t) for t in target.elts)
+    if not isinstance(target, (ast.Attribute, ast.Subscript)):
+        return False
+    while isinstance(target, (ast.Attribute, ast.Subscript)):
+        target = target.value
+    return _is_self(target)
+
+
+def _mutates_self_attribute(call: ast.Call) -> bool:
+    """`self.cache.append(x)`, `self.count.add_(1)`: a mutating method on something `self` holds."""
+    func = call.func
+    if not isinstance(func, ast.Attribute) or not isinstance(func.value, (ast.Attribute, ast.Subscript)):
+        return False
+    in_place = func.attr in _CONTAINER_MUTATORS or (func.attr.endswith("_") and not func.attr.startswith("_"))
+    return in_place and _on_self(func.value)
+
+
+# ----- a loss returned from forward ------------------------------------------------------------
+@dataclass(frozen=True)
+class LossReturn:
+    """Where forward returns a loss; `always` when every `return` of forward returns one."""
+
+    forward: ast.FunctionDef
+    paths: frozenset[LossPath]
+    always: bool
+
+
+@dataclass(frozen=True)
+class LossAccess:
+    """Where the training code takes a loss out of a model call's result.
+
+    `node` is the expression that evaluates to the gathered per-GPU losses (the call, or
+    `out["loss"]`), or, when `unpacked`, the name a tuple assignment `loss, logits = model(x)` binds.
+    """
+
+    node: ast.AST
+    stmt: ast.stmt
+    unpacked: bool = False
+
+
+def loss_return(anatomy: Anatomy, forward: ast.FunctionDef) -> LossReturn | None:
+    """Does `forward` return a loss, and where in its result?"""
+    per_return = [_loss_paths(anatomy, r.value, forward) for r in _returns(forward) if r.value is not None]
+    paths = frozenset(p for found in per_return for p in found)
+    if not paths:
+        return None
+    return LossReturn(forward, paths, always=all(per_return))
+
+
+def _returns(forward: ast.FunctionDef) -> Iterator[ast.Return]:
+    return (n for n in _walk_body(forward.body) if isinstance(n, ast.Return))
+
+
+def _loss_paths(anatomy: Anatomy, value: ast.AST, forward: ast.FunctionDef) -> set[LossPath]:
+    value = _local_value(value, forward)
+    if isinstance(value, ast.Tuple):
+        return {(i,) for i, item in enumerate(value.elts) if is_loss(anatomy, item, forward)}
+    if isinstance(value, ast.Dict):
+        return {
+            (k.value,) for k, v in zip(value.keys, value.values)
+            if isinstance(k, ast.Constant) and isinstance(k.value, str) and is_loss(anatomy, v, forward)
+        }
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "dict":
+        return {(kw.arg,) for kw in value.keywords if kw.arg and is_loss(anatomy, kw.value, forward)}
+    return {()} if is_loss(anatomy, value, forward) else set()
+
+
+def _local_value(value: ast.AST, forward: ast.FunctionDef) -> ast.AST:
+    """`out` in `out = {...}; return out` is the dict (or tuple) it was built as."""
+    if not isinstance(value, ast.Name):
+        return value
+    built = [
+        s.value for s in _walk_body(forward.body)
+        if isinstance(s, ast.Assign) and any(_binds(t, value.id) for t in s.targets)
+        and isinstance(s.value, (ast.Tuple, ast.Dict, ast.Call))
+    ]
+    return built[-1] if len(built) == 1 and not isinstance(built[-1], ast.Call) else value
+
+
+def is_loss(anatomy: Anatomy, expr: ast.AST, forward: ast.FunctionDef) -> bool:
+    """Is `expr` (inside forward) a loss: a loss function or criterion call, a sum of losses, a `loss` variable?"""
+    if isinstance(expr, ast.Name):
+        if _LOSS_NAME.search(expr.id):
+            return True
+        return any(is_loss(anatomy, v, forward) for v in _local_assignments(forward, expr.id))
+    if isinstance(expr, ast.BinOp):
+        return is_loss(anatomy, expr.left, forward) or is_loss(anatomy, expr.right, forward)
+    if not isinstance(expr, ast.Call):
+        return False
+    func = expr.func
+    if _LOSS_FUNCTION.match(anatomy.qualname(func) or "") or anatomy.has_role(func, ROLE_CRITERION):
+        return True
+    if isinstance(func, ast.Call):  # nn.MSELoss()(pred, y)
+        constructor = anatomy.qualname(func.func) or ""
+        return constructor.startswith("torch.nn.") and constructor.endswith("Loss")
+    return isinstance(func, ast.Attribute) and func.attr in _REDUCTIONS and is_loss(anatomy, func.value, forward)
+
+
+def _local_assignments(forward: ast.FunctionDef, name: str) -> list[ast.AST]:
+    return [s.value for s in _walk_body(forward.body) if isinstance(s, ast.Assign) and any(_binds(t, name) for t in s.targets)]
+
+
+def model_calls(anatomy: Anatomy) -> Iterator[tuple[ast.Call, str]]:
+    """Calls of a model (`model(x)`, `self.model(x)`) outside the model classes, with the model's class."""
+    for site in anatomy.calls:
+        call: ast.Call = site.node  # type: ignore[assignment]
+        if site.scope.split(".")[0] in anatomy.model_classes:
+            continue
+        classes = {o.class_name for o in anatomy.origins(call.func, ROLE_MODEL) if isinstance(o, ModelSite)}
+        for name in sorted(c for c in classes if c in anatomy.model_classes):
+            yield call, name
+
+
+def loss_accesses(anatomy: Anatomy, call: ast.Call, returned: LossReturn) -> list[LossAccess]:
+    """Where the loss is taken out of this model call's result (empty when the call returns none)."""
+    if not returned.always and not _passes_every_parameter(call, returned.forward):
+        return []
+    stmt = anatomy.stmt_of[call]
+    if () in returned.paths:
+        return [LossAccess(call, stmt)]
+    parent = anatomy.parents.get(call)
+    if isinstance(parent, ast.Subscript) and _key(parent) in returned.paths:
+        return [LossAccess(parent, stmt)]
+    if not (isinstance(parent, ast.Assign) and parent.value is call and len(parent.targets) == 1):
+        return []
+    target = parent.targets[0]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [
+            LossAccess(item, parent, unpacked=True)
+            for i, item in enumerate(target.elts) if (i,) in returned.paths and isinstance(item, ast.Name)
+        ]
+    if isinstance(target, ast.Name) and returned.always:
+        reads = (anatomy.parents.get(n) for n in reads_after(anatomy, parent, target))
+        return [LossAccess(r, anatomy.stmt_of[r]) for r in reads if isinstance(r, ast.Subscript) and _key(r) in returned.paths]
+    return []
+
+
+def _key(subscript: ast.Subscript) -> LossPath | None:
+    key = subscript.slice
+    if isinstance(key, ast.Constant) and isinstance(key.value, (int, str)) and not isinstance(key.value, bool):
+        return (key.value,)
+    return None
+
+
+def _passes_every_parameter(call: ast.Call, forward: ast.FunctionDef) -> bool:
+    """Does the call fill every parameter of forward (so it takes the branch that returns the loss)?"""
+    params = [a.arg for a in (*forward.args.posonlyargs, *forward.args.args)][1:]
+    given = set(params[: len(call.args)]) | {kw.arg for kw in call.keywords}
+    return set(params) <= given
+
+
+def reads_after(anatomy: Anatomy, stmt: ast.stmt, name: ast.Name) -> list[ast.Name]:
+    """Reads of the variable `stmt` binds to `name`, after `stmt` and before it is bound again."""
+    ref = anatomy.ref(name)
+    scope = anatomy.scope_of.get(name, MODULE_SCOPE)
+    body = anatomy.tree.body if scope == MODULE_SCOPE else anatomy.functions[scope].node.body
+    later = [n for n in _walk_body(body) if isinstance(n, ast.Name) and n.id == name.id and _after(n, stmt)]
+    rebound = [n for n in later if isinstance(n.ctx, ast.Store) and anatomy.ref(n) == ref]
+    end = min(((n.lineno, n.col_offset) for n in rebound), default=None)
+    return [
+        n for n in later
+        if isinstance(n.ctx, ast.Load) and anatomy.ref(n) == ref and (end is None or (n.lineno, n.col_offset) < end)
+    ]
+
+
+def _after(node: ast.AST, stmt: ast.stmt) -> bool:
+    return (node.lineno, node.col_offset) > (stmt.end_lineno or stmt.lineno, stmt.end_col_offset or 0)
+
+
+def is_reduced(anatomy: Anatomy, expr: ast.AST) -> bool:
+    """Is `expr` immediately reduced: `expr.mean()` / `expr.sum()`?"""
+    parent = anatomy.parents.get(expr)
+    return (
+        isinstance(parent, ast.Attribute)
+        and parent.value is expr
+        and parent.attr in _REDUCTIONS
+        and isinstance(anatomy.parents.get(parent), ast.Call)
+    )
+
+
+# ----- constants the script spells out --------------------------------------------------------
+def literal(anatomy: Anatomy, expr: ast.AST, depth: int = 0) -> ast.Constant | None:
+    """The literal `expr` evaluates to, where the script writes it: names are followed to their
+    assignments, parameters to what the callers pass (or the default); None unless all agree."""
+    if isinstance(expr, ast.Constant):
+        return expr
+    ref = anatomy.ref(expr) if isinstance(expr, ast.Name) and depth <= 4 else None
+    if ref is None:
+        return None
+    found = [literal(anatomy, v, depth + 1) if v is not None else None for v in _values_of(anatomy, ref)]
+    if not found or any(c is None for c in found) or len({c.value for c in found}) > 1:  # type: ignore[union-attr]
+        return None
+    return found[0]
+
+
+def _values_of(anatomy: Anatomy, ref: Ref) -> list[ast.AST | None]:
+    """What is assigned to `ref`, or passed for it when it is a parameter (None: not a plain value)."""
+    values: list[ast.AST | None] = []
+    for node in ast.walk(anatomy.tree):
+        if isinstance(node, ast.Assign) and any(anatomy.ref(t) == ref for t in node.targets):
+            values.append(node.value if all(isinstance(t, (ast.Name, ast.Attribute)) for t in node.targets) else None)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For)) and anatomy.ref(node.target) == ref:
+            values.append(getattr(node, "value", None) if isinstance(node, ast.AnnAssign) else None)
+    fn = anatomy.functions.get(ref.scope)
+    if fn is not None and ref.name in fn.params:
+        values.extend(_arguments_for(anatomy, ref.scope, ref.name, fn.node))
+    return values
+
+
+def _arguments_for(anatomy: Anatomy, scope: str, name: str, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.AST | None]:
+    """What each call of function `scope` passes for its parameter `name` (None when none calls it)."""
+    index = anatomy.functions[scope].params.index(name)
+    out: list[ast.AST | None] = []
+    for site in anatomy.calls:
+        call: ast.Call = site.node  # type: ignore[assignment]
+        if anatomy.callee(call) == scope:
+            given = next((kw.value for kw in call.keywords if kw.arg == name), None)
+            if given is None:
+                given = call.args[index] if index < len(call.args) else _default(fn, name)
+            out.append(given)
+    return out or [None]
+
+
+def _default(fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> ast.AST | None:
+    positional = [*fn.args.posonlyargs, *fn.args.args]
+    names = [a.arg for a in positional][len(positional) - len(fn.args.defaults):]
+    return dict(zip(names, fn.args.defaults)).get(name)
+
+
+def gpu_index(anatomy: Anatomy, expr: ast.AST) -> int | None:
+    """The GPU `expr` names: `"cuda:1"` -> 1, `"cuda"` -> 0, `torch.device("cuda", 1)` -> 1, `1` -> 1,
+    through variables and `"cuda:1" if torch.cuda.is_available() else "cpu"`; None for CPU or unknown."""
+    if isinstance(expr, ast.IfExp):
+        return gpu_index(anatomy, expr.body)
+    if isinstance(expr, ast.Call) and anatomy.qualname(expr.func) == "torch.device" and expr.args:
+        if len(expr.args) == 2 and gpu_index(anatomy, expr.args[0]) is not None:
+            return gpu_index(anatomy, expr.args[1])
+        return gpu_index(anatomy, expr.args[0])
+    ref = anatomy.ref(expr) if isinstance(expr, (ast.Name, ast.Attribute)) else None
+    if ref is not None:
+        indices = {gpu_index(anatomy, v) if v is not None else None for v in _values_of(anatomy, ref)}
+        return indices.pop() if len(indices) == 1 else None
+    found = literal(anatomy, expr)
+    value = found.value if found is not None else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and _CUDA_STRING.match(value):
+        return int(value.partition(":")[2] or 0)
+    return None
+
+
+def model_moves(model: ModelSite) -> list[ast.Call]:
+    """The `.to(...)` / `.cuda(...)` calls that put `model` on its device, in source order."""
+    return [
+        n for stmt in (model.stmt, *model.placements) for n in ast.walk(stmt)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _TENSOR_MOVES
+    ]
+
+
+def model_gpu_index(anatomy: Anatomy, model: ModelSite) -> int | None:
+    """The GPU the script moves `model` to (`.to(dev)`, `.cuda(k)`), when it names one."""
+    for move in reversed(model_moves(model)):
+        if not move.args:
+            return 0 if move.func.attr == "cuda" else None  # type: ignore[attr-defined]
+        index = gpu_index(anatomy, move.args[0])
+        if index is not None:
+            return index
+    return None

@@ -1,0 +1,52 @@
+"""Transform 1: devices named inside `forward` follow the input's device instead.
+
+DataParallel runs `forward` once per GPU, each replica on its own slice of the batch. A device
+spelled out inside `forward` (`x.to("cuda:0")`, `.cuda()`, `torch.zeros(..., device=DEVICE)`)
+sends every replica's tensors to that one GPU. `<input>.device` is right on every replica (and on
+CPU). `x = x.to(DEVICE)` of forward's own input goes away: DataParallel already put it on the GPU.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+
+from ddpify.anatomy.forward import DeviceUse, hardcoded_devices, input_name, replica_forwards, wrapped_class_names
+from ddpify.codemods.base import Transform, parse_expr
+from ddpify.codemods.dp._edits import remove_statement, rewrite_expression
+
+
+class ForwardDevices(Transform):
+    NAME = "forward-device"
+    DESCRIPTION = "Devices hard-coded inside forward() become the input's device (each replica has its own GPU)."
+
+    def plan(self) -> None:
+        for cls in wrapped_class_names(self.anatomy, self.anatomy.trained_models):
+            for forward in replica_forwards(self.anatomy, cls):
+                source = input_name(forward)
+                for use in hardcoded_devices(self.anatomy, forward):
+                    self._follow_input(use, source, f"{cls}.forward" if forward.name == "forward" else cls)
+
+    def _follow_input(self, use: DeviceUse, source: str | None, where: str) -> None:
+        spelled = ast.unparse(use.node)
+        if source is None:
+            self.advise(use.node.lineno, f"{spelled} in {where} puts every replica on one device; use the input tensor's .device")
+            return
+        device = f"{source}.device"
+        if use.kind == "redundant":
+            remove_statement(self, self.anatomy, use.stmt)
+            self.changed(use.stmt.lineno, f"removed `{ast.unparse(use.stmt)}`: DataParallel already puts {source} on its replica's GPU")
+        elif use.kind == "cuda":
+            rewrite_expression(self, use.node, lambda call: _cuda_to(call, device))  # type: ignore[arg-type]
+            self.changed(use.node.lineno, f"{spelled} -> .to({device}) (the replica's GPU)")
+        else:
+            rewrite_expression(self, use.node, lambda _: parse_expr(device))  # type: ignore[arg-type]
+            self.changed(use.node.lineno, f"{spelled} -> {device} (the replica's GPU)")
+
+
+def _cuda_to(call: cst.CSTNode, device: str) -> cst.CSTNode:
+    """`t.cuda(0, non_blocking=True)` -> `t.to(x.device, non_blocking=True)`."""
+    assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+    keywords = [a for a in call.args if a.keyword is not None and a.keyword.value != "device"]
+    return call.with_changes(func=call.func.with_changes(attr=cst.Name("to")), args=[cst.Arg(parse_expr(device)), *keywords])

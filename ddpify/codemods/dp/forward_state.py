@@ -1,0 +1,35 @@
+"""Transform 5 (advice only): state that `forward` keeps on the module is lost under DataParallel.
+
+Each call copies the model onto every GPU and runs `forward` on the copies; `self.calls += 1` or
+`self.cache = out` happen on copies that are thrown away afterwards, and in-place changes to a
+shared list race between the replicas' threads. The code stays as it is; the user decides.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy.forward import replica_forwards, state_mutations, wrapped_class_names
+from ddpify.codemods.base import Transform
+
+_LIMIT = 60
+
+
+class ForwardState(Transform):
+    NAME = "forward-state"
+    DESCRIPTION = "Warn about module state changed inside forward(): replicas are discarded after each call."
+
+    def plan(self) -> None:
+        for cls in wrapped_class_names(self.anatomy, self.anatomy.trained_models):
+            for forward in replica_forwards(self.anatomy, cls):
+                for mutation in state_mutations(self.anatomy, forward):
+                    self.advise(mutation.lineno, _message(mutation))
+
+
+def _message(mutation: ast.AST) -> str:
+    code = ast.unparse(mutation)
+    code = code if len(code) <= _LIMIT else code[: _LIMIT - 3] + "..."
+    return (
+        f"`{code}` changes the model inside forward(); under DataParallel it runs on per-GPU copies "
+        "that are discarded after each call, so the change is lost (on GPUs); keep this state outside the model"
+    )

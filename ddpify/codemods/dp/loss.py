@@ -1,0 +1,42 @@
+"""Transform 3: a loss returned by `forward` is averaged where the training code takes it out.
+
+Each replica returns its own scalar loss and DataParallel gathers them into a vector with one
+loss per GPU: `loss.backward()` fails on it and `loss.item()` too. Averaging right where the loss
+comes out of the model (`model(x, y).mean()`, `out["loss"].mean()`, or `loss = loss.mean()` after
+`loss, logits = model(x, y)`) fixes every later use at once: backward, logging, accumulation.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy.forward import LossAccess, forward_of, is_reduced, loss_accesses, loss_return, model_calls, reads_after
+from ddpify.codemods.base import Transform
+from ddpify.codemods.dp._edits import mean_of, rewrite_expression
+
+_WHY = "DataParallel returns one loss per GPU"
+
+
+class MeanLoss(Transform):
+    NAME = "loss"
+    DESCRIPTION = "A loss that forward() returns comes back once per GPU: average it with .mean()."
+
+    def plan(self) -> None:
+        for call, cls in model_calls(self.anatomy):
+            returned = loss_return(self.anatomy, forward_of(self.anatomy, cls))  # type: ignore[arg-type]
+            if returned is None:
+                continue
+            for access in loss_accesses(self.anatomy, call, returned):
+                self._average(access)
+
+    def _average(self, access: LossAccess) -> None:
+        node = access.node
+        if access.unpacked:
+            reads = reads_after(self.anatomy, access.stmt, node)  # type: ignore[arg-type]
+            if reads and not is_reduced(self.anatomy, reads[0]):
+                self.insert_after(access.stmt, f"{node.id} = {node.id}.mean()  # {_WHY}\n")  # type: ignore[attr-defined]
+                self.changed(access.stmt.lineno, f"{node.id} = {node.id}.mean(): {_WHY}")  # type: ignore[attr-defined]
+        elif not is_reduced(self.anatomy, node):
+            rewrite_expression(self, node, mean_of)  # type: ignore[arg-type]
+            self.changed(node.lineno, f"{ast.unparse(node)}.mean(): {_WHY}")
+

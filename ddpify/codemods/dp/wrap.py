@@ -1,0 +1,68 @@
+"""Transform 2: wrap each trained model in `nn.DataParallel` once it is on its GPU.
+
+The wrapper goes after the model's last move to a device (`model.to(device)`, `if ...: model.cuda()`),
+outside any `if`/`with`/`try` that holds that move, so the script uses the wrapper on every path.
+Without GPUs DataParallel just calls the model, so the script still runs (and trains the same) on CPU.
+`device_ids` is left to its default (every visible GPU, the first one primary) unless the script
+puts the model on another GPU, which then has to come first.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import Anatomy, ModelSite
+from ddpify.anatomy.forward import model_gpu_index, model_moves
+from ddpify.codemods.base import Transform
+
+_ENCLOSING_BLOCKS = (ast.If, ast.With, ast.Try)
+
+
+class WrapDataParallel(Transform):
+    NAME = "wrap"
+    DESCRIPTION = "Wrap each trained model in nn.DataParallel once its parameters are on the primary GPU."
+
+    def plan(self) -> None:
+        models = self.anatomy.trained_models
+        if not models:
+            self.advise(1, "found no model that an optimizer trains; wrap it in nn.DataParallel by hand")
+            return
+        torch_nn = self._torch_nn()
+        for model in models:
+            self._wrap(model, torch_nn)
+
+    def _torch_nn(self) -> str:
+        """How the script spells `torch.nn`: `nn` after `import torch.nn as nn` / `from torch import nn`."""
+        aliases = self.anatomy.names.aliases
+        spelled = next((name for name, q in aliases.items() if q == "torch.nn"), None)
+        return spelled or f"{self._torch()}.nn"
+
+    def _torch(self) -> str:
+        spelled = next((name for name, q in self.anatomy.names.aliases.items() if q == "torch"), None)
+        if spelled is None:
+            self.add_import("torch")
+        return spelled or "torch"
+
+    def _wrap(self, model: ModelSite, torch_nn: str) -> None:
+        name = model.target.name
+        anchor = _outside_conditionals(self.anatomy, model.placements[-1] if model.placements else model.stmt)
+        self.insert_after(anchor, f"{name} = {torch_nn}.DataParallel({name}{self._device_ids(model)})\n")
+        self.changed(anchor.lineno, f"wrapped {name} in nn.DataParallel (one replica per visible GPU; on CPU it calls the model directly)")
+        if not model_moves(model):
+            self.advise(model.line, f"{name} is not moved to a GPU here; DataParallel needs its parameters on device_ids[0] (cuda:0)")
+
+    def _device_ids(self, model: ModelSite) -> str:
+        """`device_ids` naming the model's GPU first, when the script puts it on one other than cuda:0."""
+        index = model_gpu_index(self.anatomy, model)
+        if not index:
+            return ""
+        others = f"[i for i in range({self._torch()}.cuda.device_count()) if i != {index}]"
+        self.changed(model.line, f"{model.target.name} lives on cuda:{index}: device_ids starts with {index} (DataParallel's primary GPU)")
+        return f", device_ids=[{index}] + {others}"
+
+
+def _outside_conditionals(anatomy: Anatomy, stmt: ast.stmt) -> ast.stmt:
+    """The `if`/`with`/`try` statement that holds `stmt` (outermost, within its function), or `stmt`."""
+    for holder in anatomy.enclosing(stmt, _ENCLOSING_BLOCKS):
+        stmt = holder  # type: ignore[assignment]
+    return stmt
