@@ -104,6 +104,8 @@ if dist.get_rank() == 0:
     save("log.txt")
 """,
     _HEAD + "with open('config.json') as f:\n    text = f.read()\n",
+    # the ImageNet example's condition
+    _HEAD + "ngpus_per_node = 8\nif rank % ngpus_per_node == 0:\n    torch.save(model.state_dict(), 'model.pt')\n",
 )
 SaveOnEveryRank.INVALID = (
     Invalid(

@@ -13,6 +13,7 @@ _WRITERS = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.Sum
 _PROGRESS_BARS = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm"})
 _INFO_LEVELS = frozenset({"debug", "info", "log"})  # warnings and errors belong to every rank
 _LOGGING_SETUP = frozenset({"logging.basicConfig"})
+_LOGGER_SETUP_METHODS = frozenset({"setLevel", "addHandler"})
 # calls that may stay inside a print when the fix puts it under a rank test
 _HARMLESS = frozenset({
     "item", "format", "len", "str", "repr", "round", "float", "int", "abs", "min", "max", "sum", "mean", "tolist",
@@ -24,9 +25,10 @@ class LogOnEveryRank(Rule):
     """## What it does
     Flags `print(...)`, `logging.info(...)`/`logger.info(...)` (debug/info levels),
     `SummaryWriter(...)`, `wandb.init(...)` and `tqdm(...)` without `disable=` that run on every
-    rank. Output that names the rank (`print(f"[rank {rank}] ...")`) is per-rank on purpose, and a
-    logging setup whose level depends on the rank already silences the other ranks: neither is
-    reported.
+    rank. Output that names the rank (`print(f"[rank {rank}] ...")`) is per-rank on purpose; a
+    logging setup whose level depends on the rank, or that runs on rank 0 only, already silences
+    the other ranks; and a script that replaces `builtins.print` (the `setup_for_distributed`
+    idiom) has its own rank-0 print. None of these is reported.
 
     ## Why is this bad?
     Each line is printed world-size times, interleaved; progress bars overwrite each other; every
@@ -62,9 +64,12 @@ class LogOnEveryRank(Rule):
     def check(self, anatomy):
         a = anatomy
         silenced = _logging_depends_on_rank(a)
+        print_replaced = _replaces_builtin_print(a)
         for site in a.calls:
             call: ast.Call = site.node  # type: ignore[assignment]
             what = _output_kind(a, site, silenced)
+            if what == "print" and print_replaced:
+                continue
             if what is None or per_rank_target(a, *call_arguments(call), through_variables=False) or not ddp.runs_on_every_rank(a, call):
                 continue
             yield Finding(site.pos, f"{what} on every rank: the output is repeated world-size times", _fix(a, site, what))
@@ -88,9 +93,21 @@ def _output_kind(a, site, logging_silenced: bool) -> str | None:
 
 
 def _logging_depends_on_rank(a) -> bool:
+    """Logging configured per rank: a level that depends on the rank, or handlers set up on some
+    ranks only (the others keep the default WARNING level and drop info records)."""
     return any(
-        (c.qualname in _LOGGING_SETUP or ddp.method_name(c.node) == "setLevel") and per_rank_target(a, *call_arguments(c.node))
+        (c.qualname in _LOGGING_SETUP or ddp.method_name(c.node) in _LOGGER_SETUP_METHODS)
+        and (per_rank_target(a, *call_arguments(c.node)) or ddp.rank_guarded(a, c.node))
         for c in a.calls
+    )
+
+
+def _replaces_builtin_print(a) -> bool:
+    """`builtins.print = rank_zero_print`: the DETR/DeiT `setup_for_distributed` idiom."""
+    return any(
+        isinstance(node, ast.Attribute) and node.attr == "print" and isinstance(node.ctx, ast.Store)
+        and a.qualname(node) == "builtins.print"
+        for node in ast.walk(a.tree)
     )
 
 
@@ -119,7 +136,25 @@ LogOnEveryRank.VALID = (
     _HEAD + "print(f'[rank {rank}] ready')\n",
     _HEAD + "import logging\nlogging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING)\nlogging.info('start')\n",
     _HEAD + "import logging\nlogger = logging.getLogger(__name__)\nlogger.warning('disk almost full')\n",
+    _HEAD + "import logging\nif rank == 0:\n    logging.basicConfig(level=logging.INFO)\nlogging.info('start')\n",
+    _HEAD + """import builtins
+
+
+def setup_for_distributed(is_master):
+    builtin_print = builtins.print
+
+    def print(*args, **kwargs):
+        if is_master or kwargs.pop("force", False):
+            builtin_print(*args, **kwargs)
+
+    builtins.print = print
+
+
+setup_for_distributed(rank == 0)
+print("only rank 0 prints this")
+""",
     _HEAD + "from tqdm import tqdm\nfor i in tqdm(range(3), disable=rank != 0):\n    pass\n",
+    _HEAD + "from torch.utils.tensorboard import SummaryWriter\nwriter = SummaryWriter('runs/x') if rank == 0 else None\n",
     # an mp.spawn parent prints once, before the workers start
     """import torch.distributed as dist
 import torch.multiprocessing as mp

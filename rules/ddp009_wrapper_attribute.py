@@ -132,6 +132,14 @@ WrapperAttribute.VALID = (
     _HEAD + "model = Net()\nz = model.encode(torch.ones(1, 4))\nmodel = DDP(model)\n",
     _HEAD + "model = DDP(Net())\nwith model.no_sync():\n    model(torch.ones(1, 4)).sum().backward()\n",
     _HEAD + "model = DDP(Net())\nmodel.module.load_state_dict(torch.load('net.pt', map_location='cpu'))\n",
+    # nanoGPT's unwrap idiom
+    _HEAD + """distributed = dist.get_world_size() > 1
+model = Net()
+if distributed:
+    model = DDP(model)
+raw_model = model.module if distributed else model
+z = raw_model.encode(torch.ones(1, 4))
+""",
 )
 WrapperAttribute.INVALID = (
     Invalid(
