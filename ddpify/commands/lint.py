@@ -36,7 +36,10 @@ def _codes(ctx: click.Context, param: click.Parameter, value: str | None) -> tup
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Worker processes [default: CPU count].")
 def lint_command(paths: Sequence[str], select, ignore, extend_select, config_path, output_format, fix,
                  unsafe_fixes, diff, jobs) -> None:
-    """Find multi-GPU pitfalls in PyTorch scripts (exit 0: none, 1: found, 2: a file or the config had errors)."""
+    """Find multi-GPU pitfalls in PyTorch scripts under PATHS (default: .; notebooks are skipped).
+
+    Exit status: 0 nothing found, 1 findings (with --diff: fixes to apply), 2 a file or the config had errors.
+    """
     started = time.perf_counter()
     paths = tuple(paths) or (".",)
     try:

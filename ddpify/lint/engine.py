@@ -14,7 +14,7 @@ from ddpify.anatomy import Anatomy, Pos, ScriptKind, analyze
 from ddpify.lint.config import Config
 from ddpify.lint.fixes import apply_fixes
 from ddpify.lint.registry import all_rules
-from ddpify.lint.rule import Fix, Rule
+from ddpify.lint.rule import Finding, Fix, Rule
 from ddpify.lint.suppress import directives, is_suppressed, statement_last_lines
 from ddpify.sources import (
     Source,
@@ -121,7 +121,7 @@ def check_text(text: str, path: str, rules: RuleSet) -> tuple[list[Diagnostic], 
     return sorted(found, key=lambda d: d.sort_key), errors
 
 
-def _diagnostic(anatomy: Anatomy, rule: Rule, finding) -> Diagnostic:
+def _diagnostic(anatomy: Anatomy, rule: Rule, finding: Finding) -> Diagnostic:
     lines = anatomy.lines
     line = lines[finding.pos.line - 1] if 0 < finding.pos.line <= len(lines) else ""
     return Diagnostic(

@@ -32,8 +32,11 @@ class DistributedSamplers(Transform):
             self.add_import("torch.utils.data", "DistributedSampler")
         for loop in self.anatomy.epoch_loops:
             self._set_epoch(loop, sharded)
+        iterated = {loop.loader for loop in self.anatomy.step_loops}
         for loader in self.anatomy.loaders:
-            if not loader.is_train:
+            if loader not in iterated:
+                self.advise(loader.line, "loader not iterated by a for loop (next(iter(...))?); if it feeds training, shard it with DistributedSampler by hand")
+            elif not loader.is_train:
                 self.advise(loader.line, "evaluation loader left whole: every rank evaluates the full set (same metric as one GPU); shard it with DistributedSampler + all_reduce for speed")
 
     # ----- the loader call ---------------------------------------------------------------------
