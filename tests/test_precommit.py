@@ -2,7 +2,8 @@
 
 try-repo installs this repository's committed HEAD (plus uncommitted changes to tracked files)
 into a fresh virtualenv, so the hook sees what users would get. The virtualenv is allowed to see
-the system site-packages, so torch is not downloaded again.
+the system site-packages, so torch is not downloaded again (an editable install of ddpify there
+could stand in for a subpackage the build left out; the package list has its own test).
 """
 
 from __future__ import annotations
