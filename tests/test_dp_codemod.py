@@ -1,0 +1,145 @@
+"""`ddpify convert --to dp` on every fixture: snapshots, idempotence, formatting, and real runs.
+
+Snapshots live in fixtures/expected/dp/<fixture>.py. After an intended change to the codemod,
+regenerate them with `DDPIFY_UPDATE_SNAPSHOTS=1 pytest tests/test_dp_codemod.py -k snapshot`
+and read the diff before committing it.
+
+The converted scripts run on CPU, where `nn.DataParallel` just calls the wrapped module: they
+must print exactly what the original prints (bit-for-bit training) and write the same
+checkpoints, with keys that load into the original model class (no `module.` prefix).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+import io
+import os
+import sys
+import tokenize
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddpify.convert import convert_source
+
+try:
+    from helpers import FIXTURES_DIR, failure_report, python_argv, run_script
+except ImportError:  # e.g. pytest --import-mode=importlib
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from helpers import FIXTURES_DIR, failure_report, python_argv, run_script
+
+EXPECTED_DIR = FIXTURES_DIR / "expected" / "dp"
+FIXTURES = sorted(p for p in FIXTURES_DIR.glob("*.py") if p.is_file())
+IDS = [p.name for p in FIXTURES]
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")
+
+
+@functools.lru_cache(maxsize=None)
+def convert(path: Path):
+    return convert_source(path.read_text(), "dp", path=path.name)
+
+
+# ----- snapshots -------------------------------------------------------------------------------
+def test_every_fixture_has_a_snapshot():
+    assert sorted(p.name for p in EXPECTED_DIR.glob("*.py")) == IDS
+
+
+@pytest.mark.parametrize("script", FIXTURES, ids=IDS)
+def test_snapshot(script: Path):
+    expected = EXPECTED_DIR / script.name
+    output = convert(script).output
+    if os.environ.get("DDPIFY_UPDATE_SNAPSHOTS"):
+        expected.write_text(output)
+    assert output == expected.read_text()
+
+
+@pytest.mark.parametrize("script", FIXTURES, ids=IDS)
+def test_converting_again_changes_nothing(script: Path):
+    converted = EXPECTED_DIR / script.name
+    again = convert_source(converted.read_text(), "dp", path=script.name)
+    assert again.output == converted.read_text()
+    assert not again.changes
+
+
+# ----- formatting --------------------------------------------------------------------------------
+def changed_statement_lines(source: str, change_lines: set[int]) -> set[int]:
+    """Lines of the simple statements (not blocks) that a reported change points into."""
+    lines: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.stmt) and not hasattr(node, "body"):
+            span = range(node.lineno, (node.end_lineno or node.lineno) + 1)
+            if change_lines & set(span):
+                lines.update(span)
+    return lines
+
+
+def comments(source: str) -> Counter:
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return Counter(tok.string for tok in tokens if tok.type == tokenize.COMMENT)
+
+
+def docstrings(source: str) -> list[str | None]:
+    nodes = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef))]
+    return [ast.get_docstring(n, clean=False) for n in nodes]
+
+
+@pytest.mark.parametrize("script", FIXTURES, ids=IDS)
+def test_only_changed_statements_differ(script: Path):
+    source = script.read_text()
+    result = convert(script)
+    allowed = changed_statement_lines(source, {c.line for c in result.changes})
+    old, new = source.splitlines(), result.output.splitlines()
+    for tag, i1, i2, _, _ in difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes():
+        if tag in ("replace", "delete"):
+            untouched = [n for n in range(i1 + 1, i2 + 1) if n not in allowed]
+            assert not untouched, f"lines {untouched} changed but no change was reported there"
+    assert comments(source) <= comments(result.output)
+    assert docstrings(source) == docstrings(result.output)
+
+
+# ----- running them ----------------------------------------------------------------------------
+def run_in(script: Path, cwd: Path):
+    cwd.mkdir()
+    return run_script(python_argv(script), cwd=cwd, timeout=120)
+
+
+def state_dicts(obj, where: str = "") -> dict[str, dict[str, torch.Tensor]]:
+    """Every dict of tensors inside a checkpoint (the model's state dict, also under "model")."""
+    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return {where: obj}
+    found: dict[str, dict[str, torch.Tensor]] = {}
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            found.update(state_dicts(value, f"{where}/{key}"))
+    return found
+
+
+def assert_same_checkpoint(original: Path, converted: Path):
+    before = state_dicts(torch.load(original, map_location="cpu"))
+    after = state_dicts(torch.load(converted, map_location="cpu"))
+    assert before.keys() == after.keys(), converted.name
+    for where, state in after.items():
+        assert list(state) == list(before[where]), f"{converted.name}{where}: keys differ (a `module.` prefix?)"
+        for key, tensor in state.items():
+            assert torch.equal(tensor, before[where][key]), f"{converted.name}{where}: {key} differs"
+
+
+@pytest.mark.parametrize("script", FIXTURES, ids=IDS)
+def test_converted_script_runs_like_the_original(script: Path, tmp_path: Path):
+    with ThreadPoolExecutor(2) as pool:
+        original = pool.submit(run_in, script, tmp_path / "original")
+        converted = pool.submit(run_in, EXPECTED_DIR / script.name, tmp_path / "converted")
+        original, converted = original.result(), converted.result()
+    assert original.returncode == 0, failure_report(original)
+    assert converted.returncode == 0, failure_report(converted)
+    assert converted.stdout == original.stdout
+    written = sorted(p.name for p in (tmp_path / "converted").iterdir())
+    assert written == sorted(p.name for p in (tmp_path / "original").iterdir())
+    for name in written:
+        if name.endswith(CHECKPOINT_SUFFIXES):
+            assert_same_checkpoint(tmp_path / "original" / name, tmp_path / "converted" / name)
