@@ -39,7 +39,8 @@ class SamplerWithoutSetEpoch(Rule):
     ## Fix safety
     Safe: inserts `<sampler>.set_epoch(<epoch>)` (or `<loader>.sampler.set_epoch(<epoch>)`) as the
     first statement of the epoch loop, which only changes the order the sampler yields. There is no
-    fix when the loop has no loop variable or neither the sampler nor the loader has a name there.
+    fix when the loop has no loop variable, or neither the sampler nor the loader is bound to a
+    name before the loop (a loader rebuilt inside the loop needs the call after it).
     """
 
     code = "DDP003"
@@ -80,8 +81,9 @@ def _fix(a, epoch_loop, loader, sampler) -> Fix | None:
 
 
 def _visible_name(a, target: ast.AST | None, where: ast.AST) -> str | None:
-    """The source text of `target` (`sampler`, `self.sampler`) if `where` can read that variable."""
-    if target is None:
+    """The source text of `target` (`sampler`, `self.sampler`) if the loop `where` can read that
+    variable at its top: same variable in the loop's scope, bound before the loop (not in it)."""
+    if target is None or any(parent is where for parent, _ in ddp.ancestors(a, target)):
         return None
     ref, ref_there = a.ref(target), a.ref(target, a.scope_of.get(where))
     if ref is None or ref != ref_there:
@@ -123,6 +125,12 @@ for epoch in range(3):
 """,
 )
 SamplerWithoutSetEpoch.INVALID = (
+    # rebuilt every epoch: still epoch 0 each time; no fix (the name is bound inside the loop)
+    Invalid(
+        _HEAD + "for epoch in range(3):\n    loader = DataLoader(data, sampler=DistributedSampler(data))\n"
+        "    for x, y in loader:\n" + _STEP,
+        line=9,
+    ),
     Invalid(
         _HEAD + "sampler = DistributedSampler(data)\nloader = DataLoader(data, sampler=sampler)\n"
         "for epoch in range(3):\n    for x, y in loader:\n" + _STEP,
