@@ -1,0 +1,70 @@
+"""A review-ready Markdown summary of one conversion: what changed and why, warnings, and the diff."""
+
+from __future__ import annotations
+
+import difflib
+from collections import OrderedDict
+
+# Why each transform exists, for a reviewer who has not read ddpify's docs.
+WHY = {
+    "setup": "every process must join the process group and know its rank and GPU",
+    "device": "each rank must use its own GPU, not all of them cuda:0",
+    "wrap": "the model must be wrapped so gradients are averaged across GPUs",
+    "sampler": "each rank must train on its own shard of the data, reshuffled every epoch",
+    "rank0": "side effects (printing, logging, saving) must happen once, not once per GPU",
+    "module": "attributes of the wrapped model now live under `.module`",
+    "batch-size": "the batch size is shared by the GPUs (per GPU or global, as chosen)",
+    "no_sync": "with gradient accumulation, gradients need syncing only on the step that updates",
+    "forward-device": "DataParallel scatters inputs itself; forward must not pin them to one device",
+    "forward-state": "state set in forward on a replica is lost under DataParallel",
+    "loss": "DataParallel returns one loss per GPU; they must be averaged",
+}
+
+
+def markdown_summary(path, result, target: str | None = None) -> str:
+    """Markdown for a pull request or review: per-transform changes (original line numbers),
+    warnings, and the unified diff in a ```diff block."""
+    title = f"ddpify: `{path}`" + (f" → {target}" if target else "")
+    out = [f"## {title}", ""]
+    if result.note:
+        out += [f"Nothing to convert: {result.note}.", ""]
+    if not result.changed and not result.advice:
+        if not result.note:
+            out += ["No changes needed.", ""]
+        return "\n".join(out)
+    groups: OrderedDict[str, list] = OrderedDict()
+    for change in sorted(result.changes, key=lambda c: c.line):
+        groups.setdefault(change.transform, []).append(change)
+    if groups:
+        total = len(result.changes)
+        out += [f"### Changes ({total} in {len(groups)} group{'s' if len(groups) != 1 else ''})", ""]
+        for transform, changes in groups.items():
+            why = WHY.get(transform)
+            out.append(f"**{transform}**" + (f": {why}" if why else ""))
+            out.append("")
+            for change in changes:
+                out.append(f"- line {change.line}: {_inline(change.message)}")
+            out.append("")
+    if result.advice:
+        out += [f"### Warnings ({len(result.advice)}): check these by hand", ""]
+        for advice in sorted(result.advice, key=lambda a: a.line):
+            out.append(f"- ⚠️ line {advice.line}: {_inline(advice.message)}")
+        out.append("")
+    diff = unified_diff(path, result.source, result.output)
+    if diff:
+        fence = "```"
+        while fence in diff:
+            fence += "`"
+        out += ["### Diff", "", f"{fence}diff", diff.rstrip("\n"), fence, ""]
+    return "\n".join(out)
+
+
+def _inline(text: str) -> str:
+    return " ".join(text.split())
+
+
+def unified_diff(path, before: str, after: str) -> str:
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True), fromfile=f"a/{path}", tofile=f"b/{path}"
+    )
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)

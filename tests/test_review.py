@@ -1,0 +1,52 @@
+"""The Markdown review summary of a conversion."""
+
+from pathlib import Path
+
+from ddpify.codemods.base import Advice, Change
+from ddpify.codemods.pipeline import ConversionResult
+from ddpify.convert import convert_source
+from ddpify.review import markdown_summary
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def test_summary_of_a_real_conversion():
+    path = FIXTURES / "helper_functions.py"
+    result = convert_source(path.read_text(), "ddp", path=str(path))
+    md = markdown_summary("helper_functions.py", result, "ddp")
+    assert md.startswith("## ddpify: `helper_functions.py` → ddp")
+    assert "### Changes" in md and "**wrap**: the model must be wrapped" in md
+    assert "**rank0**" in md and "- line 30: print on rank 0 only" in md
+    # changes are grouped: each transform heading appears once
+    assert md.count("**sampler**") == 1 and md.count("**setup**") == 1
+    assert "### Warnings (2)" in md and "line 52:" in md
+    diff = md.split("```diff\n", 1)[1].split("\n```", 1)[0]
+    assert diff.startswith("--- a/helper_functions.py\n+++ b/helper_functions.py\n@@")
+    assert "+" in diff and md.rstrip().endswith("```")
+
+
+def test_groups_keep_first_appearance_order_and_original_lines():
+    result = ConversionResult(
+        source="a\nb\n", output="a\nB\n",
+        changes=[Change(9, "rank0", "print on rank 0 only"), Change(2, "wrap", "wrapped"), Change(5, "rank0", "x")],
+        advice=[Advice(7, "look here")],
+    )
+    md = markdown_summary("t.py", result)
+    assert md.index("**wrap**") < md.index("**rank0**")
+    assert md.index("- line 5: x") < md.index("- line 9: print")
+    assert "- ⚠️ line 7: look here" in md
+    assert "-b\n+B" in md
+
+
+def test_nothing_to_do():
+    result = convert_source("import torch\ntorch.distributed.init_process_group('nccl')\n", "ddp")
+    md = markdown_summary("x.py", result)
+    assert "Nothing to convert: already distributed" in md and "```diff" not in md
+    plain = ConversionResult(source="x = 1\n", output="x = 1\n")
+    assert "No changes needed." in markdown_summary("y.py", plain)
+
+
+def test_diff_containing_backticks_gets_a_longer_fence():
+    result = ConversionResult(source='s = "```"\n', output='s = "````"\n', changes=[Change(1, "wrap", "m")])
+    md = markdown_summary("z.py", result)
+    assert "````diff" in md or "`````diff" in md
