@@ -21,14 +21,19 @@ WHY = {
 }
 
 
-def markdown_summary(path, result, target: str | None = None) -> str:
+def markdown_summary(path, result, target: str | None = None, *, locate=None, warnings=()) -> str:
     """Markdown for a pull request or review: per-transform changes (original line numbers),
-    warnings, and the unified diff in a ```diff block."""
+    warnings, and the unified diff in a ```diff block.
+
+    `locate(line) -> str` names a line (default `line N`; for a notebook, `cell 4:line 2` via
+    `ddpify.notebooks.lint_location`); `warnings` are extra warnings (e.g. skipped IPython lines).
+    """
+    where = locate or (lambda line: f"line {line}")
     title = f"ddpify: `{path}`" + (f" → {target}" if target else "")
     out = [f"## {title}", ""]
     if result.note:
         out += [f"Nothing to convert: {result.note}.", ""]
-    if not result.changed and not result.advice:
+    if not result.changed and not result.advice and not warnings:
         if not result.note:
             out += ["No changes needed.", ""]
         return "\n".join(out)
@@ -43,12 +48,14 @@ def markdown_summary(path, result, target: str | None = None) -> str:
             out.append(f"**{transform}**" + (f": {why}" if why else ""))
             out.append("")
             for change in changes:
-                out.append(f"- line {change.line}: {_inline(change.message)}")
+                out.append(f"- {where(change.line)}: {_inline(change.message)}")
             out.append("")
-    if result.advice:
-        out += [f"### Warnings ({len(result.advice)}): check these by hand", ""]
+    if result.advice or warnings:
+        out += [f"### Warnings ({len(result.advice) + len(warnings)}): check these by hand", ""]
         for advice in sorted(result.advice, key=lambda a: a.line):
-            out.append(f"- ⚠️ line {advice.line}: {_inline(advice.message)}")
+            out.append(f"- ⚠️ {where(advice.line)}: {_inline(advice.message)}")
+        for warning in warnings:
+            out.append(f"- ⚠️ {_inline(warning)}")
         out.append("")
     diff = unified_diff(path, result.source, result.output)
     if diff:

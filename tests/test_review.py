@@ -50,3 +50,15 @@ def test_diff_containing_backticks_gets_a_longer_fence():
     result = ConversionResult(source='s = "```"\n', output='s = "````"\n', changes=[Change(1, "wrap", "m")])
     md = markdown_summary("z.py", result)
     assert "````diff" in md or "`````diff" in md
+
+
+def test_notebook_locations_and_extra_warnings():
+    from ddpify.notebooks import convert_notebook, lint_location
+
+    nb_path = FIXTURES / "notebooks" / "mlp_train.ipynb"
+    _, result, cell_map = convert_notebook(nb_path, "dp")
+    md = markdown_summary("mlp_train.ipynb", result, "dp", locate=lambda line: lint_location(cell_map, line),
+                          warnings=cell_map.warnings)
+    assert "- cell 7:line 2: wrapped model in nn.DataParallel" in md
+    assert "- cell 9:line 1: model.layer1 -> model.module.layer1" in md
+    assert "- ⚠️ cell 2:line 1: IPython line skipped (not Python): !pip install -q torch" in md
