@@ -369,7 +369,7 @@ def loss_accesses(anatomy: Anatomy, call: ast.Call, returned: LossReturn) -> lis
             LossAccess(item, parent, unpacked=True)
             for i, item in enumerate(target.elts) if (i,) in returned.paths and isinstance(item, ast.Name)
         ]
-    if isinstance(target, ast.Name) and returned.always:
+    if isinstance(target, ast.Name):
         reads = (anatomy.parents.get(n) for n in reads_after(anatomy, parent, target))
         return [LossAccess(r, anatomy.stmt_of[r]) for r in reads if isinstance(r, ast.Subscript) and _key(r) in returned.paths]
     return []
@@ -390,21 +390,29 @@ def _passes_every_parameter(call: ast.Call, forward: ast.FunctionDef) -> bool:
 
 
 def reads_after(anatomy: Anatomy, stmt: ast.stmt, name: ast.Name) -> list[ast.Name]:
-    """Reads of the variable `stmt` binds to `name`, after `stmt` and before it is bound again."""
+    """Reads of the variable `stmt` binds to `name`, after `stmt` and until it is bound again
+    (the right-hand side of that rebinding, as in `loss = loss.mean()`, still reads it)."""
     ref = anatomy.ref(name)
     scope = anatomy.scope_of.get(name, MODULE_SCOPE)
     body = anatomy.tree.body if scope == MODULE_SCOPE else anatomy.functions[scope].node.body
-    later = [n for n in _walk_body(body) if isinstance(n, ast.Name) and n.id == name.id and _after(n, stmt)]
-    rebound = [n for n in later if isinstance(n.ctx, ast.Store) and anatomy.ref(n) == ref]
-    end = min(((n.lineno, n.col_offset) for n in rebound), default=None)
+    later = sorted(
+        (n for n in _walk_body(body) if isinstance(n, ast.Name) and n.id == name.id and _after(n, stmt) and anatomy.ref(n) == ref),
+        key=_start,
+    )
+    rebinding = min((anatomy.stmt_of[n] for n in later if isinstance(n.ctx, ast.Store)), key=_start, default=None)
     return [
         n for n in later
-        if isinstance(n.ctx, ast.Load) and anatomy.ref(n) == ref and (end is None or (n.lineno, n.col_offset) < end)
+        if isinstance(n.ctx, ast.Load)
+        and (rebinding is None or _start(n) < _start(rebinding) or anatomy.stmt_of[n] is rebinding)
     ]
 
 
+def _start(node: ast.AST) -> tuple[int, int]:
+    return node.lineno, node.col_offset  # type: ignore[attr-defined]
+
+
 def _after(node: ast.AST, stmt: ast.stmt) -> bool:
-    return (node.lineno, node.col_offset) > (stmt.end_lineno or stmt.lineno, stmt.end_col_offset or 0)
+    return _start(node) > (stmt.end_lineno or stmt.lineno, stmt.end_col_offset or 0)
 
 
 def is_reduced(anatomy: Anatomy, expr: ast.AST) -> bool:
@@ -499,10 +507,16 @@ def model_moves(model: ModelSite) -> list[ast.Call]:
 
 def model_gpu_index(anatomy: Anatomy, model: ModelSite) -> int | None:
     """The GPU the script moves `model` to (`.to(dev)`, `.cuda(k)`), when it names one."""
-    for move in reversed(model_moves(model)):
-        if not move.args:
+    return gpu_of_moves(anatomy, model_moves(model))
+
+
+def gpu_of_moves(anatomy: Anatomy, moves: list[ast.Call]) -> int | None:
+    """The GPU the last of these `.to(...)` / `.cuda(...)` calls that names one puts the model on."""
+    for move in reversed(moves):
+        target = move.args[0] if move.args else next((kw.value for kw in move.keywords if kw.arg == "device"), None)
+        if target is None:
             return 0 if move.func.attr == "cuda" else None  # type: ignore[attr-defined]
-        index = gpu_index(anatomy, move.args[0])
+        index = gpu_index(anatomy, target)
         if index is not None:
             return index
     return None

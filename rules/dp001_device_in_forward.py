@@ -1,0 +1,111 @@
+"""DP001: a device hard-coded inside the `forward` of a DataParallel-wrapped model."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy.forward import DeviceUse, hardcoded_devices, input_name
+from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
+from ddpify.rules._dp import DP_KINDS, HEAD, replica_forward_methods
+
+
+class DeviceInForward(Rule):
+    """## What it does
+    Flags devices named inside the `forward` of a model wrapped in `nn.DataParallel` (and of the
+    submodules it builds): `x.to("cuda:0")`, `.cuda()`, `torch.zeros(..., device="cuda")`,
+    `device=DEVICE` for a module-level device constant, `self.device` set in `__init__`.
+
+    ## Why is this bad?
+    DataParallel runs `forward` once per GPU, each replica on its own slice of the batch and its own
+    copy of the weights. A fixed device sends every replica's tensors to that one GPU: the replicas
+    on the other GPUs fail with "Expected all tensors to be on the same device", or everything
+    silently runs on GPU 0.
+
+    ## Example
+    ```python
+    def forward(self, x):
+        h = torch.zeros(x.size(0), self.hidden, device="cuda")
+        return self.rnn(x.cuda(), h)
+    ```
+
+    ## Use instead
+    ```python
+    def forward(self, x):
+        h = torch.zeros(x.size(0), self.hidden, device=x.device)
+        return self.rnn(x, h)
+    ```
+
+    ## Fix safety
+    The fix uses the device of forward's first argument (`<input>.device`), or drops
+    `x = x.to(DEVICE)` on that argument (DataParallel already moved it). It is unsafe: the first
+    argument might not be a tensor (a dict of inputs, a list), and then it has no `.device`.
+    """
+
+    code = "DP001"
+    name = "device-in-forward"
+    message = "device hard-coded inside forward(): every DataParallel replica would use this one device"
+    severity = "error"
+    applies_to = DP_KINDS
+
+    def check(self, anatomy):
+        a = anatomy
+        for forward in replica_forward_methods(a):
+            source = input_name(forward)
+            for use in hardcoded_devices(a, forward):
+                target = use.stmt if use.kind == "redundant" else use.node
+                fix = _follow_input(a, use, source) if source else None
+                yield Finding(a.pos(target), fix=fix)
+
+
+def _follow_input(a, use: DeviceUse, source: str) -> Fix:
+    device = f"{source}.device"
+    if use.kind == "redundant":
+        stmt = use.stmt
+        edit = Edit(stmt.lineno, 0, (stmt.end_lineno or stmt.lineno) + 1, 0, "")
+        return Fix((edit,), safe=False, description=f"drop it: DataParallel already put {source} on the replica's GPU")
+    if use.kind == "cuda":
+        call: ast.Call = use.node  # type: ignore[assignment]
+        keywords = [ast.get_source_segment(a.text, kw) for kw in call.keywords if kw.arg != "device"]
+        start, end = a.pos(call.func.value), a.pos(call)  # type: ignore[attr-defined]
+        edit = Edit(start.end_line, start.end_col, end.end_line, end.end_col, f".to({', '.join([device, *keywords])})")  # type: ignore[list-item]
+        return Fix((edit,), safe=False, description=f"move to {device}")
+    return Fix((Edit.replace(a.pos(use.node), device),), safe=False, description=f"use {device}")
+
+
+_DEVICE = 'DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")\n'
+_NET = HEAD.replace("import torch\nfrom torch import nn\n", "import torch\nfrom torch import nn\n\n" + _DEVICE)
+_WRAP = "model = nn.DataParallel(Net().to(DEVICE))\n"
+
+
+def _forward(body: str) -> str:
+    return _NET.replace("        return self.fc(x)\n", body) + _WRAP
+
+
+DeviceInForward.VALID = (
+    _forward("        mask = torch.ones(4, device=x.device)\n        return self.fc(x * mask)\n"),
+    _forward("        return self.fc(x.to(torch.float32).to('cpu'))\n"),
+    # Net is not the model wrapped in DataParallel
+    _forward("        return self.fc(x.cuda())\n").replace(_WRAP, "net = Net().to(DEVICE)\nother = nn.DataParallel(nn.Linear(2, 2))\n"),
+)
+DeviceInForward.INVALID = (
+    Invalid(
+        _forward("        mask = torch.ones(4, device=DEVICE)\n        return self.fc(x * mask)\n"),
+        line=13,
+        fixed=_forward("        mask = torch.ones(4, device=x.device)\n        return self.fc(x * mask)\n"),
+    ),
+    Invalid(
+        _forward("        x = x.to(DEVICE)\n        return self.fc(x)\n"),
+        line=13,
+        fixed=_forward("        return self.fc(x)\n"),
+    ),
+    Invalid(
+        _forward("        bias = torch.zeros(2).cuda(non_blocking=True)\n        return self.fc(x) + bias\n"),
+        line=13,
+        fixed=_forward("        bias = torch.zeros(2).to(x.device, non_blocking=True)\n        return self.fc(x) + bias\n"),
+    ),
+    Invalid(
+        _forward('        h = torch.zeros(2, device="cuda:0" if torch.cuda.is_available() else "cpu")\n        return self.fc(x) + h\n'),
+        line=13,
+        fixed=_forward("        h = torch.zeros(2, device=x.device)\n        return self.fc(x) + h\n"),
+    ),
+)

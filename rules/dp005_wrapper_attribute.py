@@ -1,0 +1,86 @@
+"""DP005: the model's own attributes read through the DataParallel wrapper."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.rules._dp import DP_KINDS, WRAPPER_ATTRIBUTES, insert_after, is_dp_wrapper
+
+
+class WrapperAttribute(Rule):
+    """## What it does
+    Flags `model.<name>` where `model` is the `nn.DataParallel` wrapper and `<name>` is neither
+    something every `nn.Module` has nor DataParallel's own (`module`, `device_ids`, ...): the
+    model's own methods (`model.generate()`), submodules (`model.fc`) and attributes (`model.vocab`).
+
+    ## Why is this bad?
+    DataParallel keeps the network as `self.module` and does not forward attribute lookups to it:
+    `model.generate` raises `AttributeError: 'DataParallel' object has no attribute 'generate'`,
+    typically at evaluation time, after training finished.
+
+    ## Example
+    ```python
+    model = nn.DataParallel(TinyLM(vocab))
+    print(model.vocab)
+    ```
+
+    ## Use instead
+    ```python
+    print(model.module.vocab)
+    ```
+
+    ## Fix safety
+    Inserting `.module` is safe: the line raised `AttributeError` before.
+    """
+
+    code = "DP005"
+    name = "dp-wrapper-attribute"
+    message = "attribute of the model read through the DataParallel wrapper; use `.module`"
+    severity = "error"
+    applies_to = DP_KINDS
+
+    def check(self, anatomy):
+        a = anatomy
+        for node in ast.walk(a.tree):
+            if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)):
+                continue
+            if node.attr.startswith("_") or node.attr in WRAPPER_ATTRIBUTES or not is_dp_wrapper(a, node.value):
+                continue
+            fix = Fix((insert_after(a, node.value, ".module"),), safe=True, description=f"read `{node.attr}` from `.module`")
+            yield Finding(a.pos(node), f"DataParallel has no attribute `{node.attr}` (AttributeError); use `.module.{node.attr}`", fix)
+
+
+_HEAD = """import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+        self.labels = ["a", "b"]
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+model = Net()
+"""
+
+WrapperAttribute.VALID = (
+    _HEAD + "print(model.labels)\nmodel = nn.DataParallel(model)\nmodel.train()\nprint(model.module.labels, model.device_ids)\n",
+    _HEAD + "model = nn.DataParallel(model)\nparams = sum(p.numel() for p in model.parameters())\n",
+)
+WrapperAttribute.INVALID = (
+    Invalid(
+        _HEAD + "model = nn.DataParallel(model)\nprint(model.labels)\n",
+        line=17,
+        fixed=_HEAD + "model = nn.DataParallel(model)\nprint(model.module.labels)\n",
+    ),
+    Invalid(
+        _HEAD + "model = nn.DataParallel(model)\n\n\ndef first_weight(m):\n    return m.fc.weight[0]\n\n\nfirst_weight(model)\n",
+        line=20,
+        fixed=_HEAD + "model = nn.DataParallel(model)\n\n\ndef first_weight(m):\n    return m.module.fc.weight[0]\n\n\nfirst_weight(model)\n",
+    ),
+)

@@ -1,0 +1,95 @@
+"""DP006: checkpoints written from (or read into) the DataParallel wrapper, keys prefixed `module.`."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import distributed as ddp
+from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.rules._dp import DP_KINDS, insert_after, is_dp_wrapper
+from ddpify.rules.ddp008_wrapper_state_dict_saved import _is_saved
+
+
+class WrapperCheckpoint(Rule):
+    """## What it does
+    Flags `model.state_dict()` saved with `torch.save` (directly, or through a checkpoint dict or
+    variable that is saved) and `model.load_state_dict(...)` of a state dict read with
+    `torch.load`, when `model` is the `nn.DataParallel` wrapper.
+
+    ## Why is this bad?
+    The wrapper holds the network as its `module` attribute, so every key of its state dict starts
+    with `module.` (`module.fc.weight`). Such a checkpoint does not load into the plain model (for
+    inference, or a single-GPU run): "Missing key(s) ... Unexpected key(s) module.fc.weight". The
+    other way round, a checkpoint of the plain model does not load into the wrapper.
+
+    ## Example
+    ```python
+    model = nn.DataParallel(net)
+    torch.save(model.state_dict(), "model.pt")
+    model.load_state_dict(torch.load("model.pt"))
+    ```
+
+    ## Use instead
+    ```python
+    torch.save(model.module.state_dict(), "model.pt")
+    model.module.load_state_dict(torch.load("model.pt"))
+    ```
+
+    ## Fix safety
+    Inserting `.module` before `state_dict()` is safe when the script loads no checkpoint into the
+    wrapper. Loading into `.module` is unsafe: checkpoints saved from a wrapper before the fix have
+    `module.` keys and load into the wrapper only.
+    """
+
+    code = "DP006"
+    name = "dp-wrapper-checkpoint"
+    message = "checkpoint of the DataParallel wrapper: its keys start with `module.`; use `model.module`"
+    severity = "warning"
+    applies_to = DP_KINDS
+
+    def check(self, anatomy):
+        a = anatomy
+        calls = [(site, site.node.func.value) for site in a.calls if ddp.method_name(site.node) in ("state_dict", "load_state_dict")]  # type: ignore[attr-defined]
+        calls = [(site, receiver) for site, receiver in calls if is_dp_wrapper(a, receiver)]
+        loads = [(site, receiver) for site, receiver in calls if ddp.method_name(site.node) == "load_state_dict" and _reads_checkpoint(a, site.node)]
+        for site, receiver in loads:
+            fix = Fix((insert_after(a, receiver, ".module"),), safe=False, description="load into `.module`")
+            yield Finding(site.pos, "load_state_dict on the DataParallel wrapper expects `module.` keys; load into `model.module`", fix)
+        for site, receiver in calls:
+            if ddp.method_name(site.node) == "state_dict" and _is_saved(a, site.node):
+                fix = Fix((insert_after(a, receiver, ".module"),), safe=not loads, description="save the state dict of `.module`")
+                yield Finding(site.pos, "state_dict() of the DataParallel wrapper is saved: its keys start with `module.`", fix)
+
+
+def _reads_checkpoint(a, call: ast.Call) -> bool:
+    """Does the state dict passed to `load_state_dict` come from `torch.load`?"""
+    if not call.args:
+        return False
+    values = [call.args[0]] + [v for n in ast.walk(call.args[0]) if isinstance(n, ast.Name) for v in ddp.reaching_values(a, n)]
+    return any(isinstance(n, ast.Call) and a.qualname(n.func) == "torch.load" for v in values for n in ast.walk(v))
+
+
+_HEAD = "import torch\nfrom torch import nn\n\nmodel = nn.DataParallel(nn.Linear(4, 2))\n"
+
+WrapperCheckpoint.VALID = (
+    _HEAD + "torch.save(model.module.state_dict(), 'model.pt')\nmodel.module.load_state_dict(torch.load('model.pt'))\n",
+    # an in-memory copy, loaded back into the same wrapper
+    _HEAD + "import copy\nbest = copy.deepcopy(model.state_dict())\nmodel.load_state_dict(best)\n",
+)
+WrapperCheckpoint.INVALID = (
+    Invalid(
+        _HEAD + "torch.save(model.state_dict(), 'model.pt')\n",
+        line=5,
+        fixed=_HEAD + "torch.save(model.module.state_dict(), 'model.pt')\n",
+    ),
+    Invalid(
+        _HEAD + "ckpt = {'model': model.state_dict(), 'epoch': 3}\ntorch.save(ckpt, 'ckpt.pt')\n",
+        line=5,
+        fixed=_HEAD + "ckpt = {'model': model.module.state_dict(), 'epoch': 3}\ntorch.save(ckpt, 'ckpt.pt')\n",
+    ),
+    Invalid(
+        _HEAD + "checkpoint = torch.load('ckpt.pt')\nmodel.load_state_dict(checkpoint['model'])\n",
+        line=6,
+        fixed=_HEAD + "checkpoint = torch.load('ckpt.pt')\nmodel.module.load_state_dict(checkpoint['model'])\n",
+    ),
+)
