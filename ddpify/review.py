@@ -9,7 +9,7 @@ from collections import OrderedDict
 WHY = {
     "setup": "every process must join the process group and know its rank and GPU",
     "device": "each rank must use its own GPU, not all of them cuda:0",
-    "wrap": "the model must be wrapped so gradients are averaged across GPUs",
+    "wrap": "the model must be wrapped to run on every GPU (under DDP its gradients are then averaged)",
     "sampler": "each rank must train on its own shard of the data, reshuffled every epoch",
     "rank0": "side effects (printing, logging, saving) must happen once, not once per GPU",
     "module": "attributes of the wrapped model now live under `.module`",

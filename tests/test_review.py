@@ -15,7 +15,7 @@ def test_summary_of_a_real_conversion():
     result = convert_source(path.read_text(), "ddp", path=str(path))
     md = markdown_summary("helper_functions.py", result, "ddp")
     assert md.startswith("## ddpify: `helper_functions.py` → ddp")
-    assert "### Changes" in md and "**wrap**: the model must be wrapped" in md
+    assert "### Changes" in md and "**wrap**: the model must be wrapped to run on every GPU" in md
     assert "**rank0**" in md and "- line 30: print on rank 0 only" in md
     # changes are grouped: each transform heading appears once
     assert md.count("**sampler**") == 1 and md.count("**setup**") == 1
