@@ -36,7 +36,9 @@ class Outcome:
 @click.option("--batch-size", type=click.Choice(["per-gpu", "global"]), default="per-gpu", show_default=True,
               help="per-gpu: every GPU keeps the script's batch size; global: it is divided by the world size.")
 @click.option("-q", "--quiet", is_flag=True, help="Only errors and warnings.")
-def convert(paths, target, output, in_place, show_diff, check, batch_size, quiet):
+@click.option("--format", "report_format", type=click.Choice(["text", "markdown"]), default="text", show_default=True,
+              help="markdown: print a review-ready summary per file (changes grouped, warnings, diff) instead of the per-line report.")
+def convert(paths, target, output, in_place, show_diff, check, batch_size, quiet, report_format):
     """Convert single-GPU training scripts to DDP or DataParallel.
 
     Static: the scripts are parsed, never imported or executed (only `ddpify verify` runs code).
@@ -48,7 +50,8 @@ def convert(paths, target, output, in_place, show_diff, check, batch_size, quiet
     if output and len(files) != 1:
         raise click.UsageError("-o/--output takes exactly one input file")
     mode = "check" if check else "diff" if show_diff else "in-place" if in_place else "write"
-    outcomes = [_convert_one(item, target, mode, output, batch_size, quiet, explicit=_named(item, paths)) for item in files]
+    outcomes = [_convert_one(item, target, mode, output, batch_size, quiet, explicit=_named(item, paths), report_format=report_format)
+                for item in files]
     if any(o.failed for o in outcomes):
         sys.exit(EXIT_ERROR)
     sys.exit(EXIT_FOUND if check and any(o.would_change for o in outcomes) else EXIT_OK)
@@ -58,10 +61,12 @@ def _named(item, paths) -> bool:
     return not isinstance(item, SourceError) and any(Path(p) == item for p in paths)
 
 
-def _convert_one(item, target, mode, output, batch_size, quiet, explicit) -> Outcome:
+def _convert_one(item, target, mode, output, batch_size, quiet, explicit, report_format="text") -> Outcome:
     """Convert one file, report it, and never let its failure stop the others."""
     if isinstance(item, SourceError):
         return _fail(item)
+    if item.suffix == ".ipynb":
+        return _convert_notebook(item, target, mode, output, batch_size, quiet, report_format)
     try:
         source = read_source(item)
         if not mentions_torch(source.text):
@@ -77,7 +82,14 @@ def _convert_one(item, target, mode, output, batch_size, quiet, explicit) -> Out
         return _fail(error)
     except Exception as error:  # a bug in ddpify: report it against the file, go on with the others
         return _fail(f"{item}: internal error while converting ({type(error).__name__}: {error}); please report it")
-    _report(item, result, quiet, to_stderr=mode in ("check", "diff") or output == "-")
+    if report_format == "markdown":
+        from ddpify.review import markdown_summary
+
+        click.echo(markdown_summary(item, result, target), err=output == "-")
+        if mode == "diff":  # the summary holds the diff
+            return Outcome(would_change=result.changed)
+    else:
+        _report(item, result, quiet, to_stderr=mode in ("check", "diff") or output == "-")
     if not result.changed:
         return Outcome()
     return _emit(item, source, result, target, mode, output, quiet)
@@ -101,6 +113,71 @@ def _emit(item, source, result, target, mode, output, quiet) -> Outcome:
     if not quiet:
         click.echo(f"wrote {destination}")
         click.echo(f"launch: {LAUNCH[target].format(path=destination)}")
+    return Outcome(would_change=True)
+
+
+def _convert_notebook(item, target, mode, output, batch_size, quiet, report_format) -> Outcome:
+    """--to dp: a converted notebook (DataParallel runs in a kernel); --to ddp: a torchrun script."""
+    import nbformat
+
+    from ddpify.notebooks import convert_notebook, lint_location
+
+    try:
+        new_nb, result, cell_map = convert_notebook(item, target, batch_size)
+        _ensure_compiles(item, result.output)
+    except SourceError as error:
+        return _fail(error)
+    except Exception as error:  # unreadable notebook, lost cell markers, or a bug in ddpify
+        return _fail(f"{item}: cannot convert this notebook ({type(error).__name__}: {error})")
+    to_stderr = mode in ("check", "diff") or output == "-"
+    if report_format == "markdown":
+        from ddpify.review import markdown_summary
+
+        click.echo(markdown_summary(item, result, target, locate=lambda line: lint_location(cell_map, line),
+                                    warnings=cell_map.warnings), err=output == "-")
+    else:
+        for warning in cell_map.warnings:
+            click.echo(f"{item}:{warning}", err=to_stderr)
+        if result.note and not quiet:
+            click.echo(f"{item}: {result.note}", err=to_stderr)
+        for change in [] if quiet else result.changes:
+            click.echo(f"{item}:{lint_location(cell_map, change.line)}: [{change.transform}] {change.message}", err=to_stderr)
+        for advice in result.advice:
+            click.echo(f"{item}:{lint_location(cell_map, advice.line)}: warning: {advice.message}", err=to_stderr)
+    if not result.changed:
+        return Outcome()
+    if mode == "check":
+        click.echo(f"would convert {item}")
+        return Outcome(would_change=True)
+    if mode == "diff":
+        if report_format != "markdown":
+            click.echo(_unified_diff(item, result.source, result.output), nl=False)
+        return Outcome(would_change=True)
+    if target == "ddp":  # a DDP job cannot run inside a kernel: write a script for torchrun
+        if mode == "in-place":
+            return _fail(f"{item}: --to ddp makes a script for torchrun, not a notebook; use -o or the default output")
+        text = result.output
+        if output == "-":
+            click.echo(text, nl=False)
+            return Outcome(would_change=True)
+        destination = Path(output) if output else item.with_name(f"{item.stem}_ddp.py")
+        try:
+            write_atomic(destination, text.encode("utf-8"))
+        except SourceError as error:
+            return _fail(error)
+    else:
+        if output == "-":
+            click.echo(nbformat.writes(new_nb) + "\n", nl=False)
+            return Outcome(would_change=True)
+        destination = Path(output) if output else item if mode == "in-place" else _default_output(item, target)
+        try:
+            nbformat.validate(new_nb)
+            write_atomic(destination, (nbformat.writes(new_nb) + "\n").encode("utf-8"))
+        except SourceError as error:
+            return _fail(error)
+    if not quiet:
+        click.echo(f"wrote {destination}")
+        click.echo(f"launch: {LAUNCH[target].format(path=destination) if target == 'ddp' else 'run the notebook as before'}")
     return Outcome(would_change=True)
 
 
