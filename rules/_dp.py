@@ -11,7 +11,7 @@ import ast
 
 from ddpify.anatomy import DP_WRAPPER, ROLE_MODEL, Anatomy, ScriptKind
 from ddpify.anatomy import distributed as ddp
-from ddpify.anatomy.forward import dp_wrapped_models, replica_forwards, wrapped_class_names
+from ddpify.anatomy.forward import dp_wrapped_models, replica_forward_methods
 from ddpify.lint import Edit
 
 DP_KINDS = frozenset({ScriptKind.DATA_PARALLEL})
@@ -55,12 +55,9 @@ def is_dp_wrapper(a: Anatomy, expr: ast.AST, depth: int = 0) -> bool:
     return False
 
 
-def replica_forward_methods(a: Anatomy) -> list[ast.FunctionDef]:
+def dp_replica_forwards(a: Anatomy) -> list[ast.FunctionDef]:
     """Every `forward` (this file's classes) that the replicas of a DataParallel-wrapped model run."""
-    found: dict[ast.FunctionDef, None] = {}
-    for cls in wrapped_class_names(a, dp_wrapped_models(a)):
-        found.update(dict.fromkeys(replica_forwards(a, cls)))
-    return list(found)
+    return replica_forward_methods(a, dp_wrapped_models(a))
 
 
 def insert_after(a: Anatomy, expr: ast.AST, text: str) -> Edit:

@@ -6,7 +6,7 @@ import ast
 
 from ddpify.anatomy.forward import DeviceUse, hardcoded_devices, input_name
 from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
-from ddpify.rules._dp import DP_KINDS, HEAD, replica_forward_methods
+from ddpify.rules._dp import DP_KINDS, HEAD, dp_replica_forwards
 
 
 class DeviceInForward(Rule):
@@ -49,7 +49,7 @@ class DeviceInForward(Rule):
 
     def check(self, anatomy):
         a = anatomy
-        for forward in replica_forward_methods(a):
+        for forward in dp_replica_forwards(a):
             source = input_name(forward)
             for use in hardcoded_devices(a, forward):
                 target = use.stmt if use.kind == "redundant" else use.node

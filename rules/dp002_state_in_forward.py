@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ddpify.anatomy.forward import state_mutations
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._dp import DP_KINDS, HEAD, replica_forward_methods
+from ddpify.rules._dp import DP_KINDS, HEAD, dp_replica_forwards
 
 
 class StateInForward(Rule):
@@ -48,7 +48,7 @@ class StateInForward(Rule):
     applies_to = DP_KINDS
 
     def check(self, anatomy):
-        for forward in replica_forward_methods(anatomy):
+        for forward in dp_replica_forwards(anatomy):
             for mutation in state_mutations(anatomy, forward):
                 yield Finding(anatomy.pos(mutation))
 

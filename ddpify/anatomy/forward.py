@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
-from ddpify.anatomy.analyzer import DP_WRAPPER, ROLE_CRITERION, ROLE_MODEL, Anatomy, _walk_body
+from ddpify.anatomy.analyzer import DP_WRAPPER, ROLE_CRITERION, ROLE_MODEL, Anatomy, Function, _walk_body
 from ddpify.anatomy.sites import MODULE_SCOPE, ModelSite, Ref
 
 # Where the loss sits in what forward returns: () the value itself, (1,) a tuple item, ("loss",) a dict item.
@@ -31,6 +31,7 @@ _LOSS_NAME = re.compile(r"(^|_)loss(es)?($|_)")
 _REDUCTIONS = frozenset({"mean", "sum"})
 _CONTAINER_MUTATORS = frozenset({"append", "extend", "insert", "update", "setdefault", "pop", "clear", "add", "remove"})
 _TENSOR_MOVES = frozenset({"to", "cuda"})
+_MAX_DEPTH = 8
 
 
 # ----- the forward methods a wrapped model runs --------------------------------------------------
@@ -67,9 +68,18 @@ def _submodule_classes(anatomy: Anatomy, class_name: str) -> list[str]:
     return [n for n in names if n in anatomy.model_classes]
 
 
-def wrapped_class_names(anatomy: Anatomy, models: list[ModelSite]) -> list[str]:
-    """The classes (defined in this file) of the given models, each once."""
-    return list(dict.fromkeys(m.class_name for m in models if m.class_name in anatomy.model_classes))
+def replica_forward_methods(anatomy: Anatomy, models: list[ModelSite]) -> list[ast.FunctionDef]:
+    """Every `forward` that replicas of these models run, each once."""
+    classes = dict.fromkeys(m.class_name for m in models if m.class_name in anatomy.model_classes)
+    found: dict[ast.FunctionDef, None] = {}
+    for cls in classes:
+        found.update(dict.fromkeys(replica_forwards(anatomy, cls)))
+    return list(found)
+
+
+def function_of(anatomy: Anatomy, node: ast.FunctionDef) -> Function | None:
+    """The analysis' record of a function or method definition (its scope name, locals, ...)."""
+    return next((f for f in anatomy.functions.values() if f.node is node), None)
 
 
 def dp_wrapped_models(anatomy: Anatomy) -> list[ModelSite]:
@@ -89,16 +99,14 @@ def input_name(forward: ast.FunctionDef) -> str | None:
 
 def forward_scopes(anatomy: Anatomy, forward: ast.FunctionDef) -> list[ast.FunctionDef]:
     """`forward` and the methods of its class it calls through `self.method(...)`, transitively."""
-    scope_of = {f.node: name for name, f in anatomy.functions.items()}
     found, pending = [forward], [forward]
     while pending:
-        fn = pending.pop()
-        for node in _walk_body(fn.body):
+        for node in _walk_body(pending.pop().body):
             callee = anatomy.callee(node) if isinstance(node, ast.Call) else None
-            method = anatomy.functions[callee].node if callee else None
-            if isinstance(method, ast.FunctionDef) and method not in found and callee != scope_of.get(fn):
-                found.append(method)
-                pending.append(method)
+            method = anatomy.functions[callee] if callee else None
+            if method is not None and method.cls is not None and method.node not in found:
+                found.append(method.node)  # type: ignore[arg-type]
+                pending.append(method.node)  # type: ignore[arg-type]
     return found
 
 
@@ -147,13 +155,13 @@ def _is_cuda_call(anatomy: Anatomy, call: ast.Call) -> bool:
 
 
 def _is_redundant_move(anatomy: Anatomy, call: ast.Call, stmt: ast.stmt, source: str | None, forward: ast.FunctionDef) -> bool:
-    """`x = x.to(DEVICE)` / `x = x.cuda()` where x is forward's input, alone in a block of several."""
+    """`x = x.to(DEVICE)` / `x = x.cuda()` where x is forward's input, followed by more statements."""
     if source is None or not (isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1):
         return False
     target, func = stmt.targets[0], call.func
     if not (isinstance(target, ast.Name) and target.id == source and isinstance(func, ast.Attribute)):
         return False
-    if not (isinstance(func.value, ast.Name) and func.value.id == source) or len(anatomy.block_of(stmt)) < 2:
+    if not (isinstance(func.value, ast.Name) and func.value.id == source) or anatomy.block_of(stmt)[-1] is stmt:
         return False
     if any(kw.arg != "non_blocking" for kw in call.keywords):
         return False
@@ -184,7 +192,7 @@ def _is_device_value(anatomy: Anatomy, value: ast.AST, forward: ast.FunctionDef)
 
 
 def _locals(anatomy: Anatomy, forward: ast.FunctionDef) -> set[str]:
-    fn = next((f for f in anatomy.functions.values() if f.node is forward), None)
+    fn = function_of(anatomy, forward)
     return fn.locals if fn else set()
 
 
@@ -309,22 +317,24 @@ def _local_value(value: ast.AST, forward: ast.FunctionDef) -> ast.AST:
     """`out` in `out = {...}; return out` is the dict (or tuple) it was built as."""
     if not isinstance(value, ast.Name):
         return value
-    built = [
-        s.value for s in _walk_body(forward.body)
-        if isinstance(s, ast.Assign) and any(_binds(t, value.id) for t in s.targets)
-        and isinstance(s.value, (ast.Tuple, ast.Dict, ast.Call))
-    ]
-    return built[-1] if len(built) == 1 and not isinstance(built[-1], ast.Call) else value
+    built = _local_assignments(forward, value.id)
+    is_container = len(built) == 1 and (isinstance(built[0], (ast.Tuple, ast.Dict)) or _is_dict_call(built[0]))
+    return built[0] if is_container else value
 
 
-def is_loss(anatomy: Anatomy, expr: ast.AST, forward: ast.FunctionDef) -> bool:
+def _is_dict_call(expr: ast.AST) -> bool:
+    return isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "dict"
+
+
+def is_loss(anatomy: Anatomy, expr: ast.AST, forward: ast.FunctionDef, _seen: frozenset[str] = frozenset()) -> bool:
     """Is `expr` (inside forward) a loss: a loss function or criterion call, a sum of losses, a `loss` variable?"""
     if isinstance(expr, ast.Name):
         if _LOSS_NAME.search(expr.id):
             return True
-        return any(is_loss(anatomy, v, forward) for v in _local_assignments(forward, expr.id))
+        seen = _seen | {expr.id}
+        return expr.id not in _seen and any(is_loss(anatomy, v, forward, seen) for v in _local_assignments(forward, expr.id))
     if isinstance(expr, ast.BinOp):
-        return is_loss(anatomy, expr.left, forward) or is_loss(anatomy, expr.right, forward)
+        return is_loss(anatomy, expr.left, forward, _seen) or is_loss(anatomy, expr.right, forward, _seen)
     if not isinstance(expr, ast.Call):
         return False
     func = expr.func
@@ -333,7 +343,7 @@ def is_loss(anatomy: Anatomy, expr: ast.AST, forward: ast.FunctionDef) -> bool:
     if isinstance(func, ast.Call):  # nn.MSELoss()(pred, y)
         constructor = anatomy.qualname(func.func) or ""
         return constructor.startswith("torch.nn.") and constructor.endswith("Loss")
-    return isinstance(func, ast.Attribute) and func.attr in _REDUCTIONS and is_loss(anatomy, func.value, forward)
+    return isinstance(func, ast.Attribute) and func.attr in _REDUCTIONS and is_loss(anatomy, func.value, forward, _seen)
 
 
 def _local_assignments(forward: ast.FunctionDef, name: str) -> list[ast.AST]:
@@ -432,7 +442,7 @@ def literal(anatomy: Anatomy, expr: ast.AST, depth: int = 0) -> ast.Constant | N
     assignments, parameters to what the callers pass (or the default); None unless all agree."""
     if isinstance(expr, ast.Constant):
         return expr
-    ref = anatomy.ref(expr) if isinstance(expr, ast.Name) and depth <= 4 else None
+    ref = anatomy.ref(expr) if isinstance(expr, ast.Name) and depth <= _MAX_DEPTH else None
     if ref is None:
         return None
     found = [literal(anatomy, v, depth + 1) if v is not None else None for v in _values_of(anatomy, ref)]
@@ -475,21 +485,22 @@ def _default(fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> ast.AST |
     return dict(zip(names, fn.args.defaults)).get(name)
 
 
-def gpu_index(anatomy: Anatomy, expr: ast.AST) -> int | None:
+def gpu_index(anatomy: Anatomy, expr: ast.AST, depth: int = 0) -> int | None:
     """The GPU `expr` names: `"cuda:1"` -> 1, `"cuda"` -> 0, `torch.device("cuda", 1)` -> 1, `1` -> 1,
     through variables and `"cuda:1" if torch.cuda.is_available() else "cpu"`; None for CPU or unknown."""
+    if depth > _MAX_DEPTH:
+        return None
     if isinstance(expr, ast.IfExp):
-        return gpu_index(anatomy, expr.body)
+        return gpu_index(anatomy, expr.body, depth + 1)
     if isinstance(expr, ast.Call) and anatomy.qualname(expr.func) == "torch.device" and expr.args:
-        if len(expr.args) == 2 and gpu_index(anatomy, expr.args[0]) is not None:
-            return gpu_index(anatomy, expr.args[1])
-        return gpu_index(anatomy, expr.args[0])
+        if len(expr.args) == 2 and gpu_index(anatomy, expr.args[0], depth + 1) is not None:
+            return gpu_index(anatomy, expr.args[1], depth + 1)
+        return gpu_index(anatomy, expr.args[0], depth + 1)
     ref = anatomy.ref(expr) if isinstance(expr, (ast.Name, ast.Attribute)) else None
     if ref is not None:
-        indices = {gpu_index(anatomy, v) if v is not None else None for v in _values_of(anatomy, ref)}
+        indices = {gpu_index(anatomy, v, depth + 1) if v is not None else None for v in _values_of(anatomy, ref)}
         return indices.pop() if len(indices) == 1 else None
-    found = literal(anatomy, expr)
-    value = found.value if found is not None else None
+    value = expr.value if isinstance(expr, ast.Constant) else None
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, str) and _CUDA_STRING.match(value):

@@ -12,7 +12,7 @@ import ast
 
 import libcst as cst
 
-from ddpify.anatomy.forward import DeviceUse, hardcoded_devices, input_name, replica_forwards, wrapped_class_names
+from ddpify.anatomy.forward import DeviceUse, function_of, hardcoded_devices, input_name, replica_forward_methods
 from ddpify.codemods.base import Transform, parse_expr
 from ddpify.codemods.dp._edits import remove_statement, rewrite_expression
 
@@ -22,15 +22,15 @@ class ForwardDevices(Transform):
     DESCRIPTION = "Devices hard-coded inside forward() become the input's device (each replica has its own GPU)."
 
     def plan(self) -> None:
-        for cls in wrapped_class_names(self.anatomy, self.anatomy.trained_models):
-            for forward in replica_forwards(self.anatomy, cls):
-                source = input_name(forward)
-                for use in hardcoded_devices(self.anatomy, forward):
-                    self._follow_input(use, source, f"{cls}.forward" if forward.name == "forward" else cls)
+        for forward in replica_forward_methods(self.anatomy, self.anatomy.trained_models):
+            for use in hardcoded_devices(self.anatomy, forward):
+                self._follow_input(use, forward)
 
-    def _follow_input(self, use: DeviceUse, source: str | None, where: str) -> None:
+    def _follow_input(self, use: DeviceUse, forward: ast.FunctionDef) -> None:
         spelled = ast.unparse(use.node)
+        source = input_name(forward)
         if source is None:
+            where = function_of(self.anatomy, forward).scope  # type: ignore[union-attr]
             self.advise(use.node.lineno, f"{spelled} in {where} puts every replica on one device; use the input tensor's .device")
             return
         device = f"{source}.device"

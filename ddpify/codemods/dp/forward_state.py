@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.forward import replica_forwards, state_mutations, wrapped_class_names
+from ddpify.anatomy.forward import replica_forward_methods, state_mutations
 from ddpify.codemods.base import Transform
 
 _LIMIT = 60
@@ -20,10 +20,9 @@ class ForwardState(Transform):
     DESCRIPTION = "Warn about module state changed inside forward(): replicas are discarded after each call."
 
     def plan(self) -> None:
-        for cls in wrapped_class_names(self.anatomy, self.anatomy.trained_models):
-            for forward in replica_forwards(self.anatomy, cls):
-                for mutation in state_mutations(self.anatomy, forward):
-                    self.advise(mutation.lineno, _message(mutation))
+        for forward in replica_forward_methods(self.anatomy, self.anatomy.trained_models):
+            for mutation in state_mutations(self.anatomy, forward):
+                self.advise(mutation.lineno, _message(mutation))
 
 
 def _message(mutation: ast.AST) -> str:
