@@ -25,6 +25,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddpify.codemods.base import Options
+from ddpify.codemods.dp import DP_TRANSFORMS, MeanLoss
+from ddpify.codemods.pipeline import run_pipeline
 from ddpify.convert import convert_source
 
 try:
@@ -143,3 +146,68 @@ def test_converted_script_runs_like_the_original(script: Path, tmp_path: Path):
     for name in written:
         if name.endswith(CHECKPOINT_SUFFIXES):
             assert_same_checkpoint(tmp_path / "original" / name, tmp_path / "converted" / name)
+
+
+# ----- several GPUs, simulated -------------------------------------------------------------------
+# Without GPUs DataParallel calls the module once, so a loss returned by forward stays a scalar and
+# the runs above can't tell whether the converted script averages it. This sitecustomize makes
+# nn.DataParallel behave like two replicas on CPU: split the inputs along dim 0, run the module on
+# each part, gather like torch's Gather does (scalars become a vector of one value per replica).
+TWO_REPLICAS = '''
+import torch
+from torch import nn
+
+
+def _split(obj, n):
+    if isinstance(obj, torch.Tensor):
+        return list(obj.chunk(n))
+    if isinstance(obj, (tuple, list)) and obj:
+        return [type(obj)(part) for part in zip(*(_split(o, n) for o in obj))]
+    if isinstance(obj, dict) and obj:
+        return [dict(zip(obj, part)) for part in zip(*(_split(v, n) for v in obj.values()))]
+    return [obj] * n
+
+
+def _gather(outputs):
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        return torch.stack(outputs) if first.dim() == 0 else torch.cat(outputs)
+    if isinstance(first, dict):
+        return type(first)((key, _gather([o[key] for o in outputs])) for key in first)
+    if isinstance(first, (tuple, list)):
+        return type(first)(_gather(list(items)) for items in zip(*outputs))
+    return first
+
+
+def _forward(self, *inputs, **kwargs):
+    per_replica = list(zip(_split(inputs, 2), _split(kwargs, 2) if kwargs else [{}, {}]))
+    return _gather([self.module(*args, **kws) for args, kws in per_replica])
+
+
+nn.DataParallel.forward = _forward
+'''
+LOSS_FIXTURES = [p for p in FIXTURES if any(c.transform == MeanLoss.NAME for c in convert(p).changes)]
+
+
+def run_with_two_replicas(script: Path, tmp_path: Path):
+    site = tmp_path / "site"
+    site.mkdir(parents=True)
+    (site / "sitecustomize.py").write_text(TWO_REPLICAS)
+    return run_script(python_argv(script), cwd=site, env_extra={"PYTHONPATH": str(site)}, timeout=120)
+
+
+def test_loss_fixtures_are_there():
+    assert {p.name for p in LOSS_FIXTURES} >= {"forward_returns_loss.py", "dp_loss_tuple.py", "dp_loss_dict.py"}
+
+
+@pytest.mark.parametrize("script", LOSS_FIXTURES, ids=[p.name for p in LOSS_FIXTURES])
+def test_loss_from_forward_survives_two_replicas(script: Path, tmp_path: Path):
+    without_mean = tuple(t for t in DP_TRANSFORMS if t is not MeanLoss)
+    unaveraged = tmp_path / f"unaveraged_{script.name}"
+    unaveraged.write_text(run_pipeline(script.read_text(), script.name, without_mean, Options()).output)
+    with ThreadPoolExecutor(2) as pool:
+        converted = pool.submit(run_with_two_replicas, EXPECTED_DIR / script.name, tmp_path / "converted")
+        control = pool.submit(run_with_two_replicas, unaveraged, tmp_path / "control")
+        converted, control = converted.result(), control.result()
+    assert converted.returncode == 0, failure_report(converted)
+    assert control.returncode != 0 and "scalar" in control.stderr, "the simulation must catch an unaveraged loss"
