@@ -5,7 +5,9 @@ DistributedSampler gives rank r the slice `indices[r::N]` of `randperm(n)` seede
 step k of the single reference process to see exactly the union of what the N ranks
 see at their step k, every training DataLoader the reference creates gets an
 AlignedBatchSampler: it rebuilds the N slices with DistributedSampler itself and
-concatenates the k-th batch of every rank. Evaluation loaders are left alone.
+concatenates the k-th batch of every rank. Each pass over a training loader is one more
+epoch, counted per call site so that a loader rebuilt every epoch (and given
+`set_epoch(epoch)` in the candidate) keeps counting. Evaluation loaders are left alone.
 
 Imports torch and the standard library only.
 """
@@ -27,33 +29,43 @@ DISTRIBUTED_SAMPLER_SEED = 0  # DistributedSampler's default, which converted sc
 class LoaderCensus:
     """What the training-loader decision may depend on, gathered while the script runs."""
 
-    def __init__(self) -> None:
-        self.shuffled_loaders = 0
-        self.claimed_unshuffled = False
+    def __init__(self, static_sites: set[tuple[str, int]]) -> None:
+        self.static_sites = static_sites  # (file, line) of DataLoader calls static analysis saw train
+        self.known_training = 0  # loaders created shuffled or at a static training site
+        self.training_iterated = False
         self.optimizer_stepped = False
+        self.passes: dict[tuple[str, int], int] = {}  # training passes started, per DataLoader call site
+
+    def next_epoch(self, site: tuple[str, int]) -> int:
+        """The epoch of a new pass over a training loader created at `site` (file, line)."""
+        epoch = self.passes.get(site, 0)
+        self.passes[site] = epoch + 1
+        return epoch
 
 
-def is_training_loader(shuffle: bool, census: LoaderCensus) -> bool:
-    """Whether a loader feeds training (aligned) or evaluation (left alone).
+def is_training_loader(site: tuple[str, int], shuffle: bool, census: LoaderCensus) -> bool:
+    """Whether a loader feeds training (aligned) or evaluation (left alone): the one place that decides.
 
-    Shuffled loaders train; when the script has none, the first loader iterated before
-    any optimizer step does. The one place to swap for a static answer.
+    Loaders created where static analysis (ddpify.anatomy) saw a training loop iterate them
+    train, and so do shuffled ones; when the script has neither, the first loader iterated
+    before any optimizer step does.
     """
-    if shuffle:
+    if shuffle or site in census.static_sites:
         return True
-    return not (census.shuffled_loaders or census.claimed_unshuffled or census.optimizer_stepped)
+    return not (census.known_training or census.training_iterated or census.optimizer_stepped)
 
 
 class AlignedBatchSampler:
     """Batch sampler of one reference loader; decides on first use whether it trains.
 
     Training: batch k is the concatenation over ranks of each rank's k-th DistributedSampler
-    batch, and each pass over it is one more epoch (mirroring `set_epoch`). Evaluation: the
-    loader's own sequential batches.
+    batch, and each pass is one more epoch at its call site (mirroring `set_epoch`).
+    Evaluation: the loader's own sequential batches.
     """
 
-    def __init__(self, size: int, batch_size: int, per_rank_batch: int, drop_last: bool, shuffle: bool,
+    def __init__(self, site: tuple[str, int], size: int, batch_size: int, per_rank_batch: int, drop_last: bool, shuffle: bool,
                  world: int, census: LoaderCensus, on_training: Callable[[AlignedBatchSampler], None]) -> None:
+        self.site = site
         self.size = size
         self.batch_size = batch_size
         self.per_rank_batch = per_rank_batch
@@ -63,13 +75,12 @@ class AlignedBatchSampler:
         self.census = census
         self.on_training = on_training
         self.training: bool | None = None
-        self.epoch = 0
 
     def _is_training(self) -> bool:
         if self.training is None:
-            self.training = is_training_loader(self.shuffle, self.census)
+            self.training = is_training_loader(self.site, self.shuffle, self.census)
             if self.training:
-                self.census.claimed_unshuffled |= not self.shuffle
+                self.census.training_iterated = True
                 self.on_training(self)
         return self.training
 
@@ -97,17 +108,20 @@ class AlignedBatchSampler:
         if not self._is_training():
             yield from self._own_batches()
             return
-        slices = self.rank_slices(self.epoch)
-        self.epoch += 1
+        slices = self.rank_slices(self.census.next_epoch(self.site))
         b = self.per_rank_batch
         for k in range(self._aligned_len()):
             yield [index for indices in slices for index in indices[k * b:(k + 1) * b]]
 
 
-def _call_site() -> str:
-    """`file:line` of the user code that constructed the DataLoader."""
+def _call_site() -> tuple[str, int]:
+    """(file, line) of the user code that constructed the DataLoader."""
     frame = sys._getframe(2)
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    return os.path.realpath(frame.f_code.co_filename), frame.f_lineno
+
+
+def _where(site: tuple[str, int]) -> str:
+    return f"{os.path.basename(site[0])}:{site[1]}"
 
 
 def _shuffles(arguments: dict) -> bool | None:
@@ -120,13 +134,14 @@ def _shuffles(arguments: dict) -> bool | None:
     return None
 
 
-def align_training_loaders(world: int, batch_mode: str, recorder) -> None:
+def align_training_loaders(world: int, batch_mode: str, static_sites: set[tuple[str, int]], recorder) -> None:
     """Patch DataLoader construction so the reference's training loaders match `world` ranks.
 
     `batch_mode` is "per-gpu" (each rank keeps the script's batch) or "global" (the ranks
-    split it). `recorder` receives notes and flags (see harness.Recorder).
+    split it); `static_sites` are the (realpath, line) of DataLoader calls known to train.
+    `recorder` receives notes and flags (see harness.Recorder).
     """
-    census = LoaderCensus()
+    census = LoaderCensus(static_sites)
     register_optimizer_step_post_hook(lambda *_: setattr(census, "optimizer_stepped", True))
     original_init = DataLoader.__init__
     signature = inspect.signature(original_init)
@@ -143,7 +158,7 @@ def align_training_loaders(world: int, batch_mode: str, recorder) -> None:
     DataLoader.__init__ = aligned_init
 
 
-def _aligned_sampler(arguments: dict, site: str, world: int, batch_mode: str,
+def _aligned_sampler(arguments: dict, site: tuple[str, int], world: int, batch_mode: str,
                      census: LoaderCensus, recorder) -> AlignedBatchSampler | None:
     """The batch sampler replacing this loader's batching, or None to leave the loader alone."""
     dataset = arguments["dataset"]
@@ -151,23 +166,23 @@ def _aligned_sampler(arguments: dict, site: str, world: int, batch_mode: str,
     shuffle = _shuffles(arguments)
     if arguments.get("batch_sampler") is not None or batch_size is None or shuffle is None \
             or isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
-        recorder.note(f"loader at {site} uses its own sampling, so the reference cannot mirror the ranks' samples")
+        recorder.note(f"loader at {_where(site)} uses its own sampling, so the reference cannot mirror the ranks' samples")
         return None
     per_rank_batch = batch_size
     if batch_mode == "global":
         per_rank_batch = max(1, batch_size // world)
         if batch_size % world:
-            recorder.flag("indivisible_batch", f"the global batch {batch_size} (loader at {site}) "
+            recorder.flag("indivisible_batch", f"the global batch {batch_size} (loader at {_where(site)}) "
                                                f"is not divisible by {world} ranks")
-    census.shuffled_loaders += shuffle
+    census.known_training += shuffle or site in census.static_sites
 
     def describe(sampler: AlignedBatchSampler) -> None:
         order = "shuffled" if sampler.shuffle else "in order"
-        recorder.note(f"training loader at {site}: reference step = {world} ranks x batch {per_rank_batch}, "
+        recorder.note(f"training loader at {_where(site)}: reference step = {world} ranks x batch {per_rank_batch}, "
                       f"{order} as DistributedSampler(seed={DISTRIBUTED_SAMPLER_SEED}) with set_epoch per pass")
         if sampler.size % world:
             recorder.note(f"{sampler.size} samples are not divisible by {world} ranks: DistributedSampler "
                           f"repeats {world - sampler.size % world} of them each epoch (the reference too)")
 
-    return AlignedBatchSampler(len(dataset), batch_size, per_rank_batch, bool(arguments.get("drop_last")),
+    return AlignedBatchSampler(site, len(dataset), batch_size, per_rank_batch, bool(arguments.get("drop_last")),
                                shuffle, world, census, describe)

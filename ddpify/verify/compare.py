@@ -73,7 +73,8 @@ def compare_step(k: int, reference: Record, ranks: list[Record], statistical: bo
     elif not statistical and rel_param > EXACT_TOLERANCE:
         problems.append(f"max rel Δparam {rel_param:.1e} > {EXACT_TOLERANCE:g}")
     if not agree:
-        problems.append("ranks hold different parameters")
+        problems.append("ranks hold different parameters (are gradients averaged? is the model wrapped in DDP "
+                        "on this device?)")
     return StepRow(k + 1, ref_loss, cand_loss, rel_loss, None if rel_param == float("inf") else rel_param, agree, problems)
 
 

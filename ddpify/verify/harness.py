@@ -228,7 +228,9 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
     capture_backward(recorder)
     register_optimizer_step_post_hook(recorder.on_step)
     if role == REFERENCE and plan.aligns_reference():
-        align_training_loaders(plan.nproc, plan.batch_mode, recorder)
+        script = os.path.realpath(plan.reference.script)
+        static_sites = {(script, line) for line in plan.reference_training_lines}
+        align_training_loaders(plan.nproc, plan.batch_mode, static_sites, recorder)
     if role == CANDIDATE and os.environ.get(SHARED_GPU_ENV):
         share_single_gpu()
 

@@ -43,6 +43,7 @@ class Plan:
     script_args: tuple[str, ...]
     reference: Run
     candidate: Run
+    reference_training_lines: tuple[int, ...] = ()  # DataLoader calls static analysis saw train
 
     @property
     def nproc(self) -> int:
@@ -77,6 +78,7 @@ class Plan:
         with open(path) as f:
             data = json.load(f)
         data["script_args"] = tuple(data["script_args"])
+        data["reference_training_lines"] = tuple(data["reference_training_lines"])
         data["reference"] = Run(**data["reference"])
         data["candidate"] = Run(**data["candidate"])
         return cls(**data)

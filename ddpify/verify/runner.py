@@ -58,7 +58,18 @@ def convert_into(request: Request, workspace: str) -> tuple[str, list[str]]:
         raise CandidateUnavailable(f"conversion failed: {type(error).__name__}: {error}") from error
     path = os.path.join(workspace, f"{Path(request.script).stem}_{request.target}.py")
     Path(path).write_text(conversion.output)
-    return path, [f"converter warning: {warning}" for warning in conversion.warnings]
+    return path, [f"converter advice, line {advice.line}: {advice.message}" for advice in conversion.warnings]
+
+
+def training_loader_lines(script: str) -> tuple[int, ...]:
+    """Lines of the DataLoader calls that ddpify's static analysis sees a training loop iterate."""
+    from ddpify.anatomy import analyze
+
+    try:
+        anatomy = analyze(Path(script).read_text(), script)
+    except Exception:  # a script the analysis cannot read: training loaders are then found at run time
+        return ()
+    return tuple(loader.line for loader in anatomy.loaders if loader.is_train)
 
 
 def make_plan(request: Request, candidate: str, workspace: str) -> Plan:
@@ -74,7 +85,8 @@ def make_plan(request: Request, candidate: str, workspace: str) -> Plan:
                 script_args=tuple(request.script_args),
                 reference=Run(script, os.path.dirname(script), workdirs["reference"], 1),
                 candidate=Run(os.path.abspath(candidate), candidate_dir, workdirs["candidate"],
-                              request.nproc if request.target == "ddp" else 1))
+                              request.nproc if request.target == "ddp" else 1),
+                reference_training_lines=training_loader_lines(script))
 
 
 def launcher_environment(device: str) -> dict[str, str]:

@@ -1,0 +1,186 @@
+"""Unit tests of verify's pieces that need no subprocess: alignment, comparison, diagnosis, report."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
+
+from ddpify.verify.alignment import AlignedBatchSampler, LoaderCensus, align_training_loaders, is_training_loader  # noqa: E402
+from ddpify.verify.compare import Record, judge  # noqa: E402
+from ddpify.verify.diagnose import hang_location, last_line  # noqa: E402
+from ddpify.verify.plan import Plan, Run  # noqa: E402
+from ddpify.verify.report import render  # noqa: E402
+from ddpify.verify.runner import Request  # noqa: E402
+
+SITE = ("/work/train.py", 12)
+
+
+class Notes:
+    """Stands in for harness.Recorder: keeps notes and flags."""
+
+    def __init__(self):
+        self.notes, self.flags = [], {}
+
+    def note(self, text):
+        self.notes.append(text)
+
+    def flag(self, name, detail):
+        self.flags[name] = detail
+
+
+def rank_batches(size, world, batch, epoch, shuffle=True):
+    """What each DistributedSampler rank's DataLoader yields in `epoch`."""
+    per_rank = []
+    for rank in range(world):
+        sampler = DistributedSampler(range(size), num_replicas=world, rank=rank, shuffle=shuffle)
+        sampler.set_epoch(epoch)
+        indices = list(sampler)
+        per_rank.append([indices[i:i + batch] for i in range(0, len(indices), batch)])
+    return per_rank
+
+
+def union_of_rank_batches(size, world, batch, epoch, shuffle=True):
+    per_rank = rank_batches(size, world, batch, epoch, shuffle)
+    return [sum((batches[k] for batches in per_rank), []) for k in range(len(per_rank[0]))]
+
+
+@pytest.mark.parametrize("size", [64, 70])  # 70: DistributedSampler pads, last batches are short
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_aligned_sampler_yields_the_union_of_the_ranks_batches_epoch_after_epoch(size, shuffle):
+    sampler = AlignedBatchSampler(SITE, size, 8, 8, False, shuffle, 2, LoaderCensus(set()), lambda s: None)
+    for epoch in range(3):
+        expected = union_of_rank_batches(size, 2, 8, epoch, shuffle)
+        assert list(sampler) == expected
+        assert len(sampler) == len(expected)
+
+
+def test_a_loader_rebuilt_each_epoch_at_the_same_site_keeps_counting_epochs():
+    census = LoaderCensus(set())
+    epochs = [list(AlignedBatchSampler(SITE, 16, 4, 4, False, True, 2, census, lambda s: None)) for _ in range(2)]
+    assert epochs == [union_of_rank_batches(16, 2, 4, 0), union_of_rank_batches(16, 2, 4, 1)]
+
+
+def test_training_loaders_are_the_shuffled_the_static_and_else_the_first_used_before_a_step():
+    census = LoaderCensus({SITE})
+    other = ("/work/train.py", 30)
+    assert is_training_loader(other, True, census)
+    assert is_training_loader(SITE, False, census)
+    assert is_training_loader(other, False, LoaderCensus(set()))
+    census = LoaderCensus(set())
+    census.known_training = 1
+    assert not is_training_loader(other, False, census)
+    census = LoaderCensus(set())
+    census.optimizer_stepped = True
+    assert not is_training_loader(other, False, census)
+
+
+def test_an_unshuffled_loader_used_after_the_training_loader_keeps_its_own_batches():
+    census = LoaderCensus(set())
+    train = AlignedBatchSampler(SITE, 16, 4, 4, False, False, 2, census, lambda s: None)
+    evaluation = AlignedBatchSampler(("/work/train.py", 13), 10, 4, 4, False, False, 2, census, lambda s: None)
+    assert list(train) == union_of_rank_batches(16, 2, 4, 0, shuffle=False)
+    assert list(evaluation) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_patched_dataloader_serves_the_reference_the_ranks_union(monkeypatch):
+    monkeypatch.setattr(DataLoader, "__init__", DataLoader.__init__)  # undone after the test
+    notes = Notes()
+    align_training_loaders(2, "global", set(), notes)
+    dataset = TensorDataset(torch.arange(32))
+    loader = DataLoader(dataset, batch_size=8, shuffle=True)
+    assert [batch[0].tolist() for batch in loader] == union_of_rank_batches(32, 2, 4, 0)
+    assert any("2 ranks x batch 4" in note for note in notes.notes)
+    DataLoader(dataset, batch_size=7, shuffle=True)
+    assert "not divisible by 2 ranks" in notes.flags["indivisible_batch"]
+
+
+def make_plan(target="ddp", nproc=2):
+    run = Run("/work/train.py", "/work", "/tmp", 1)
+    return Plan(target, 3, "cpu", "per-gpu", 60.0, "fork", "/tmp", (), run, Run("/work/t.py", "/work", "/tmp", nproc))
+
+
+def record(losses, params, flags=None):
+    return Record(losses, [torch.tensor(p, dtype=torch.float64) for p in params], flags or {}, [])
+
+
+STEPS = [[1.0, 2.0], [1.1, 2.1], [1.2, 2.2]]
+
+
+def test_identical_records_are_equivalent():
+    result = judge(make_plan(), record([3.0, 2.0, 1.0], STEPS), [record([3.0, 2.0, 1.0], STEPS)] * 2)
+    assert (result["verdict"], result["mode"]) == ("equivalent", "exact")
+    assert result["message"].startswith("equivalent: 3 steps match")
+
+
+def test_first_step_beyond_tolerance_is_named():
+    drifted = [STEPS[0], STEPS[1], [1.2, 2.3]]
+    ranks = [record([3.0, 2.0, 1.0], drifted)] * 2
+    result = judge(make_plan(), record([3.0, 2.0, 1.0], STEPS), ranks)
+    assert (result["verdict"], result["diverged_at"]) == ("diverged", 3)
+    assert "max rel Δparam 4.5e-02" in result["message"]
+
+
+def test_ranks_that_disagree_diverge():
+    other = [[1.0, 2.0], [1.1, 2.1], [1.2, 2.25]]
+    result = judge(make_plan(), record([1, 1, 1], STEPS), [record([1, 1, 1], STEPS), record([1, 1, 1], other)])
+    assert result["diverged_at"] == 3
+    assert "ranks hold different parameters" in result["message"]
+
+
+def test_runs_of_different_lengths_diverge_after_the_shorter():
+    result = judge(make_plan(), record([1, 1, 1], STEPS), [record([1, 1], STEPS[:2])] * 2)
+    assert result["diverged_at"] == 3
+    assert "the reference made 3 optimizer steps, the candidate 2" in result["message"]
+
+
+def test_sum_reduction_is_a_precondition_and_batchnorm_switches_to_statistical_mode():
+    ranks = [record([1.0, 1.0, 1.0], [[1.0, 2.0], [1.5, 2.5], [1.0, 2.0]], {"plain_batchnorm": "BatchNorm2d"})] * 2
+    result = judge(make_plan(), record([1.01, 1.0, 1.0], STEPS, {"sum_reduction": "mse_loss(reduction='sum')"}), ranks)
+    assert (result["verdict"], result["mode"]) == ("equivalent", "statistical")
+    assert "mse_loss(reduction='sum')" in result["preconditions"][0]
+
+
+def test_dataparallel_ignores_ddp_only_conditions():
+    flags = {"plain_batchnorm": "BatchNorm2d", "sum_reduction": "x"}
+    result = judge(make_plan("dp", 1), record([1, 1, 1], STEPS, flags), [record([1, 1, 1], STEPS, flags)])
+    assert (result["mode"], result["preconditions"]) == ("exact", [])
+
+
+DUMP = """Timeout (0:00:20)!
+Thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+Thread 0x00007f0000000002 (most recent call first):
+  File "/site-packages/torch/distributed/distributed_c10d.py", line 4811 in barrier
+  File "/work/ddp.py", line 34 in train
+  File "/work/ddp.py", line 50 in main
+  File "/work/ddp.py", line 60 in <module>
+"""
+
+
+def test_hang_location_is_the_innermost_frame_of_the_script(tmp_path):
+    dump = tmp_path / "stack.txt"
+    dump.write_text(DUMP)
+    assert hang_location(str(dump), "/work/ddp.py") == "ddp.py:34 in train"
+    assert hang_location(str(dump), "/elsewhere.py") == "distributed_c10d.py:4811 in barrier"
+    assert hang_location(str(tmp_path / "missing.txt"), "/work/ddp.py") is None
+
+
+def test_last_line_is_the_exception(tmp_path):
+    traceback = tmp_path / "error.txt"
+    traceback.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: boom\n\n")
+    assert last_line(str(traceback)) == "ValueError: boom"
+
+
+def test_report_marks_the_diverged_step_and_ends_with_the_verdict():
+    ranks = [record([3.0, 2.0, 1.0], [STEPS[0], [1.0, 0.0], STEPS[2]])] * 2
+    result = judge(make_plan(), record([3.0, 2.0, 1.0], STEPS), ranks)
+    request = Request("train.py", "ddp", "t.py", 2, 3, "cpu", "per-gpu", 60.0, "fork", ())
+    lines = render(request, result).splitlines()
+    assert lines[-1].startswith("diverged at step 2:")
+    assert [line for line in lines if line.endswith("<- diverged")][0].split()[0] == "2"
+    assert os.path.basename(request.against) in lines[0]
