@@ -1,0 +1,55 @@
+"""Seconds to convert and lint a 20,000-line training-like script, and to lint a 5,000-file tree.
+
+    python bench/bench_scale.py [--lines 20000] [--files 5000]
+
+Each measurement runs `python -m ddpify ...` in its own process (so interpreter and torch start-up
+are included, as a user sees them) on generated inputs in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_robustness import big_script, make_tree  # noqa: E402  (the same inputs as the tests)
+
+
+def timed(args: list[str], cwd: Path) -> tuple[float, int]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "ddpify", *args], cwd=cwd, env=env, capture_output=True)
+    return time.perf_counter() - started, result.returncode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, default=20_000)
+    parser.add_argument("--files", type=int, default=5_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        script = work / "big.py"
+        script.write_text(big_script(args.lines))
+        lines = script.read_text().count("\n")
+        for name, cmd in (("convert --to ddp", ["convert", "big.py", "--to", "ddp", "-q"]),
+                          ("convert --to dp", ["convert", "big.py", "--to", "dp", "-q"]),
+                          ("lint", ["lint", "big.py"])):
+            seconds, rc = timed(cmd, work)
+            print(f"{name:<18} {lines:>6}-line script: {seconds:8.2f} s (exit {rc})", flush=True)
+        tree = work / "tree"
+        counts = make_tree(tree, args.files)
+        seconds, rc = timed(["lint", "."], tree)
+        print(f"{'lint':<18} {counts['total']:>6}-file tree:   {seconds:8.2f} s (exit {rc}; "
+              f"{counts['linted']} linted after .gitignore/exclude)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
