@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import DP_WRAPPER, Anatomy
+from ddpify.anatomy import DP_WRAPPER, MODULE_SCOPE, Anatomy
 from ddpify.anatomy import distributed as ddp
-from ddpify.anatomy.forward import gpu_index, gpu_of_moves
+from ddpify.anatomy.forward import gpu_index, gpu_of_moves, walk_body
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._dp import DP_KINDS
 
@@ -68,12 +68,9 @@ def _moves_of(a: Anatomy, module: ast.AST, wrap: ast.Call) -> list[ast.Call]:
     values = [module]
     if isinstance(module, (ast.Name, ast.Attribute)):
         values += ddp.reaching_values(a, module)
-        ref = a.ref(module)
-        scope = a.scope_of.get(wrap)
-        values += [
-            n for n in ast.walk(a.tree)
-            if _is_move(n) and a.scope_of.get(n) == scope and n.lineno < wrap.lineno and a.ref(n.func.value) == ref  # type: ignore[attr-defined]
-        ]
+        ref, scope = a.ref(module), a.scope_of.get(wrap, MODULE_SCOPE)
+        body = a.tree.body if scope not in a.functions else a.functions[scope].node.body
+        values += [n for n in walk_body(body) if _is_move(n) and n.lineno < wrap.lineno and a.ref(n.func.value) == ref]  # type: ignore[attr-defined]
     moves = {n for v in values for n in ast.walk(v) if _is_move(n)}
     return sorted(moves, key=lambda n: (n.lineno, n.col_offset))
 

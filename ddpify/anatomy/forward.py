@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterator
 
-from ddpify.anatomy.analyzer import DP_WRAPPER, ROLE_CRITERION, ROLE_MODEL, Anatomy, Function, _walk_body
+from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.analyzer import DP_WRAPPER, ROLE_CRITERION, ROLE_MODEL, Anatomy, Function
+from ddpify.anatomy.analyzer import _walk_body as walk_body  # every node of a body, not nested defs
 from ddpify.anatomy.sites import MODULE_SCOPE, ModelSite, Ref
 
 # Where the loss sits in what forward returns: () the value itself, (1,) a tuple item, ("loss",) a dict item.
@@ -101,7 +104,7 @@ def forward_scopes(anatomy: Anatomy, forward: ast.FunctionDef) -> list[ast.Funct
     """`forward` and the methods of its class it calls through `self.method(...)`, transitively."""
     found, pending = [forward], [forward]
     while pending:
-        for node in _walk_body(pending.pop().body):
+        for node in walk_body(pending.pop().body):
             callee = anatomy.callee(node) if isinstance(node, ast.Call) else None
             method = anatomy.functions[callee] if callee else None
             if method is not None and method.cls is not None and method.node not in found:
@@ -129,7 +132,7 @@ def hardcoded_devices(anatomy: Anatomy, forward: ast.FunctionDef) -> list[Device
     """The devices `forward` names itself instead of following its input's device."""
     source = input_name(forward)
     found: list[DeviceUse] = []
-    for node in _walk_body(forward.body):
+    for node in walk_body(forward.body):
         if not isinstance(node, ast.Call):
             continue
         stmt = anatomy.stmt_of[node]
@@ -231,7 +234,7 @@ def state_mutations(anatomy: Anatomy, forward: ast.FunctionDef) -> list[ast.AST]
     """
     found: list[ast.AST] = []
     for scope in forward_scopes(anatomy, forward):
-        for node in _walk_body(scope.body):
+        for node in walk_body(scope.body):
             if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(_on_self(t) for t in _targets(node)):
                 found.append(node)
             elif isinstance(node, ast.Call) and _mutates_self_attribute(node):
@@ -296,7 +299,7 @@ def loss_return(anatomy: Anatomy, forward: ast.FunctionDef) -> LossReturn | None
 
 
 def _returns(forward: ast.FunctionDef) -> Iterator[ast.Return]:
-    return (n for n in _walk_body(forward.body) if isinstance(n, ast.Return))
+    return (n for n in walk_body(forward.body) if isinstance(n, ast.Return))
 
 
 def _loss_paths(anatomy: Anatomy, value: ast.AST, forward: ast.FunctionDef) -> set[LossPath]:
@@ -347,7 +350,7 @@ def is_loss(anatomy: Anatomy, expr: ast.AST, forward: ast.FunctionDef, _seen: fr
 
 
 def _local_assignments(forward: ast.FunctionDef, name: str) -> list[ast.AST]:
-    return [s.value for s in _walk_body(forward.body) if isinstance(s, ast.Assign) and any(_binds(t, name) for t in s.targets)]
+    return [s.value for s in walk_body(forward.body) if isinstance(s, ast.Assign) and any(_binds(t, name) for t in s.targets)]
 
 
 def model_calls(anatomy: Anatomy) -> Iterator[tuple[ast.Call, str]]:
@@ -406,7 +409,7 @@ def reads_after(anatomy: Anatomy, stmt: ast.stmt, name: ast.Name) -> list[ast.Na
     scope = anatomy.scope_of.get(name, MODULE_SCOPE)
     body = anatomy.tree.body if scope == MODULE_SCOPE else anatomy.functions[scope].node.body
     later = sorted(
-        (n for n in _walk_body(body) if isinstance(n, ast.Name) and n.id == name.id and _after(n, stmt) and anatomy.ref(n) == ref),
+        (n for n in walk_body(body) if isinstance(n, ast.Name) and n.id == name.id and _after(n, stmt) and anatomy.ref(n) == ref),
         key=_start,
     )
     rebinding = min((anatomy.stmt_of[n] for n in later if isinstance(n.ctx, ast.Store)), key=_start, default=None)
@@ -453,30 +456,38 @@ def literal(anatomy: Anatomy, expr: ast.AST, depth: int = 0) -> ast.Constant | N
 
 def _values_of(anatomy: Anatomy, ref: Ref) -> list[ast.AST | None]:
     """What is assigned to `ref`, or passed for it when it is a parameter (None: not a plain value)."""
-    values: list[ast.AST | None] = []
-    for node in ast.walk(anatomy.tree):
-        if isinstance(node, ast.Assign) and any(anatomy.ref(t) == ref for t in node.targets):
-            values.append(node.value if all(isinstance(t, (ast.Name, ast.Attribute)) for t in node.targets) else None)
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For)) and anatomy.ref(node.target) == ref:
-            values.append(getattr(node, "value", None) if isinstance(node, ast.AnnAssign) else None)
+    values = list(_bindings(anatomy).get(ref, ()))
     fn = anatomy.functions.get(ref.scope)
     if fn is not None and ref.name in fn.params:
-        values.extend(_arguments_for(anatomy, ref.scope, ref.name, fn.node))
+        index = fn.params.index(ref.name)
+        passed = [ddp.argument(call, index, ref.name) for call in ddp.callers(anatomy, ref.scope)]
+        values += [v if v is not None else _default(fn.node, ref.name) for v in passed] or [None]
     return values
 
 
-def _arguments_for(anatomy: Anatomy, scope: str, name: str, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.AST | None]:
-    """What each call of function `scope` passes for its parameter `name` (None when none calls it)."""
-    index = anatomy.functions[scope].params.index(name)
-    out: list[ast.AST | None] = []
-    for site in anatomy.calls:
-        call: ast.Call = site.node  # type: ignore[assignment]
-        if anatomy.callee(call) == scope:
-            given = next((kw.value for kw in call.keywords if kw.arg == name), None)
-            if given is None:
-                given = call.args[index] if index < len(call.args) else _default(fn, name)
-            out.append(given)
-    return out or [None]
+def _bindings(anatomy: Anatomy) -> dict[Ref, list[ast.AST | None]]:
+    """Every variable's assigned values, in one walk of the script (cached on the anatomy);
+    None for a binding that is no plain value (`a, b = f()`, `n += 1`, a loop variable)."""
+    cached = anatomy.__dict__.get("_dp_bindings")
+    if cached is not None:
+        return cached
+    found: dict[Ref, list[ast.AST | None]] = defaultdict(list)
+    for node in ast.walk(anatomy.tree):
+        if isinstance(node, ast.Assign):
+            plain = all(isinstance(t, (ast.Name, ast.Attribute)) for t in node.targets)
+            for target in node.targets:
+                _bind(anatomy, found, target, node.value if plain else None)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor)):
+            _bind(anatomy, found, node.target, node.value if isinstance(node, ast.AnnAssign) else None)
+    anatomy.__dict__["_dp_bindings"] = found
+    return found
+
+
+def _bind(anatomy: Anatomy, found: dict[Ref, list[ast.AST | None]], target: ast.AST, value: ast.AST | None) -> None:
+    for node in ast.walk(target):
+        ref = anatomy.ref(node) if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Store) else None
+        if ref is not None:
+            found[ref].append(value)
 
 
 def _default(fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> ast.AST | None:
