@@ -7,8 +7,6 @@ batch size is written (`batch_size=4`, `BATCH_SIZE = 4`, or a DataLoader without
 
 from __future__ import annotations
 
-import ast
-
 from ddpify.anatomy import LoaderSite
 from ddpify.anatomy.forward import literal
 from ddpify.codemods.base import Transform
