@@ -198,6 +198,11 @@ class TestWrapDataParallel(TransformTest):
         after = before.replace('net.to("cuda")\n', 'net.to("cuda")\n                self.model = nn.DataParallel(self.model)\n')
         self.assertTransform(before, after)
 
+    def test_advice_when_the_script_hides_gpus(self):
+        code = self.script("import os\nimport torch\nfrom torch import nn\nos.environ['CUDA_VISIBLE_DEVICES'] = '0'")
+        ((line, message),) = self.advice(code)
+        assert line == line_of(code, "CUDA_VISIBLE_DEVICES") and "only uses the GPUs it lists" in message
+
     def test_advice_when_nothing_is_trained_or_placed(self):
         assert self.advice("import torch\nmodel = torch.nn.Linear(2, 2)\n") == [
             (1, "found no model that an optimizer trains; wrap it in nn.DataParallel by hand")

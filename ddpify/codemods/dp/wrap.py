@@ -4,7 +4,8 @@ The wrapper goes after the model's last move to a device (`model.to(device)`, `i
 outside any `if`/`with`/`try` that holds that move, so the script uses the wrapper on every path.
 Without GPUs DataParallel just calls the model, so the script still runs (and trains the same) on CPU.
 `device_ids` is left to its default (every visible GPU, the first one primary) unless the script
-puts the model on another GPU, which then has to come first.
+puts the model on another GPU, which then has to come first. A script that sets
+CUDA_VISIBLE_DEVICES itself is told that DataParallel only sees the GPUs listed there.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import Anatomy, ModelSite
+from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy.forward import model_gpu_index, model_moves
 from ddpify.codemods.base import Transform
 
@@ -30,6 +32,8 @@ class WrapDataParallel(Transform):
         torch_nn = self._torch_nn()
         for model in models:
             self._wrap(model, torch_nn)
+        for write in ddp.env_writes(self.anatomy, "CUDA_VISIBLE_DEVICES"):
+            self.advise(write.lineno, "the script sets CUDA_VISIBLE_DEVICES: DataParallel only uses the GPUs it lists; list them all, or remove it")  # type: ignore[attr-defined]
 
     def _torch_nn(self) -> str:
         """How the script spells `torch.nn`: `nn` after `import torch.nn as nn` / `from torch import nn`."""
