@@ -116,14 +116,14 @@ def mutated_fixture(draw) -> str:
     return "".join(lines)
 
 
-@settings(max_examples=15, **SETTINGS)
+@settings(max_examples=10, **SETTINGS)
 @given(mutated_fixture())
 def test_mutated_fixtures(text):
     assume(_parses(text))
     check_all(text)
 
 
-@pytest.mark.parametrize("path", FIXTURES[::4], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", FIXTURES[::8], ids=lambda p: p.name)
 def test_unmutated_fixtures(path):
     check_all(path.read_text())
 
@@ -139,7 +139,7 @@ def grammar_strategy():
 
 
 def test_generated_programs(grammar_strategy):
-    @settings(max_examples=30, **SETTINGS)
+    @settings(max_examples=20, **SETTINGS)
     @given(grammar_strategy)
     def run(program):
         text = "import torch\n" + program
