@@ -89,11 +89,11 @@ class Function:
 class Anatomy:
     """Everything ddpify knows about one script. Build it with `analyze(text, path)`."""
 
-    def __init__(self, text: str, path: str, tree: ast.Module) -> None:
+    def __init__(self, text: str, path: str, tree: ast.Module, pending_imports: dict[str, str] | None = None) -> None:
         self.text = text
         self.path = path
         self.tree = tree
-        self.names = ImportTable(tree)
+        self.names = ImportTable(tree, pending_imports)
         self.parents: dict[ast.AST, ast.AST] = {}
         self.scope_of: dict[ast.AST, str] = {}
         self.stmt_of: dict[ast.AST, ast.stmt] = {}
@@ -308,13 +308,20 @@ class Anatomy:
         return site
 
     def _assignments_to(self, ref: Ref) -> list[ast.stmt]:
-        out = []
+        return self._assignments_by_ref.get(ref, [])
+
+    @cached_property
+    def _assignments_by_ref(self) -> dict[Ref, list[ast.stmt]]:
+        """Every assignment statement, indexed once by the variable it binds, in source order."""
+        index: dict[Ref, list[ast.stmt]] = defaultdict(list)
         for node in ast.walk(self.tree):
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if any(self.ref(t) == ref for t in targets):
-                    out.append(node)
-        return sorted(out, key=lambda n: (n.lineno, n.col_offset))
+                for ref in {self.ref(t) for t in targets} - {None}:
+                    index[ref].append(node)  # type: ignore[index]
+        for stmts in index.values():
+            stmts.sort(key=lambda n: (n.lineno, n.col_offset))
+        return index
 
     def _placements_after(self, ref: Ref, stmt: ast.stmt) -> list[ast.stmt]:
         """Statements after `stmt` in its block, before the first loop, that move `ref` to a device."""
@@ -365,7 +372,7 @@ class Anatomy:
 
     def body_contains(self, body: Iterable[ast.AST], predicate, _seen: set[str] | None = None) -> bool:
         seen = set() if _seen is None else _seen
-        for node in _walk_body(body):
+        for node in walk_body(body):
             if predicate(node):
                 return True
             if isinstance(node, ast.Call):
@@ -388,10 +395,13 @@ class Anatomy:
     _model_sites: dict[ast.Call, ModelSite]
 
 
-def analyze(text: str, path: str = "<string>", tree: ast.Module | None = None) -> Anatomy:
-    """Parse `text` (unless `tree` is given) and find its anatomy."""
+def analyze(text: str, path: str = "<string>", tree: ast.Module | None = None, pending_imports: dict[str, str] | None = None) -> Anatomy:
+    """Parse `text` (unless `tree` is given) and find its anatomy.
+
+    `pending_imports` maps local names to qualified names for imports a codemod will add later.
+    """
     tree = ast.parse(text, filename=path) if tree is None else tree
-    anatomy = Anatomy(text, path, tree)
+    anatomy = Anatomy(text, path, tree, pending_imports)
     _Indexer(anatomy).run()
     _ValueFlow(anatomy).run()
     _find_loops(anatomy)
@@ -399,7 +409,7 @@ def analyze(text: str, path: str = "<string>", tree: ast.Module | None = None) -
     return anatomy
 
 
-def _walk_body(body: Iterable[ast.AST]) -> Iterator[ast.AST]:
+def walk_body(body: Iterable[ast.AST]) -> Iterator[ast.AST]:
     """Every node under the statements, not descending into nested functions or classes."""
     stack = list(reversed(list(body)))
     while stack:
@@ -511,7 +521,7 @@ def _local_names(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
     names = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
     names.update(a.arg for a in (args.vararg, args.kwarg) if a)
     declared_global: set[str] = set()
-    for node in _walk_body(fn.body):
+    for node in walk_body(fn.body):
         if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
             names.add(node.id)
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
@@ -658,7 +668,7 @@ def _find_entry(a: Anatomy) -> None:
     for node in a.tree.body:
         if isinstance(node, ast.If) and _is_main_test(node.test):
             a.main_guard = node
-            for sub in _walk_body(node.body):
+            for sub in walk_body(node.body):
                 if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in a.functions:
                     a.entry = sub.func.id
                     return

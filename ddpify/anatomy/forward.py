@@ -21,7 +21,7 @@ from typing import Iterator
 
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy.analyzer import DP_WRAPPER, ROLE_CRITERION, ROLE_MODEL, Anatomy, Function
-from ddpify.anatomy.analyzer import _walk_body as walk_body  # every node of a body, not nested defs
+from ddpify.anatomy.analyzer import walk_body  # every node of a body, not nested defs
 from ddpify.anatomy.sites import MODULE_SCOPE, ModelSite, Ref
 
 # Where the loss sits in what forward returns: () the value itself, (1,) a tuple item, ("loss",) a dict item.

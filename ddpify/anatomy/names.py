@@ -34,8 +34,8 @@ _SYNONYMS = {
 class ImportTable:
     """Maps each name bound by an import anywhere in the file to its qualified name."""
 
-    def __init__(self, tree: ast.AST) -> None:
-        self.aliases: dict[str, str] = {}
+    def __init__(self, tree: ast.AST, pending: dict[str, str] | None = None) -> None:
+        self.aliases: dict[str, str] = dict(pending or {})
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:

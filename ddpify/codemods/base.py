@@ -9,13 +9,13 @@ LibCST leaves the block that holds the statement, so transforms never juggle par
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Callable, ClassVar, Iterator, Sequence
 
 import libcst as cst
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
-from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import PositionProvider
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpify.anatomy import Anatomy, Pos
 
@@ -49,12 +49,30 @@ class Options:
     batch_size: str = "per-gpu"  # or "global"
 
 
+@dataclass(frozen=True)
+class Import:
+    """An import a transform needs; the pipeline adds them all in one pass at the end."""
+
+    module: str
+    obj: str | None = None
+    asname: str | None = None
+
+    @property
+    def local_name(self) -> str:
+        return self.asname or self.obj or self.module.split(".")[0]
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.module}.{self.obj}" if self.obj else self.module if self.asname else self.module.split(".")[0]
+
+
 @dataclass
 class Report:
     """What one transform did and what it left to the user (lines of its own input)."""
 
     changes: list[Change] = field(default_factory=list)
     advice: list[Advice] = field(default_factory=list)
+    imports: list[Import] = field(default_factory=list)
 
 
 def key_of(node: ast.AST | Pos) -> Key:
@@ -142,18 +160,31 @@ class Transform(VisitorBasedCodemodCommand):
         self._grouped[key_of(stmt)] = (group, build)
 
     def add_import(self, module: str, obj: str | None = None, asname: str | None = None) -> None:
-        AddImportsVisitor.add_needed_import(self.context, module, obj, asname)
+        self.report.imports.append(Import(module, obj, asname))
 
     @property
     def has_edits(self) -> bool:
         return any((self._before, self._after, self._rewrite, self._body_start, self._module_end, self._expr, self._grouped))
 
     # ----- applying them ---------------------------------------------------------------------
-    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+    @contextmanager
+    def _handle_metadata_reference(self, module: cst.Module) -> Iterator[cst.Module]:
+        """Like LibCST's, without deep-copying the tree first (the pipeline never reuses it)."""
+        previous = self.context.wrapper
+        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+        with self.resolve(wrapper):
+            self.context = replace(self.context, wrapper=wrapper)
+            try:
+                yield wrapper.module
+            finally:
+                self.context = replace(self.context, wrapper=previous)
+
+    def transform_module(self, tree: cst.Module) -> cst.Module:
+        """Plan from the anatomy first; only a transform with edits pays for a CST pass."""
         self.plan()
         if not self.has_edits:
             return tree
-        return super().transform_module_impl(tree)
+        return super().transform_module(tree)
 
     def _span(self, node: cst.CSTNode) -> Span:
         code_range = self.get_metadata(PositionProvider, node)

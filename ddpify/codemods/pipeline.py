@@ -12,9 +12,10 @@ from typing import Sequence
 
 import libcst as cst
 from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
 
 from ddpify.anatomy import analyze
-from ddpify.codemods.base import Advice, Change, Options, Transform
+from ddpify.codemods.base import Advice, Change, Import, Options, Transform
 
 
 @dataclass
@@ -41,19 +42,33 @@ def run_pipeline(text: str, path: str, transforms: Sequence[type[Transform]], op
     module = cst.parse_module(text)
     origin = list(range(1, _line_count(text) + 1))
     result = ConversionResult(source=text, output=text)
+    imports: list[Import] = []
+    code = text
     for transform_cls in transforms:
-        code = module.code
-        transform = transform_cls(CodemodContext(filename=path), analyze(code, path), options)
+        pending = {i.local_name: i.qualified for i in imports}
+        transform = transform_cls(CodemodContext(filename=path), analyze(code, path, pending_imports=pending), options)
         new_module = transform.transform_module(module)
         result.changes += [Change(_origin_line(origin, c.line), c.transform, c.message) for c in transform.report.changes]
         result.advice += [Advice(_origin_line(origin, a.line), a.message) for a in transform.report.advice]
-        if new_module.code != code:
-            origin = _carry_origins(origin, code, new_module.code)
-            module = new_module
+        imports += [i for i in transform.report.imports if i not in imports]
+        if new_module is not module:
+            new_code = new_module.code
+            origin = _carry_origins(origin, code, new_code)
+            module, code = new_module, new_code
+    if imports:
+        module = _add_imports(module, imports)
     result.output = module.code
     result.changes.sort(key=lambda c: c.line)
     result.advice.sort(key=lambda a: a.line)
     return result
+
+
+def _add_imports(module: cst.Module, imports: list[Import]) -> cst.Module:
+    """One AddImportsVisitor pass for every import the transforms asked for."""
+    context = CodemodContext()
+    for i in imports:
+        AddImportsVisitor.add_needed_import(context, i.module, i.obj, i.asname)
+    return AddImportsVisitor(context).transform_module(module)
 
 
 def _line_count(text: str) -> int:

@@ -38,9 +38,11 @@ class RankZeroDuties(Transform):
             elif call.qualname == "torch.load":
                 self._map_to_rank_device(call)
         for stmt in ast.walk(self.anatomy.tree):
-            if isinstance(stmt, (ast.With, ast.AsyncWith)) and _opens_for_writing(self.anatomy, stmt):
+            if isinstance(stmt, (ast.With, ast.AsyncWith)) and any(_opens_for_writing(self.anatomy, i.context_expr) for i in stmt.items):
                 self.guard_statement(stmt, IS_RANK_ZERO)
                 self.changed(stmt.lineno, "file written on rank 0 only")
+            elif isinstance(stmt, ast.Assign) and _opens_for_writing(self.anatomy, stmt.value):
+                self._guard_file_handle(stmt)
         for save in saves:
             self._barrier_before_reads(save)
 
@@ -93,6 +95,20 @@ class RankZeroDuties(Transform):
         self.rewrite_node(node, cst.Call, lambda c: _add_keyword(c, "map_location", RANK_DEVICE))
         self.changed(call.line, f"torch.load(..., map_location={RANK_DEVICE}): tensors land on this rank's device")
 
+    def _guard_file_handle(self, assign: ast.Assign) -> None:
+        """`f = open(path, "a")`: open, write and close on rank 0 only."""
+        handle = self.anatomy.ref(assign.targets[0])
+        if handle is None:
+            self.advise(assign.lineno, "file opened for writing on every rank; write it on rank 0 only by hand")
+            return
+        self.guard_statement(assign, IS_RANK_ZERO)
+        for call in self.anatomy.calls:
+            func = call.node.func  # type: ignore[attr-defined]
+            uses_handle = isinstance(func, ast.Attribute) and self.anatomy.ref(func.value) == handle
+            if uses_handle and isinstance(call.stmt, ast.Expr) and call.stmt.value is call.node:
+                self.guard_statement(call.stmt, IS_RANK_ZERO)
+        self.changed(assign.lineno, "file opened, written and closed on rank 0 only")
+
     def _barrier_before_reads(self, save: CallSite) -> None:
         """Other ranks wait for rank 0's file when the same function reads a checkpoint later."""
         later_loads = [c for c in self.anatomy.calls_to("torch.load") if c.scope == save.scope and c.line > save.line]
@@ -101,14 +117,12 @@ class RankZeroDuties(Transform):
             self.changed(save.line, "barrier after the save: other ranks read that checkpoint later")
 
 
-def _opens_for_writing(anatomy, stmt: ast.With | ast.AsyncWith) -> bool:
-    for item in stmt.items:
-        call = item.context_expr
-        if isinstance(call, ast.Call) and anatomy.qualname(call.func) in ("open", "io.open"):
-            mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
-            if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and _WRITE_MODES & set(mode.value):
-                return True
-    return False
+def _opens_for_writing(anatomy, call: ast.AST) -> bool:
+    """`open(path, "w")` (or "a", "x", "+")."""
+    if not (isinstance(call, ast.Call) and anatomy.qualname(call.func) in ("open", "io.open")):
+        return False
+    mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+    return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and bool(_WRITE_MODES & set(mode.value))
 
 
 def _with_disable(node: cst.CSTNode) -> cst.CSTNode:
