@@ -105,14 +105,23 @@ def _emit(item, source, result, target, mode, output, quiet) -> Outcome:
     if output == "-":
         click.echo(result.output, nl=False)
         return Outcome(would_change=True)
-    destination = Path(output) if output else item if mode == "in-place" else _default_output(item, target)
+    destination = _destination(item, target, mode, output)
+    return _write(destination, lambda: source.encode(result.output), source.mode, quiet, LAUNCH[target].format(path=destination))
+
+
+def _destination(item: Path, target: str, mode: str, output) -> Path:
+    return Path(output) if output else item if mode == "in-place" else _default_output(item, target)
+
+
+def _write(destination: Path, data, file_mode, quiet, launch: str) -> Outcome:
+    """Write atomically (`data()` builds the bytes and may refuse), then say where and how to run it."""
     try:
-        write_atomic(destination, source.encode(result.output), source.mode)
+        write_atomic(destination, data(), file_mode)
     except SourceError as error:
         return _fail(error)
     if not quiet:
         click.echo(f"wrote {destination}")
-        click.echo(f"launch: {LAUNCH[target].format(path=destination)}")
+        click.echo(f"launch: {launch}")
     return Outcome(would_change=True)
 
 
@@ -138,12 +147,7 @@ def _convert_notebook(item, target, mode, output, batch_size, quiet, report_form
     else:
         for warning in cell_map.warnings:
             click.echo(f"{item}:{warning}", err=to_stderr)
-        if result.note and not quiet:
-            click.echo(f"{item}: {result.note}", err=to_stderr)
-        for change in [] if quiet else result.changes:
-            click.echo(f"{item}:{lint_location(cell_map, change.line)}: [{change.transform}] {change.message}", err=to_stderr)
-        for advice in result.advice:
-            click.echo(f"{item}:{lint_location(cell_map, advice.line)}: warning: {advice.message}", err=to_stderr)
+        _report(item, result, quiet, to_stderr, locate=lambda line: lint_location(cell_map, line))
     if not result.changed:
         return Outcome()
     if mode == "check":
@@ -161,34 +165,30 @@ def _convert_notebook(item, target, mode, output, batch_size, quiet, report_form
             click.echo(text, nl=False)
             return Outcome(would_change=True)
         destination = Path(output) if output else item.with_name(f"{item.stem}_ddp.py")
-        try:
-            write_atomic(destination, text.encode("utf-8"))
-        except SourceError as error:
-            return _fail(error)
-    else:
-        if output == "-":
-            click.echo(nbformat.writes(new_nb) + "\n", nl=False)
-            return Outcome(would_change=True)
-        destination = Path(output) if output else item if mode == "in-place" else _default_output(item, target)
-        try:
-            nbformat.validate(new_nb)
-            write_atomic(destination, (nbformat.writes(new_nb) + "\n").encode("utf-8"))
-        except SourceError as error:
-            return _fail(error)
-    if not quiet:
-        click.echo(f"wrote {destination}")
-        click.echo(f"launch: {LAUNCH[target].format(path=destination) if target == 'ddp' else 'run the notebook as before'}")
-    return Outcome(would_change=True)
+        return _write(destination, lambda: text.encode("utf-8"), None, quiet, LAUNCH[target].format(path=destination))
+    if output == "-":
+        click.echo(nbformat.writes(new_nb) + "\n", nl=False)
+        return Outcome(would_change=True)
+    return _write(_destination(item, target, mode, output), lambda: _notebook_bytes(nbformat, new_nb), None, quiet, "run the notebook as before")
 
 
-def _report(item, result, quiet, to_stderr) -> None:
-    """One line per change and per warning, with the original file's line numbers."""
+def _notebook_bytes(nbformat, notebook) -> bytes:
+    """The notebook's JSON, refusing to write one that does not validate."""
+    try:
+        nbformat.validate(notebook)
+    except nbformat.ValidationError as error:
+        raise SourceError("<notebook>", f"converted notebook does not validate ({error.message}); nothing written") from None
+    return (nbformat.writes(notebook) + "\n").encode("utf-8")
+
+
+def _report(item, result, quiet, to_stderr, locate=str) -> None:
+    """One line per change and per warning, located in the original file (`locate` maps a line)."""
     if result.note and not quiet:
         click.echo(f"{item}: {result.note}", err=to_stderr)
     for change in [] if quiet else result.changes:
-        click.echo(f"{item}:{change.line}: [{change.transform}] {change.message}", err=to_stderr)
+        click.echo(f"{item}:{locate(change.line)}: [{change.transform}] {change.message}", err=to_stderr)
     for advice in result.advice:
-        click.echo(f"{item}:{advice.line}: warning: {advice.message}", err=to_stderr)
+        click.echo(f"{item}:{locate(advice.line)}: warning: {advice.message}", err=to_stderr)
 
 
 def _default_output(path: Path, target: str) -> Path:
