@@ -184,3 +184,64 @@ def test_report_marks_the_diverged_step_and_ends_with_the_verdict():
     assert lines[-1].startswith("diverged at step 2:")
     assert [line for line in lines if line.endswith("<- diverged")][0].split()[0] == "2"
     assert os.path.basename(request.against) in lines[0]
+
+
+@pytest.fixture
+def recorder(tmp_path):
+    """A harness Recorder whose hooks are undone after the test."""
+    import torch.nn.functional as F
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    from ddpify.verify.harness import Recorder
+
+    saved_functional = dict(vars(F))
+    saved = [(torch.autograd, "backward"), (torch.amp.GradScaler, "scale"), (_BatchNorm, "forward")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in saved]
+    yield Recorder(str(tmp_path / "record.pt"), steps=100)
+    vars(F).update(saved_functional)
+    for owner, name, value in saved:
+        setattr(owner, name, value)
+
+
+def test_backward_records_the_loss_before_grad_scaler_scaling(recorder):
+    from ddpify.verify.harness import capture_backward
+
+    capture_backward(recorder)
+    weight = torch.ones(3, requires_grad=True)
+    loss = (weight * 2).sum()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(loss).backward()
+    assert recorder.last_backward is loss
+    assert weight.grad.tolist() == [2048.0] * 3
+
+
+def test_dropout_is_the_identity_and_is_flagged(recorder):
+    from ddpify.verify.harness import disable_dropout
+
+    disable_dropout(recorder)
+    x = torch.ones(4, 4)
+    assert torch.equal(torch.nn.Dropout(0.5)(x), x)
+    assert "dropout" in recorder.flags
+
+
+def test_sum_reduction_is_flagged_only_while_autograd_records(recorder):
+    from ddpify.verify.harness import watch_sum_reduction
+
+    watch_sum_reduction(recorder)
+    x, y = torch.ones(3), torch.zeros(3)
+    with torch.no_grad():
+        torch.nn.MSELoss(reduction="sum")(x, y)
+    assert "sum_reduction" not in recorder.flags
+    torch.nn.MSELoss(reduction="sum")(x, y)
+    assert recorder.flags["sum_reduction"] == "mse_loss(reduction='sum')"
+
+
+def test_plain_batchnorm_in_training_mode_is_flagged(recorder):
+    from ddpify.verify.harness import watch_plain_batchnorm
+
+    watch_plain_batchnorm(recorder)
+    norm = torch.nn.BatchNorm1d(2).eval()
+    norm(torch.randn(4, 2))
+    assert "plain_batchnorm" not in recorder.flags
+    norm.train()(torch.randn(4, 2))
+    assert recorder.flags["plain_batchnorm"] == "BatchNorm1d"

@@ -99,7 +99,7 @@ def _all_flags(records: list[Record]) -> dict[str, str]:
 def preconditions(plan: Plan, flags: dict[str, str]) -> list[str]:
     """Conditions under which the candidate cannot train like the reference."""
     found = []
-    if plan.aligns_reference() and "sum_reduction" in flags:
+    if plan.averages_across_ranks() and "sum_reduction" in flags:
         found.append(f"the loss uses {flags['sum_reduction']}: DDP averages gradients over {plan.nproc} ranks, "
                      f"so every update is {plan.nproc}x smaller than the single-process one "
                      f"(scale the loss or the learning rate by the world size, or use reduction='mean')")
@@ -111,7 +111,7 @@ def preconditions(plan: Plan, flags: dict[str, str]) -> list[str]:
 def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
     """The verdict, per-step rows, notes and preconditions, as a JSON-ready dict."""
     flags = _all_flags([reference, *ranks])
-    statistical = plan.aligns_reference() and "plain_batchnorm" in flags
+    statistical = plan.averages_across_ranks() and "plain_batchnorm" in flags
     notes = list(dict.fromkeys(note for record in (reference, *ranks) for note in record.notes))
     if "dropout" in flags:
         notes.append(flags["dropout"])

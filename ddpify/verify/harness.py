@@ -91,8 +91,13 @@ class Recorder:
 
 
 def make_deterministic() -> None:
-    """Same seeds, deterministic kernels, no TF32, one thread."""
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    """Same seeds, deterministic kernels, no TF32, one thread.
+
+    Sets the flag behind torch.use_deterministic_algorithms(True, warn_only=True) directly:
+    the public call also imports torch._inductor.config, which costs more CPU than the rest
+    of verify's start-up (and only matters to torch.compile).
+    """
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -1,7 +1,8 @@
 """Start the reference and the candidate ranks, wait for them, and judge the pair.
 
-`python -m ddpify.verify.launcher PLAN_JSON`, started by the command in a process
-group of its own. torch is imported here once; the reference and every candidate
+`python -m ddpify.verify.launcher`, started by the command in a process group of its
+own as early as possible: it imports torch while the command converts the script, then
+reads the plan's path from stdin. torch is imported here once; the reference and every candidate
 rank are then os.fork()ed from this process (torch's thread pools have not started:
 no tensor math happens before the forks), each sets its torchrun-style environment
 and runs its script through the harness. With `launcher == "torchrun"` the candidate
@@ -21,7 +22,10 @@ import subprocess
 import sys
 import time
 
-import torch.distributed  # noqa: F401  (imported once here, shared by every forked run)
+# Imported once here and shared by every forked run: what DDP scripts load, and
+# torch._dynamo, which every optimizer's construction imports (seconds of CPU each).
+import torch._dynamo  # noqa: F401
+import torch.distributed  # noqa: F401
 import torch.nn.parallel  # noqa: F401
 
 from ddpify.verify import harness
@@ -158,13 +162,15 @@ def shared_gpu_problem(plan: Plan) -> str | None:
     return None
 
 
-def main(plan_path: str) -> None:
+def main() -> None:
+    plan_path = sys.stdin.readline().strip()
+    if not plan_path:  # the command found no candidate to run
+        return
     plan = Plan.load(plan_path)
     problem = shared_gpu_problem(plan) if plan.device == "cuda" else None
     if problem:
         result = error_result(problem)
     else:
-        harness.make_deterministic()  # its one-off import of torch._inductor.config, paid once before forking
         deadline = time.time() + plan.timeout
         os.environ[harness.DEADLINE_ENV] = repr(deadline)
         wait_for(start_runs(plan, plan_path), deadline)
@@ -175,4 +181,4 @@ def main(plan_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

@@ -53,7 +53,11 @@ class Plan:
         return self.reference if role == REFERENCE else self.candidate
 
     def aligns_reference(self) -> bool:
-        """Only a multi-rank DDP candidate needs the reference's batches re-cut to match it."""
+        """A DDP candidate draws its batches from DistributedSampler, so the reference's are re-cut to match."""
+        return self.target == "ddp"
+
+    def averages_across_ranks(self) -> bool:
+        """Gradients averaged over several ranks: where sum losses and plain BatchNorm stop matching."""
         return self.target == "ddp" and self.nproc > 1
 
     def file(self, kind: str, role: str, rank: int) -> str:

@@ -1,8 +1,9 @@
 """Run one verify pair from the command's side: workspace, candidate, launcher, cleanup.
 
-The launcher runs in a new session (its own process group); whatever way it ends,
-the whole group is killed afterwards, so no rank or DataLoader worker outlives
-verify. No torch import here: the launcher pays for it once.
+The launcher starts first, so that its torch import overlaps the conversion, and
+runs in a new session (its own process group); whatever way it ends, the whole group
+is killed afterwards, so no rank or DataLoader worker outlives verify. No torch
+import here: the launcher pays for it once.
 """
 
 from __future__ import annotations
@@ -100,30 +101,34 @@ def launcher_environment(device: str) -> dict[str, str]:
     return env
 
 
+def start_launcher(workspace: str, device: str) -> subprocess.Popen:
+    """Start the launcher in its own session; it imports torch, then waits for a plan on stdin."""
+    with open(os.path.join(workspace, "launcher.txt"), "w") as log:
+        return subprocess.Popen([sys.executable, "-m", "ddpify.verify.launcher"], stdin=subprocess.PIPE,
+                                stdout=log, stderr=subprocess.STDOUT, cwd=workspace, text=True,
+                                env=launcher_environment(device), start_new_session=True)
+
+
 def kill_group(process: subprocess.Popen) -> None:
     """SIGKILL every process left in the launcher's group, then reap the launcher."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    process.stdin.close()
     process.wait()
 
 
-def run_launcher(plan: Plan) -> dict:
-    """Run the launcher on `plan` within the timeout (plus slack) and read its verdict."""
-    log_path = os.path.join(plan.outdir, "launcher.txt")
-    with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "ddpify.verify.launcher", plan.save()],
-                                   stdout=log, stderr=subprocess.STDOUT, cwd=plan.outdir,
-                                   env=launcher_environment(plan.device), start_new_session=True)
+def run_plan(launcher: subprocess.Popen, plan: Plan) -> dict:
+    """Hand `plan` to the launcher, wait within the timeout (plus slack), and read its verdict."""
+    launcher.stdin.write(plan.save() + "\n")
+    launcher.stdin.close()
     try:
-        process.wait(timeout=plan.timeout + LAUNCHER_SLACK_S)
+        launcher.wait(timeout=plan.timeout + LAUNCHER_SLACK_S)
     except subprocess.TimeoutExpired:
         return error_result(f"the launcher did not finish within {plan.timeout + LAUNCHER_SLACK_S:g} s")
-    finally:
-        kill_group(process)
     if not os.path.exists(plan.result_path):
-        return error_result(f"the launcher failed: {last_line(log_path)}")
+        return error_result(f"the launcher failed: {last_line(os.path.join(plan.outdir, 'launcher.txt'))}")
     with open(plan.result_path) as f:
         return json.load(f)
 
@@ -134,15 +139,18 @@ def verify(request: Request) -> dict:
     The workspace is removed afterwards, unless the pair could not run: then its logs are kept.
     """
     workspace = tempfile.mkdtemp(prefix="ddpify-verify-")
+    launcher = start_launcher(workspace, request.device)
     notes: list[str] = []
     try:
         if request.against:
             candidate = request.against
         else:
             candidate, notes = convert_into(request, workspace)
-        result = run_launcher(make_plan(request, candidate, workspace))
+        result = run_plan(launcher, make_plan(request, candidate, workspace))
     except CandidateUnavailable as error:
         result = error_result(str(error))
+    finally:
+        kill_group(launcher)
     result["notes"] = notes + result["notes"]
     if result["verdict"] == "error":
         result["notes"].append(f"logs kept in {workspace}")
