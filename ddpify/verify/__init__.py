@@ -2,8 +2,9 @@
 
 Modules, from the command line down to the training process:
 
-- runner: prepares a workspace, converts the script if needed, starts the launcher in
-  its own process group and always kills that group at the end;
+- runner: starts the launcher in its own process group (its torch import overlaps the
+  conversion), converts the script if needed, hands the launcher the plan, and always
+  kills that group at the end;
 - launcher: imports torch once, forks the reference run and the candidate ranks
   (or starts the candidate under real torchrun), watches for failures and hangs,
   then compares the records;

@@ -152,9 +152,7 @@ def result_of(plan: Plan) -> dict:
 
 def shared_gpu_problem(plan: Plan) -> str | None:
     """For --device cuda: a reason to stop, after choosing nccl (one GPU per rank) or gloo on one shared GPU."""
-    import torch
-
-    count = torch.cuda.device_count()  # NVML-based (set by the command), so forking stays safe
+    count = torch.cuda.device_count()  # counted through NVML: CUDA stays uninitialized for the forks
     if not count:
         return "--device cuda needs CUDA, and torch sees no GPU here"
     if count < plan.nproc:

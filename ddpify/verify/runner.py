@@ -57,6 +57,9 @@ def convert_into(request: Request, workspace: str) -> tuple[str, list[str]]:
         conversion = convert_source(source, request.target, path=request.script, batch_size=request.batch_mode)
     except Exception as error:  # the converter's own failure is verify's "could not run"
         raise CandidateUnavailable(f"conversion failed: {type(error).__name__}: {error}") from error
+    if conversion.output == source:
+        raise CandidateUnavailable("the converter left the script unchanged"
+                                   + (f" ({conversion.note})" if conversion.note else ""))
     path = os.path.join(workspace, f"{Path(request.script).stem}_{request.target}.py")
     Path(path).write_text(conversion.output)
     return path, [f"converter advice, line {advice.line}: {advice.message}" for advice in conversion.warnings]
