@@ -169,8 +169,6 @@ def converter_available() -> bool:
 
 STATISTICAL_FIXTURES = {"batchnorm_cnn"}  # plain BatchNorm: each rank normalizes its own batch
 CONVERTER_BUGS = {
-    "notebook_style": "the converter wraps the model in DDP only under `if torch.cuda.is_available()`",
-    "eval_only_after_train": "the converter wraps the model in DDP only under `if use_cuda`",
     "step_based_iter": "the converter leaves a loader read with next(iter(...)) without a DistributedSampler",
 }
 

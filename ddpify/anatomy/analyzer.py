@@ -282,7 +282,10 @@ class Anatomy:
 
     def _binding(self, ref: Ref, used_at: ast.AST, depth: int = 0) -> ModelSite | None:
         """The assignment that gives `ref` its model, following function parameters to callers."""
-        assigns = [s for s in self._assignments_to(ref) if s.lineno <= used_at.lineno or ref.name.startswith("self.")]
+        assigns = [
+            s for s in self._assignments_to(ref)
+            if (s.lineno <= used_at.lineno and self._same_or_outer_block(s, used_at)) or ref.name.startswith("self.")
+        ]
         if assigns:
             stmt = assigns[-1] if not ref.name.startswith("self.") else assigns[0]
             origin = next(iter(self.origins(_assigned_value(stmt), ROLE_MODEL)), None)
@@ -297,6 +300,16 @@ class Anatomy:
                 if caller_ref is not None:
                     return self._binding(caller_ref, site.node, depth + 1)
         return None
+
+    def _same_or_outer_block(self, stmt: ast.stmt, node: ast.AST) -> bool:
+        """Is `stmt` in a block that `node` runs in too (not inside an `if` that `node` is outside)?"""
+        block = self.block_of(stmt)
+        cur: ast.AST | None = node
+        while cur is not None:
+            if cur in block:
+                return True
+            cur = self.parents.get(cur)
+        return False
 
     def _model_binding(self, ref: Ref, stmt: ast.stmt, origin: Site | None) -> ModelSite:
         value = _assigned_value(stmt)
