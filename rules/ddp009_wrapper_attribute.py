@@ -127,6 +127,16 @@ dist.init_process_group("gloo")
 """
 
 WrapperAttribute.VALID = (
+    # a method called from __init__ before the wrap still sees the plain network
+    _HEAD + """class Trainer:
+    def __init__(self):
+        self.model = Net()
+        self._restore()
+        self.model = DDP(self.model)
+
+    def _restore(self):
+        self.model.load_state_dict(torch.load("net.pt", map_location="cpu"))
+""",
     _HEAD + "model = DDP(Net())\nmodel.train()\nparams = list(model.parameters())\nz = model.module.encode(torch.ones(1, 4))\n",
     # before wrapping, `model` is the plain network
     _HEAD + "model = Net()\nz = model.encode(torch.ones(1, 4))\nmodel = DDP(model)\n",

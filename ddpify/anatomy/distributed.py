@@ -202,9 +202,16 @@ def reaching_values(a: Anatomy, expr: ast.AST) -> list[ast.AST]:
         index = fn.params.index(ref.name)
         return [arg for call in callers(a, use_scope) if (arg := argument(call, index, ref.name)) is not None]
     if ref.scope != use_scope:
-        others = [v for s, v in entries if a.scope_of.get(s, MODULE_SCOPE) != use_scope]
+        others = [v for s, v in entries if a.scope_of.get(s, MODULE_SCOPE) != use_scope and not _only_called_before(a, use_scope, s)]
         return others or [v for _, v in same_scope]
     return []
+
+
+def _only_called_before(a: Anatomy, scope: str, stmt: ast.stmt) -> bool:
+    """Is function `scope` called only from `stmt`'s function, before `stmt` (so `stmt` can't reach it)?"""
+    calls = callers(a, scope)
+    stmt_scope = a.scope_of.get(stmt, MODULE_SCOPE)
+    return bool(calls) and all(a.scope_of.get(c) == stmt_scope and c.lineno < stmt.lineno for c in calls)
 
 
 @_cached
