@@ -298,8 +298,6 @@ class TestWrap:
         result = assert_codemod([WrapModel], code, code)
         assert any("wrap it in DistributedDataParallel by hand" in m for m in messages(result))
 
-    @pytest.mark.xfail(strict=True, reason="BUG: the wrap goes inside `if torch.cuda.is_available():` (after `model = model.cuda()`), "
-                                           "so on CPU (gloo) the model is never wrapped and the ranks train apart")
     def test_wrap_after_a_conditional_move_is_outside_the_condition(self):
         assert_codemod(
             [WrapModel],
@@ -540,8 +538,6 @@ class TestSamplers:
         )
         assert any("batch_size // WORLD_SIZE" in c.message for c in result.changes)
 
-    @pytest.mark.xfail(strict=True, reason="BUG: an epoch loop written as `while epoch < N:` gets a sharded, shuffled sampler "
-                                           "but neither set_epoch nor advice: every epoch replays the same order")
     def test_an_epoch_while_loop_gets_set_epoch_or_advice(self):
         result = run_pipeline(
             loader_script(
@@ -553,8 +549,6 @@ class TestSamplers:
         assert "sampler=DistributedSampler(ds, shuffle=True)" in result.output
         assert "set_epoch(" in result.output or any("set_epoch" in m for m in messages(result))
 
-    @pytest.mark.xfail(strict=True, reason="BUG: a helper that builds both the training and the evaluation loader gets a "
-                                           "DistributedSampler for both, silently: each rank evaluates half the set")
     def test_a_helper_shared_by_train_and_eval_loaders_is_not_silently_sharded_for_eval(self):
         result = run_pipeline(
             loader_script(
@@ -715,8 +709,6 @@ class TestRankZero:
             """,
         )
 
-    @pytest.mark.xfail(strict=True, reason="BUG: when `f` is also bound by `f = open(...)` in the scope, the `f.write` inside "
-                                           "an already guarded `with open(...) as f:` gets a second, nested `if RANK == 0:`")
     def test_a_with_block_and_an_assigned_file_of_the_same_name_are_guarded_once(self):
         assert_codemod(
             [RankZeroDuties],

@@ -29,7 +29,7 @@ class RankZeroDuties(Transform):
         saves = []
         for call in self.anatomy.calls:
             kind = self._rank_zero_kind(call)
-            if kind and self._guard(call, kind) and kind == "torch.save":
+            if kind and self._guard_call(call, kind) and kind == "torch.save":
                 saves.append(call)
             elif call.qualname in _TQDM:
                 self._disable_on_other_ranks(call)
@@ -39,8 +39,7 @@ class RankZeroDuties(Transform):
                 self._map_to_rank_device(call)
         for stmt in ast.walk(self.anatomy.tree):
             if isinstance(stmt, (ast.With, ast.AsyncWith)) and any(_opens_for_writing(self.anatomy, i.context_expr) for i in stmt.items):
-                self.guard_statement(stmt, IS_RANK_ZERO)
-                self.changed(stmt.lineno, "file written on rank 0 only")
+                self._guard(stmt, "file written")
             elif isinstance(stmt, ast.Assign) and _opens_for_writing(self.anatomy, stmt.value):
                 self._guard_file_handle(stmt)
         for save in saves:
@@ -67,13 +66,22 @@ class RankZeroDuties(Transform):
             return "print"
         return None
 
-    def _guard(self, call: CallSite, kind: str) -> bool:
+    def _guard_call(self, call: CallSite, kind: str) -> bool:
         stmt = call.stmt
         if not (isinstance(stmt, ast.Expr) and stmt.value is call.node):
             return False
+        return self._guard(stmt, kind)
+
+    def _guard(self, stmt: ast.stmt, kind: str) -> bool:
+        """Put a statement under `if RANK == 0:` unless it already sits inside one this pass adds."""
+        if any(self._guarded_here(outer) for outer in self.anatomy.enclosing(stmt, ast.stmt)):
+            return True
         self.guard_statement(stmt, IS_RANK_ZERO)
-        self.changed(call.line, f"{kind} on rank 0 only")
+        self.changed(stmt.lineno, f"{kind} on rank 0 only")
         return True
+
+    def _guarded_here(self, stmt: ast.stmt) -> bool:
+        return isinstance(stmt, (ast.With, ast.AsyncWith)) and any(_opens_for_writing(self.anatomy, i.context_expr) for i in stmt.items)
 
     def _disable_on_other_ranks(self, call: CallSite) -> None:
         self.rewrite_node(call.node, cst.Call, _with_disable)
@@ -101,13 +109,11 @@ class RankZeroDuties(Transform):
         if handle is None:
             self.advise(assign.lineno, "file opened for writing on every rank; write it on rank 0 only by hand")
             return
-        self.guard_statement(assign, IS_RANK_ZERO)
+        self._guard(assign, "file opened")
         for call in self.anatomy.calls:
             func = call.node.func  # type: ignore[attr-defined]
-            uses_handle = isinstance(func, ast.Attribute) and self.anatomy.ref(func.value) == handle
-            if uses_handle and isinstance(call.stmt, ast.Expr) and call.stmt.value is call.node:
-                self.guard_statement(call.stmt, IS_RANK_ZERO)
-        self.changed(assign.lineno, "file opened, written and closed on rank 0 only")
+            if isinstance(func, ast.Attribute) and self.anatomy.ref(func.value) == handle:
+                self._guard_call(call, "file written")
 
     def _barrier_before_reads(self, save: CallSite) -> None:
         """Other ranks wait for rank 0's file when the same function reads a checkpoint later."""

@@ -30,8 +30,10 @@ class DistributedSamplers(Transform):
         sharded = [ld for ld in self.anatomy.train_loaders if self._shard(ld)]
         if sharded:
             self.add_import("torch.utils.data", "DistributedSampler")
-        for loop in self.anatomy.epoch_loops:
-            self._set_epoch(loop, sharded)
+        with_set_epoch = {ld for loop in self.anatomy.epoch_loops for ld in self._set_epoch(loop, sharded)}
+        for loader in sharded:
+            if loader not in with_set_epoch:
+                self.advise(loader.line, "found no `for epoch in ...` loop around this loader: call <loader>.sampler.set_epoch(epoch) at the start of every epoch by hand")
         iterated = {loop.loader for loop in self.anatomy.step_loops}
         for loader in self.anatomy.loaders:
             if loader not in iterated:
@@ -42,6 +44,9 @@ class DistributedSamplers(Transform):
     # ----- the loader call ---------------------------------------------------------------------
     def _shard(self, loader: LoaderSite) -> bool:
         call = loader.call
+        if self._also_evaluates(loader):
+            self.advise(loader.line, "this DataLoader call builds training and evaluation loaders alike; shard only the training one (DistributedSampler) by hand")
+            return False
         keywords = {kw.arg: kw.value for kw in call.keywords if kw.arg}
         if "sampler" in keywords or "batch_sampler" in keywords:
             self.advise(loader.line, "training loader has its own sampler; shard it across ranks by hand")
@@ -50,7 +55,8 @@ class DistributedSamplers(Transform):
         if dataset is None:
             self.advise(loader.line, "can't tell the training loader's dataset; add a DistributedSampler by hand")
             return False
-        sampler = f"DistributedSampler({self._dataset_code(dataset)}{self._sampler_options(keywords)})"
+        splats = [kw.value for kw in call.keywords if kw.arg is None]
+        sampler = f"DistributedSampler({self._dataset_code(dataset)}{self._sampler_options(keywords, splats)})"
         self.rewrite_node(call, cst.Call, lambda node: self._with_sampler(node, sampler))
         self.rewrite_statement(loader.stmt, self._with_batch_note)
         self.changed(loader.line, "training loader sharded with DistributedSampler (its shuffle moved into the sampler)")
@@ -58,14 +64,23 @@ class DistributedSamplers(Transform):
             self.changed(loader.line, f"batch_size -> batch_size // {WORLD_SIZE} (the global batch stays as in the original)")
         return True
 
+    def _also_evaluates(self, loader: LoaderSite) -> bool:
+        """Does this DataLoader call also build loaders that are only evaluated (loops, comprehensions)?"""
+        if any(not loop.trains and loop.loader is loader for loop in self.anatomy.step_loops):
+            return True
+        return any(
+            isinstance(node, ast.comprehension) and loader in self.anatomy.origins(node.iter, ROLE_LOADER)
+            for node in ast.walk(self.anatomy.tree)
+        )
+
     def _dataset_code(self, dataset: ast.AST) -> str:
         """The dataset expression to hand the sampler (built twice when it is not a plain name)."""
         if not isinstance(dataset, (ast.Name, ast.Attribute)):
             self.advise(dataset.lineno, "the dataset expression is built again for the sampler; bind it to a variable if that is costly")
         return ast.unparse(dataset)
 
-    def _sampler_options(self, keywords: dict[str, ast.AST]) -> str:
-        options = [f"shuffle={ast.unparse(keywords['shuffle'])}" if "shuffle" in keywords else "shuffle=False"]
+    def _sampler_options(self, keywords: dict[str, ast.AST], splats: list[ast.AST]) -> str:
+        options = [f"shuffle={self._shuffle_code(keywords, splats)}"]
         seed = _generator_seed(keywords.get("generator"))
         if seed is not None:
             options.append(f"seed={seed}")
@@ -73,14 +88,27 @@ class DistributedSamplers(Transform):
             options.append(f"drop_last={ast.unparse(keywords['drop_last'])}")
         return ", " + ", ".join(options)
 
+    def _shuffle_code(self, keywords: dict[str, ast.AST], splats: list[ast.AST]) -> str:
+        """The loader's shuffle; from a `**kwargs` dict it is popped, since a sampler excludes it."""
+        if "shuffle" in keywords:
+            return ast.unparse(keywords["shuffle"])
+        if len(splats) == 1 and isinstance(splats[0], (ast.Name, ast.Attribute)):
+            return f'{ast.unparse(splats[0])}.pop("shuffle", False)'
+        if splats:
+            self.advise(splats[0].lineno, "loader options come from several ** dicts; remove any shuffle from them (the sampler shuffles)")
+        return "False"
+
     def _with_sampler(self, node: cst.CSTNode, sampler: str) -> cst.CSTNode:
         """The call with `sampler=...` where `shuffle=` was (or appended), keeping its layout."""
         assert isinstance(node, cst.Call)
         new_arg = cst.Arg(keyword=cst.Name("sampler"), value=parse_expr(sampler), equal=_TIGHT_EQUAL)
         args = list(node.args)
         shuffle = next((i for i, a in enumerate(args) if a.keyword and a.keyword.value == "shuffle"), None)
+        splat = next((i for i, a in enumerate(args) if a.star == "**"), None)
         if shuffle is not None:
             args[shuffle] = new_arg.with_changes(comma=args[shuffle].comma)
+        elif splat is not None:  # before the ** dict, so its shuffle is popped before it is unpacked
+            args.insert(splat, new_arg.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))))
         else:
             last = args[-1]
             separator = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
@@ -96,13 +124,16 @@ class DistributedSamplers(Transform):
         return [stmt.with_changes(leading_lines=[*stmt.leading_lines, line])]  # type: ignore[attr-defined]
 
     # ----- set_epoch ---------------------------------------------------------------------------
-    def _set_epoch(self, loop: LoopSite, sharded: list[LoaderSite]) -> None:
+    def _set_epoch(self, loop: LoopSite, sharded: list[LoaderSite]) -> list[LoaderSite]:
+        """Insert set_epoch for each sharded loader trained on inside `loop`; return those handled."""
+        handled = []
         for loader in sharded:
             if not self._trains_inside(loop, loader):
                 continue
+            handled.append(loader)
             if loop.loop_var is None:
                 self.advise(loop.line, "epoch loop has no epoch variable; call <loader>.sampler.set_epoch(epoch) by hand")
-                return
+                continue
             call = f"{{}}.sampler.set_epoch({loop.loop_var})\n"
             built_inside = self._binding_inside(loop, loader)
             if built_inside is not None:
@@ -115,6 +146,7 @@ class DistributedSamplers(Transform):
                     continue
                 self.insert_at_body_start(loop.node, call.format(name))  # type: ignore[arg-type]
             self.changed(loop.line, f"{name}.sampler.set_epoch({loop.loop_var}) at the start of every epoch")
+        return handled
 
     def _trains_inside(self, loop: LoopSite, loader: LoaderSite) -> bool:
         steps = {s.node for s in self.anatomy.step_loops if s.trains and s.loader is loader}
