@@ -13,7 +13,9 @@ from ddpify.commands import EXIT_ERROR, EXIT_FOUND, EXIT_OK
 from ddpify.lint.config import Config, ConfigError, find_config, load_config, upper_all
 from ddpify.lint.docs import fix_availability, kinds_text, render_rule
 from ddpify.lint.engine import FileReport, Options, collect_files, lint_files
-from ddpify.lint.output import FORMATS, render
+from ddpify.lint.engine import NOTEBOOK_SUFFIX
+from ddpify.lint.output import FORMATS, render, text_parts
+from ddpify.lint import terminal
 from ddpify.lint.registry import all_rules, rule_by_code
 
 
@@ -34,9 +36,13 @@ def _codes(ctx: click.Context, param: click.Parameter, value: str | None) -> tup
 @click.option("--unsafe-fixes", is_flag=True, help="Apply unsafe fixes too (implies --fix unless --diff).")
 @click.option("--diff", is_flag=True, help="Print the diff of the fixes instead of writing them.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Worker processes [default: CPU count].")
+@click.option("--no-progress", is_flag=True, help="No progress bar (there is none anyway when piped, in CI or with NO_COLOR).")
 def lint_command(paths: Sequence[str], select, ignore, extend_select, config_path, output_format, fix,
-                 unsafe_fixes, diff, jobs) -> None:
-    """Find multi-GPU pitfalls in PyTorch scripts under PATHS (default: .; notebooks are skipped).
+                 unsafe_fixes, diff, jobs, no_progress) -> None:
+    """Find multi-GPU pitfalls in PyTorch scripts and notebooks under PATHS (default: .).
+
+    Notebooks are linted as their joined code cells and findings are located by cell; --fix and
+    --diff leave notebooks unchanged (not supported yet).
 
     Exit status: 0 nothing found, 1 findings (with --diff: fixes to apply), 2 a file or the config had errors.
     """
@@ -50,13 +56,19 @@ def lint_command(paths: Sequence[str], select, ignore, extend_select, config_pat
         raise SystemExit(EXIT_ERROR)
     files, errors = collect_files(paths, config)
     options = Options(config=config, fix=fix or unsafe_fixes, diff=diff, unsafe_fixes=unsafe_fixes)
-    reports = lint_files(files, options, jobs)
+    with terminal.progress_bar(len(files), "ddpify lint", terminal.use_progress(len(files), no_progress)) as advance:
+        reports = lint_files(files, options, jobs, progress=advance)
     errors += [e for r in reports for e in r.errors]
     diagnostics = [d for r in reports for d in r.diagnostics]
     if diff:
         click.echo("".join(r.diff for r in reports), nl=False)
+    elif output_format == "text" and diagnostics and terminal.use_colour():
+        for d in diagnostics:
+            terminal.echo_parts(text_parts(d) + [("\n", None)])
     else:
         click.echo(render(output_format, diagnostics, all_rules(), errors), nl=False)
+    for note in (n for r in reports for n in r.notes):
+        click.echo(f"ddpify: {note}", err=True)
     for error in errors:
         click.echo(error, err=True)
     if output_format == "text":
@@ -81,7 +93,8 @@ def _summary(reports: Sequence[FileReport], seconds: float, fixing: bool, diff: 
     scanned = sum(not r.skipped for r in reports)
     skipped = len(reports) - scanned
     by_code = Counter(d.code for r in reports for d in r.diagnostics)
-    safety = Counter(d.fix.safe for r in reports for d in r.diagnostics if d.fix is not None)
+    safety = Counter(d.fix.safe for r in reports for d in r.diagnostics
+                     if d.fix is not None and not r.path.endswith(NOTEBOOK_SUFFIX))  # notebooks: no fixes yet
     fixed = sum(r.fixes_applied for r in reports)
     parts = [f"{scanned} file{'s' * (scanned != 1)} scanned" + (f" ({skipped} without torch skipped)" if skipped else "")]
     total = sum(by_code.values())

@@ -6,9 +6,9 @@ from __future__ import annotations
 import difflib
 import os
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from ddpify.anatomy import Anatomy, Pos, ScriptKind, analyze
 from ddpify.lint.config import Config
@@ -30,6 +30,7 @@ from ddpify.sources import (
 MAX_FIX_ROUNDS = 10
 MIN_FILES_FOR_POOL = 8
 NOTEBOOK_SUFFIX = ".ipynb"
+NOTEBOOK_FIX_NOTE = "{path}: fixes are not supported for notebooks yet; findings reported, notebook left unchanged"
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,12 @@ class Diagnostic:
     pos: Pos
     fix: Fix | None
     source_line: str
+    # Notebooks only: `pos` is a line of the joined script (ddpify.notebooks.notebook_to_script);
+    # `location` is where a reader finds it ("cell 4:line 2"), `cell` the 1-based cell number and
+    # `cell_line` the 1-based line within that cell.
+    location: str | None = None
+    cell: int | None = None
+    cell_line: int | None = None
 
     @property
     def sort_key(self) -> tuple:
@@ -60,6 +67,7 @@ class FileReport:
     fixes_applied: int = 0
     diff: str = ""
     skipped: bool = False  # never mentions torch: not parsed
+    notes: list[str] = field(default_factory=list)  # one-line remarks for stderr (not errors)
 
 
 @dataclass(frozen=True)
@@ -172,6 +180,8 @@ def _apply(text: str, fixes: list[Fix], diagnostics: list[Diagnostic]) -> tuple[
 def lint_file(path: str, options: Options) -> FileReport:
     """Read, lint and (per options) fix one file; problems become `report.errors`, never exceptions."""
     report = FileReport(path)
+    if path.endswith(NOTEBOOK_SUFFIX):
+        return _lint_notebook(path, options, report)
     try:
         source = read_source(path)
         if not mentions_torch(source.text):
@@ -187,6 +197,38 @@ def lint_file(path: str, options: Options) -> FileReport:
     except Exception as e:  # a bug in the analysis must not stop the other files
         report.errors.append(f"{path}: internal error: {type(e).__name__}: {e}")
     return report
+
+
+def _lint_notebook(path: str, options: Options, report: FileReport) -> FileReport:
+    """Lint a notebook's joined code cells; findings are located by cell. Never writes (no fixes yet)."""
+    from ddpify.notebooks import lint_location, notebook_to_script
+
+    try:
+        try:
+            text, cell_map = notebook_to_script(path)
+        except OSError as e:
+            raise SourceError(path, f"cannot be read: {e.strerror or e}") from None
+        except Exception as e:  # nbformat: not JSON, not a notebook, unknown version...
+            raise SourceError(path, f"is not a readable notebook: {type(e).__name__}: {e}") from None
+        if not mentions_torch(text):
+            report.skipped = True
+            return report
+        if options.fix or options.diff:
+            report.notes.append(NOTEBOOK_FIX_NOTE.format(path=path))
+        rules = rule_set(options.config.enabled(all_rules(), path))
+        diagnostics, report.errors = check_text(text, path, rules)
+        report.diagnostics = [_in_cell(d, cell_map, lint_location) for d in diagnostics]
+    except SourceError as e:
+        report.errors.append(str(e))
+    except Exception as e:  # a bug in the analysis must not stop the other files
+        report.errors.append(f"{path}: internal error: {type(e).__name__}: {e}")
+    return report
+
+
+def _in_cell(d: Diagnostic, cell_map, lint_location) -> Diagnostic:
+    """`d` with its notebook location (the cell and the line in it) filled in."""
+    cell, line = cell_map.get(d.pos.line, (None, None))
+    return replace(d, location=lint_location(cell_map, d.pos.line), cell=None if cell is None else cell + 1, cell_line=line)
 
 
 def _fix_file(source: Source, rules: RuleSet, options: Options, report: FileReport) -> None:
@@ -213,25 +255,35 @@ def unified_diff(path: str, old: str, new: str) -> str:
 
 # ----- many files -------------------------------------------------------------------------------
 def collect_files(paths: Sequence[str], config: Config) -> tuple[list[str], list[str]]:
-    """Python files named by or found under `paths` (notebooks left out), and errors finding them."""
+    """Python files and notebooks named by or found under `paths`, and errors finding them."""
     files, errors = [], []
     for found in iter_python_files(paths, exclude=config.exclude):
         if isinstance(found, SourceError):
             errors.append(str(found))
-        elif found.suffix != NOTEBOOK_SUFFIX:
+        else:
             files.append(str(found))
     return files, errors
 
 
-def lint_files(files: Sequence[str], options: Options, jobs: int | None = None) -> list[FileReport]:
-    """Lint every file, in a process pool when there are enough of them; reports sorted by path."""
+def lint_files(files: Sequence[str], options: Options, jobs: int | None = None,
+               progress: Callable[[FileReport], None] | None = None) -> list[FileReport]:
+    """Lint every file, in a process pool when there are enough of them; reports sorted by path.
+
+    `progress`, when given, is called with each report as it is done (in the calling process).
+    """
     jobs = jobs or os.cpu_count() or 1
     work = partial(lint_file, options=options)
+    done = progress or (lambda report: None)
+    reports = []
     if jobs == 1 or len(files) < MIN_FILES_FOR_POOL:
-        reports = list(map(work, files))
+        for report in map(work, files):
+            reports.append(report)
+            done(report)
     else:
         all_rules()  # import the rules once, before the workers fork
         chunk = max(1, min(64, len(files) // (jobs * 4)))
         with ProcessPoolExecutor(max_workers=min(jobs, len(files))) as pool:
-            reports = list(pool.map(work, files, chunksize=chunk))
+            for report in pool.map(work, files, chunksize=chunk):
+                reports.append(report)
+                done(report)
     return sorted(reports, key=lambda r: r.path)

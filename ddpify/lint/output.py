@@ -2,6 +2,12 @@
 
 Positions are printed 1-based for lines and columns; an end column is the column just past the
 last character (exclusive), as in SARIF.
+
+Notebooks (.ipynb) are linted as the script of their joined code cells (ddpify.notebooks). Text
+output names a finding by cell, `nb.ipynb:cell 4:line 2: CODE message` (cells counted from 1,
+markdown included); JSON adds `"cell": 4` and gives `line`/`end_line` within that cell (plus
+`script_line`, the joined-script line). GitHub and SARIF have no notion of cells: they carry the
+joined-script line (the line in `notebook_to_script`'s text), and fix edits everywhere use it too.
 """
 
 from __future__ import annotations
@@ -37,14 +43,23 @@ def render(fmt: str, diagnostics: Sequence[Diagnostic], rules: Sequence[type[Rul
 
 # ----- text -------------------------------------------------------------------------------------
 def text_diagnostic(d: Diagnostic) -> str:
-    """`path:line:col: CODE message`, then the source line with a caret under the range."""
-    head = f"{d.path}:{d.pos.line}:{d.pos.col + 1}: {d.code} {d.message}"
-    gutter = str(d.pos.line)
+    """`path:line:col: CODE message` (notebooks: `path:cell N:line M: CODE message`), then the
+    source line with a caret under the range."""
+    return "".join(text for text, _ in text_parts(d))
+
+
+def text_parts(d: Diagnostic) -> list[tuple[str, str | None]]:
+    """The text of a diagnostic as (text, role) pieces; role names what a terminal may colour:
+    "path", "code", "severity-<level>" or None. Joined, the pieces are `text_diagnostic(d)`."""
+    where = d.location if d.location is not None else f"{d.pos.line}:{d.pos.col + 1}"
+    line = d.cell_line if d.cell_line is not None else d.pos.line
+    gutter = str(line)
     blank = " " * len(gutter)
     frame = f" {gutter} | {d.source_line}\n {blank} | {_caret(d)}"
     if d.fix is not None:
         frame += f"\n {blank} = fix ({'safe' if d.fix.safe else 'unsafe'}): {d.fix.description}"
-    return f"{head}\n{frame}\n"
+    return [(d.path, "path"), (f":{where}: ", None), (d.code, f"severity-{d.severity}"),
+            (f" {d.message}\n{frame}\n", None)]
 
 
 def _caret(d: Diagnostic) -> str:
@@ -56,9 +71,13 @@ def _caret(d: Diagnostic) -> str:
 
 # ----- json -------------------------------------------------------------------------------------
 def json_diagnostic(d: Diagnostic) -> dict:
+    where = _json_range(d.pos.line, d.pos.col, d.pos.end_line, d.pos.end_col)
+    if d.cell is not None:  # a notebook: lines within the cell, the joined-script line kept
+        shift = d.cell_line - d.pos.line
+        where = {"cell": d.cell, **where, "line": d.cell_line, "end_line": d.pos.end_line + shift, "script_line": d.pos.line}
     return {
         "path": d.path,
-        **_json_range(d.pos.line, d.pos.col, d.pos.end_line, d.pos.end_col),
+        **where,
         "code": d.code,
         "name": d.name,
         "message": d.message,
