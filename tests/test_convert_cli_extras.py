@@ -1,4 +1,4 @@
-"""`ddpify convert` on notebooks: DP rewrites cells in a new notebook, DDP writes a script."""
+"""`ddpify convert` beyond plain scripts: notebooks, and files that change while being converted."""
 
 import json
 import shutil
@@ -48,3 +48,22 @@ def test_check_reports_work_without_writing(tmp_path):
     result = CliRunner().invoke(cli, ["convert", str(nb), "--to", "dp", "--check"])
     assert result.exit_code == 1
     assert not (tmp_path / "nb_dp.ipynb").exists()
+
+
+def test_in_place_refuses_a_file_changed_while_it_was_converted(tmp_path, monkeypatch):
+    import ddpify.convert as convert_module
+
+    script = tmp_path / "train.py"
+    shutil.copy(NOTEBOOK.parent.parent / "basic_main.py", script)
+    real = convert_module.convert_source
+
+    def convert_then_edit(*args, **kwargs):
+        result = real(*args, **kwargs)
+        script.write_text(script.read_text() + "# edited meanwhile\n")
+        return result
+
+    monkeypatch.setattr(convert_module, "convert_source", convert_then_edit)
+    outcome = CliRunner().invoke(cli, ["convert", str(script), "--to", "ddp", "--in-place"])
+    assert outcome.exit_code == 2
+    assert "changed on disk" in outcome.output
+    assert script.read_text().endswith("# edited meanwhile\n")

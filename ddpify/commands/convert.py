@@ -10,7 +10,15 @@ from pathlib import Path
 import click
 
 from ddpify.commands import EXIT_ERROR, EXIT_FOUND, EXIT_OK
-from ddpify.sources import SourceError, check_syntax, iter_python_files, mentions_torch, read_source, write_atomic
+from ddpify.sources import (
+    SourceError,
+    check_syntax,
+    iter_python_files,
+    mentions_torch,
+    read_source,
+    unchanged_since_read,
+    write_atomic,
+)
 
 LAUNCH = {
     "ddp": "torchrun --standalone --nproc_per_node=<GPUS> {path}",
@@ -105,6 +113,8 @@ def _emit(item, source, result, target, mode, output, quiet) -> Outcome:
     if output == "-":
         click.echo(result.output, nl=False)
         return Outcome(would_change=True)
+    if mode == "in-place" and not unchanged_since_read(source):
+        return _fail(f"{item}: changed on disk while being converted; not overwritten (run again)")
     destination = _destination(item, target, mode, output)
     return _write(destination, lambda: source.encode(result.output), source.mode, quiet, LAUNCH[target].format(path=destination))
 
