@@ -87,6 +87,62 @@ def test_snapshot(script: Path):
     assert result.output == expected.read_text()
 
 
+REPORTS = EXPECTED_DIR / "reports.json"
+
+
+def report_lines(result) -> list[str]:
+    """What `ddpify convert` prints for a file: one line per change and per warning (original line numbers)."""
+    return [f"{c.line}: [{c.transform}] {c.message}" for c in result.changes] + [f"{a.line}: warning: {a.message}" for a in result.advice]
+
+
+def test_reports_snapshot():
+    """The changes and warnings reported for each fixture, with their line numbers (reports.json)."""
+    reports = {p.name: report_lines(convert(p)) for p in FIXTURES}
+    if os.environ.get("DDPIFY_UPDATE_SNAPSHOTS") == "1":
+        REPORTS.write_text(json.dumps(reports, indent=1) + "\n")
+    assert reports == json.loads(REPORTS.read_text())
+
+
+@pytest.mark.parametrize("script", FIXTURES, ids=IDS)
+def test_every_reported_line_points_at_its_statement(script: Path):
+    """A change's line is in the original statement it talks about (no drift from inserted lines)."""
+    lines = script.read_text().splitlines()
+    for change in convert(script).changes:
+        text = lines[change.line - 1]
+        if change.transform == "module":
+            assert change.message.split(" -> ")[0] in text, (change, text)
+        elif change.transform == "sampler" and "sharded" in change.message:
+            assert "DataLoader(" in text or "DL(" in text, (change, text)
+        elif change.transform == "sampler" and "set_epoch" in change.message:
+            assert text.lstrip().startswith("for "), (change, text)
+        elif change.transform == "rank0" and change.message == "print on rank 0 only":
+            assert "print(" in text or ".write(" in text, (change, text)
+        elif change.transform == "rank0" and change.message == "torch.save on rank 0 only":
+            assert "torch.save(" in text, (change, text)
+        elif change.transform == "device":
+            assert "cuda" in text or "set_device" in text or ".to(" in text, (change, text)
+
+
+ADVICE = {  # fixture: words the advice for what the codemod can't do safely must contain
+    "step_based_iter.py": "not iterated by a for loop",
+    "validation_accuracy.py": "evaluation loader left whole",
+    "two_loaders.py": "evaluation loader left whole",
+    "helper_functions.py": "evaluation loader left whole",
+    "eval_only_after_train.py": "evaluation loader left whole",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ADVICE))
+def test_advice_for_what_is_left_to_the_user(name: str):
+    assert any(ADVICE[name] in a.message for a in convert(BY_NAME[name]).advice)
+
+
+def test_step_based_loader_is_left_unsharded_not_guessed():
+    """step_based_iter reads its loader with next(iter(...)): no sampler is invented, the user is told."""
+    output = convert(BY_NAME["step_based_iter.py"]).output
+    assert "DistributedSampler(" not in output and "set_epoch" not in output
+
+
 @pytest.mark.parametrize("script", FIXTURES, ids=IDS)
 def test_snapshot_compiles_and_sets_up_the_process_group(script: Path):
     output = (EXPECTED_DIR / script.name).read_text()
@@ -459,6 +515,15 @@ class Runs:
             warnings.warn(f"{script.name}: a rank aborted in gloo teardown after destroy_process_group (torch, not ddpify)")
             returncode = 0
         return Run(cwd, returncode, stdout.get(0, ""), {r: o for r, o in stdout.items() if r}, report, probes)
+
+
+def test_only_the_known_gloo_teardown_abort_after_cleanup_counts_as_success():
+    done = {r: {"when": "destroy_process_group"} for r in range(NPROC)}
+    assert _upstream_teardown_abort(1, f"...\n{TEARDOWN_ABORT}\nFatal Python error: Aborted", done)
+    assert not _upstream_teardown_abort(0, TEARDOWN_ABORT, done)  # nothing to excuse
+    assert not _upstream_teardown_abort(1, "Traceback ... AttributeError", done)  # a real crash
+    assert not _upstream_teardown_abort(1, TEARDOWN_ABORT, {0: done[0]})  # a rank never got to cleanup
+    assert not _upstream_teardown_abort(1, TEARDOWN_ABORT, {**done, 1: {"when": "exit"}})
 
 
 @pytest.fixture(scope="module")
