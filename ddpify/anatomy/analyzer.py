@@ -44,7 +44,7 @@ _MODEL_KEEPING_METHODS = frozenset(
 )
 _ITER_WRAPPERS = frozenset({"enumerate", "iter", "zip", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm"})
 _TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm"})
-_WRITERS = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter"})
+_WRITERS = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter", "wandb.init"})
 _MODEL_FACTORIES = ("torchvision.models.", "timm.create_model", "transformers.")
 _NOT_MODELS = frozenset({"torch.nn.Parameter", "torch.nn.ParameterList", "torch.nn.ParameterDict", "torch.nn.Module"})
 DDP_WRAPPER = "torch.nn.parallel.DistributedDataParallel"

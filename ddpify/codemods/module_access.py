@@ -37,6 +37,11 @@ class ModuleAccess(Transform):
         for node in ast.walk(self.anatomy.tree):
             if self._needs_module(node, wrapped, wraps):
                 self._insert_module(node)  # type: ignore[arg-type]
+        for save in self.anatomy.calls_to("torch.save"):
+            whole = save.node.args[0] if save.node.args else None  # type: ignore[attr-defined]
+            if isinstance(whole, (ast.Name, ast.Attribute)) and self.anatomy.origins(whole, ROLE_MODEL) & wrapped and self._after_wrap(whole, wraps):
+                self.rewrite_node(whole, type(_cst_name(whole)), _module_of)
+                self.changed(save.line, f"torch.save({ast.unparse(whole)}) -> saves {ast.unparse(whole)}.module (the wrapper does not unpickle without a process group)")
 
     def _needs_module(self, node: ast.AST, wrapped: set, wraps: list[Site]) -> bool:
         if not isinstance(node, ast.Attribute) or node.attr in WRAPPER_PASSTHROUGH or node.attr.startswith("__"):
@@ -66,6 +71,14 @@ class ModuleAccess(Transform):
         target = node.value
         self.rewrite_node(node, cst.Attribute, _through_module)
         self.changed(node.lineno, f"{ast.unparse(target)}.{node.attr} -> {ast.unparse(target)}.module.{node.attr}")
+
+
+def _cst_name(expr: ast.AST) -> cst.CSTNode:
+    return cst.Name("x") if isinstance(expr, ast.Name) else cst.Attribute(cst.Name("x"), cst.Name("y"))
+
+
+def _module_of(node: cst.CSTNode) -> cst.CSTNode:
+    return cst.Attribute(value=node, attr=cst.Name("module"))  # type: ignore[arg-type]
 
 
 def _through_module(attr: cst.CSTNode) -> cst.CSTNode:

@@ -17,7 +17,7 @@ from ddpify.codemods.base import Transform, parse_expr
 from ddpify.codemods.ddp.runtime import IS_RANK_ZERO, RANK_DEVICE
 
 _TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm"})
-_WRITERS = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter"})
+_WRITERS = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter", "wandb.init"})
 _WRITE_MODES = frozenset("wax+")
 
 
@@ -33,7 +33,7 @@ class RankZeroDuties(Transform):
                 saves.append(call)
             elif call.qualname in _TQDM:
                 self._disable_on_other_ranks(call)
-            elif call.qualname in _WRITERS:
+            elif call.qualname in _WRITERS and isinstance(self.anatomy.parents.get(call.node), ast.Assign):
                 self._build_on_rank_zero(call)
             elif call.qualname == "torch.load":
                 self._map_to_rank_device(call)
@@ -42,6 +42,8 @@ class RankZeroDuties(Transform):
                 self._guard(stmt, "file written")
             elif isinstance(stmt, ast.Assign) and _opens_for_writing(self.anatomy, stmt.value):
                 self._guard_file_handle(stmt)
+            elif isinstance(stmt, ast.Expr) and any(_opens_for_writing(self.anatomy, n) for n in ast.walk(stmt)):
+                self._guard(stmt, "file written")
         for save in saves:
             self._barrier_before_reads(save)
 
@@ -61,7 +63,7 @@ class RankZeroDuties(Transform):
         if method in LOG_METHODS and self.anatomy.has_role(func.value, ROLE_LOGGER):
             return "logging"
         if self.anatomy.has_role(func.value, ROLE_WRITER):
-            return "tensorboard"
+            return "tensorboard/wandb"
         if method == "write" and self.anatomy.has_role(func.value, ROLE_PBAR):
             return "print"
         return None
@@ -88,13 +90,11 @@ class RankZeroDuties(Transform):
         self.changed(call.line, "progress bar shown on rank 0 only (disable=RANK != 0)")
 
     def _build_on_rank_zero(self, call: CallSite) -> None:
-        parent = self.anatomy.parents.get(call.node)
-        if not isinstance(parent, ast.Assign):
-            self.advise(call.line, "SummaryWriter used outside an assignment; create it on rank 0 only by hand")
-            return
+        """`writer = SummaryWriter(...)` / `run = wandb.init(...)`: None on other ranks (its calls are guarded)."""
         self.rewrite_node(call.node, cst.Call, lambda node: cst.IfExp(
             test=parse_expr(IS_RANK_ZERO), body=node, orelse=cst.Name("None")))  # type: ignore[arg-type]
-        self.changed(call.line, "SummaryWriter created on rank 0 only (None elsewhere; its calls are guarded)")
+        name = call.qualname.rsplit(".", 1)[-1]
+        self.changed(call.line, f"{name} created on rank 0 only (None elsewhere; its calls are guarded)")
 
     def _map_to_rank_device(self, call: CallSite) -> None:
         node: ast.Call = call.node  # type: ignore[assignment]

@@ -27,6 +27,7 @@ class DistributedSamplers(Transform):
     DESCRIPTION = "Shard training loaders with DistributedSampler and reshuffle every epoch."
 
     def plan(self) -> None:
+        self._names_taken: set[str] = set()
         sharded = [ld for ld in self.anatomy.train_loaders if self._shard(ld)]
         if sharded:
             self.add_import("torch.utils.data", "DistributedSampler")
@@ -74,10 +75,19 @@ class DistributedSamplers(Transform):
         )
 
     def _dataset_code(self, dataset: ast.AST) -> str:
-        """The dataset expression to hand the sampler (built twice when it is not a plain name)."""
-        if not isinstance(dataset, (ast.Name, ast.Attribute)):
-            self.advise(dataset.lineno, "the dataset expression is built again for the sampler; bind it to a variable if that is costly")
-        return ast.unparse(dataset)
+        """The dataset to hand the sampler: a dataset built inline is bound with `:=` so it is built once."""
+        if isinstance(dataset, (ast.Name, ast.Attribute)):
+            return ast.unparse(dataset)
+        name = self._fresh_name("train_dataset")
+        keyword = not isinstance(self.anatomy.parents.get(dataset), ast.Call) or dataset not in self.anatomy.parents[dataset].args  # type: ignore[attr-defined]
+        self.rewrite_node(dataset, _CST_TYPES.get(type(dataset), cst.Call), lambda node: _bind(node, name, keyword))
+        return name
+
+    def _fresh_name(self, base: str) -> str:
+        taken = {n.id for n in ast.walk(self.anatomy.tree) if isinstance(n, ast.Name)} | self._names_taken
+        name = next(f"{base}{i or ''}" for i in range(len(taken) + 1) if f"{base}{i or ''}" not in taken)
+        self._names_taken.add(name)
+        return name
 
     def _sampler_options(self, keywords: dict[str, ast.AST], splats: list[ast.AST]) -> str:
         options = [f"shuffle={self._shuffle_code(keywords, splats)}"]
@@ -171,6 +181,15 @@ class DistributedSamplers(Transform):
         mentioned = {self.anatomy.ref(n, scope) for n in ast.walk(loop.node) if isinstance(n, (ast.Name, ast.Attribute))}
         ranked = sorted(visible, key=lambda r: (r not in mentioned, r.scope != scope, r.name))
         return ranked[0].name if ranked else None
+
+
+_CST_TYPES = {ast.Call: cst.Call, ast.Subscript: cst.Subscript, ast.BinOp: cst.BinaryOperation, ast.ListComp: cst.ListComp}
+
+
+def _bind(node: cst.CSTNode, name: str, parenthesize: bool) -> cst.CSTNode:
+    """`name := <dataset expression>` (parenthesized where a keyword value needs it)."""
+    parens = {"lpar": [cst.LeftParen()], "rpar": [cst.RightParen()]} if parenthesize else {}
+    return cst.NamedExpr(target=cst.Name(name), value=node, **parens)  # type: ignore[arg-type]
 
 
 def _is_progress_bar(anatomy, ref) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import ModelSite
+from ddpify.anatomy import DP_WRAPPER, ModelSite
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import LOCAL_RANK
 
@@ -23,6 +23,8 @@ class WrapModel(Transform):
             self.advise(1, "found no model that an optimizer trains; wrap it in DistributedDataParallel by hand")
             return
         self.add_import("torch.nn.parallel", "DistributedDataParallel", "DDP")
+        for dp in self.anatomy.calls_to(DP_WRAPPER):
+            self.advise(dp.line, "nn.DataParallel is still here: under DDP each rank would spread over every visible GPU; remove it (convert the single-GPU script)")
         for model in models:
             self._wrap(model)
 
