@@ -19,7 +19,7 @@ def test_summary_of_a_real_conversion():
     assert "**rank0**" in md and "- line 30: print on rank 0 only" in md
     # changes are grouped: each transform heading appears once
     assert md.count("**sampler**") == 1 and md.count("**setup**") == 1
-    assert "### Warnings (2)" in md and "line 52:" in md
+    assert "### Warnings (1)" in md and "line 52:" in md
     diff = md.split("```diff\n", 1)[1].split("\n```", 1)[0]
     assert diff.startswith("--- a/helper_functions.py\n+++ b/helper_functions.py\n@@")
     assert "+" in diff and md.rstrip().endswith("```")

@@ -31,8 +31,8 @@ def setup_distributed():
 
 
 def cleanup_distributed():
-    """Leave the process group. Only NCCL needs it: gloo's teardown can abort at exit (torch 2.x)."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
+    """Leave the process group."""
+    if dist.is_initialized():
         dist.destroy_process_group()
 '''
 
