@@ -10,7 +10,21 @@ import click
 from ddpify import __version__, commands
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+SIGINT_EXIT = 130  # 128 + SIGINT, what shells report; 1 means "would change" under --check
+
+
+class _Cli(click.Group):
+    """The command group; Ctrl-C ends any command with exit status 130 instead of click's 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("\nInterrupted.", err=True)
+            ctx.exit(SIGINT_EXIT)
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ddpify")
 def cli() -> None:
     """Convert single-GPU PyTorch training scripts to multi-GPU ones, and lint multi-GPU scripts."""

@@ -1,40 +1,86 @@
-"""Convert a script's text to DDP or DataParallel: the one entry point for the CLI and verify."""
+"""Convert a script's text to DDP or DataParallel: the one entry point for the CLI and verify.
+
+The converted text is linted with ddpify's default rules: whatever they still find is a missing
+item, so a conversion that ends "converted" always lints clean.
+"""
 
 from __future__ import annotations
 
-from ddpify.anatomy import ScriptKind, analyze
-from ddpify.codemods.base import Options
+from ddpify.anatomy import Anatomy, ScriptKind, analyze
+from ddpify.anatomy.facts import NO_FACTS, ProjectFacts
+from ddpify.codemods.base import Missing, Options
 from ddpify.codemods.pipeline import ConversionResult, run_pipeline
 
-TARGETS = ("ddp", "dp")
+TARGETS = ("ddp", "dp", "fsdp")
 
 
-def convert_source(text: str, target: str, *, path: str = "<string>", batch_size: str = "per-gpu") -> ConversionResult:
-    """The converted text, the changes (original line numbers) and advice for the user."""
+def convert_source(text: str, target: str, *, path: str = "<string>", batch_size: str = "per-gpu",
+                   facts: ProjectFacts = NO_FACTS, library: bool = False, eval: str = "shard",
+                   log_loss: str = "reduced") -> ConversionResult:
+    """The converted text, the changes (original line numbers) and advice for the user.
+
+    `facts` is what the file's project says about it (ddpify.project); a `library` is a module the
+    entry script imports: it never joins the process group itself. `eval` (shard or whole) and
+    `log_loss` (reduced or rank0) choose how evaluation and training-loss prints are converted.
+    """
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
-    kind = analyze(text, path).kind
-    reason = _nothing_to_do(kind, target)
+    reason = _nothing_to_do(analyze(text, path, facts=facts), target, facts)
     if reason:
         return ConversionResult(source=text, output=text, note=reason)
-    return run_pipeline(text, path, _transforms(target), Options(batch_size=batch_size))
+    options = Options(batch_size=batch_size, eval=eval, log_loss=log_loss)
+    result = run_pipeline(text, path, _transforms(target, library), options, facts, owns_duties=not library)
+    result.missing = sorted([*result.missing, *lint_leftovers(result, path)], key=lambda m: m.line)
+    return result
 
 
-def _nothing_to_do(kind: ScriptKind, target: str) -> str:
-    if kind is ScriptKind.NOT_TORCH:
+def lint_leftovers(result: ConversionResult, path: str) -> list[Missing]:
+    """What ddpify's default lint rules still find in the output, unless a missing item already names that line."""
+    from ddpify.lint.engine import check_text, rule_set
+    from ddpify.lint.registry import all_rules
+
+    if not result.changed:
+        return []
+    findings, _ = check_text(result.output, path, rule_set(frozenset(r.code for r in all_rules() if r.default_enabled)))
+    named = {m.line for m in result.missing}
+    leftovers = []
+    for finding in findings:
+        line = result.original_line(finding.pos.line)
+        if line not in named:
+            named.add(line)
+            leftovers.append(Missing(line, f"ddpify lint still finds {finding.code} ({finding.name}): {finding.message}",
+                                     f"fix it by hand (`ddpify rule {finding.code}` explains how)"))
+    return leftovers
+
+
+def _nothing_to_do(anatomy: Anatomy, target: str, facts: ProjectFacts) -> str:
+    kind = anatomy.kind
+    if kind is ScriptKind.NOT_TORCH and not facts:  # a project module may handle torch objects without importing torch
         return "does not use torch"
+    if kind is ScriptKind.FRAMEWORK:
+        label, call = anatomy.framework  # type: ignore[misc]
+        return f"already distributed by {label} ({call.qualname} at line {call.line}); nothing to do"
+    if kind is ScriptKind.FRAMEWORK:
+        label, call = anatomy.framework  # type: ignore[misc]
+        return f"already distributed by {label} ({call.qualname} at line {call.line}); nothing to do"
     if kind.distributed:
         return "already distributed (DDP); nothing to do"
     if kind is ScriptKind.DATA_PARALLEL and target == "dp":
         return "already uses DataParallel; nothing to do"
+    if not anatomy.trains and not facts:
+        return "no training found (no optimizer, backward() or optimizer step); nothing to do"
     return ""
 
 
-def _transforms(target: str):
+def _transforms(target: str, library: bool):
     if target == "ddp":
-        from ddpify.codemods.ddp import DDP_TRANSFORMS
+        from ddpify.codemods.ddp import DDP_LIBRARY_TRANSFORMS, DDP_TRANSFORMS
 
-        return DDP_TRANSFORMS
+        return DDP_LIBRARY_TRANSFORMS if library else DDP_TRANSFORMS
+    if target == "fsdp":
+        from ddpify.codemods.fsdp import FSDP_LIBRARY_TRANSFORMS, FSDP_TRANSFORMS
+
+        return FSDP_LIBRARY_TRANSFORMS if library else FSDP_TRANSFORMS
     from ddpify.codemods.dp import DP_TRANSFORMS
 
     return DP_TRANSFORMS

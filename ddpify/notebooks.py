@@ -16,8 +16,10 @@ from __future__ import annotations
 import copy
 import os
 import re
+import warnings
 
 import nbformat
+from nbformat.warnings import MissingIDFieldWarning
 
 MARKER = "# %% [cell {index}]"
 _MARKER_RE = re.compile(r"^# %% \[cell (\d+)\]$")
@@ -43,8 +45,26 @@ class CellMap(dict):
 
 
 def read_notebook(path: str | os.PathLike):
-    """The notebook at `path`, upgraded to nbformat 4 (which every function here expects)."""
-    return nbformat.read(os.fspath(path), as_version=4)
+    """The notebook at `path`, upgraded to nbformat 4 (which every function here expects).
+
+    Cells without ids (written before nbformat 4.5) get ids the way Jupyter gives them, without
+    nbformat's multi-line warning about it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MissingIDFieldWarning)
+        return nbformat.read(os.fspath(path), as_version=4)
+
+
+def read_notebook_script(path: str | os.PathLike) -> tuple[str, "CellMap"]:
+    """`notebook_to_script` of the notebook at `path`; a file that is no readable notebook (not JSON,
+    not a notebook, an unknown version) raises a one-line SourceError naming it."""
+    from ddpify.sources import SourceError
+
+    try:
+        return notebook_to_script(path)
+    except OSError as e:
+        raise SourceError(path, f"cannot be read: {e.strerror or e}") from None
+    except Exception as e:  # nbformat: not JSON, not a notebook, unknown version...
+        raise SourceError(path, f"is not a readable notebook: {type(e).__name__}: {e}") from None
 
 
 def _source(cell) -> str:
@@ -134,13 +154,14 @@ def convert_notebook_dp(path, batch_size: str = "per-gpu"):
     return _rebuild(nb, result.output, cell_map)
 
 
-def convert_notebook(path, target: str = "dp", batch_size: str = "per-gpu"):
-    """(new notebook, ConversionResult, CellMap) for --to dp; results' lines are joined-script lines."""
+def convert_notebook(path, target: str = "dp", **options):
+    """(new notebook, ConversionResult, CellMap) for --to dp; results' lines are joined-script lines.
+    `options` are convert_source's (batch_size, eval, log_loss)."""
     from ddpify.convert import convert_source
 
     nb = read_notebook(path) if isinstance(path, (str, os.PathLike)) else path
     text, cell_map = notebook_to_script(nb)
-    result = convert_source(text, target, path=str(path), batch_size=batch_size)
+    result = convert_source(text, target, path=str(path), **options)
     return _rebuild(nb, result.output, cell_map), result, cell_map
 
 

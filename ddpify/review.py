@@ -5,11 +5,14 @@ from __future__ import annotations
 import difflib
 from collections import OrderedDict
 
+from ddpify.codemods.pipeline import Status
+
 # Why each transform exists, for a reviewer who has not read ddpify's docs.
 WHY = {
     "setup": "every process must join the process group and know its rank and GPU",
     "device": "each rank must use its own GPU, not all of them cuda:0",
     "wrap": "the model must be wrapped to run on every GPU (under DDP its gradients are then averaged)",
+    "split": "every rank must draw the same train/validation split",
     "sampler": "each rank must train on its own shard of the data, reshuffled every epoch",
     "rank0": "side effects (printing, logging, saving) must happen once, not once per GPU",
     "module": "attributes of the wrapped model now live under `.module`",
@@ -30,12 +33,12 @@ def markdown_summary(path, result, target: str | None = None, *, locate=None, wa
     """
     where = locate or (lambda line: f"line {line}")
     title = f"ddpify: `{path}`" + (f" → {target}" if target else "")
-    out = [f"## {title}", ""]
-    if result.note:
-        out += [f"Nothing to convert: {result.note}.", ""]
+    out = [f"## {title}", "", f"**Status: {result.status.value}**" + (f": {result.reason}" if result.status is not Status.CONVERTED else ""), ""]
+    if result.missing:
+        out += [f"### Missing ({len(result.missing)}): to do by hand before this conversion is complete", ""]
+        out += [f"- ❌ {where(m.line)}: {_inline(m.what)}; {_inline(m.todo)}" for m in result.missing]
+        out.append("")
     if not result.changed and not result.advice and not warnings:
-        if not result.note:
-            out += ["No changes needed.", ""]
         return "\n".join(out)
     groups: OrderedDict[str, list] = OrderedDict()
     for change in sorted(result.changes, key=lambda c: c.line):

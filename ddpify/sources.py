@@ -231,14 +231,19 @@ def write_atomic(path: str | os.PathLike, data: bytes, mode: int | None = None) 
     """Replace ``path`` with ``data`` atomically: readers (and crashes) see old or new, never half.
 
     Writes a temp file in the same directory, fsyncs it, gives it ``mode`` (default: the
-    existing file's permission bits, else the umask default) and renames it over the target.
-    A symlinked ``path`` is followed, so the link stays and its target is replaced.
+    existing file's permission bits, else the umask default) and the existing file's owner and
+    group (where this user may), and renames it over the target. A symlinked ``path`` is
+    followed, so the link stays and its target is replaced. Like black and ruff, which write into
+    the file itself, a file this user may not write to (read-only) is refused, not replaced.
     Raises ``SourceError`` if it can't; the original is then untouched and no temp file is left.
     """
     target = os.path.realpath(path)
     directory, name = os.path.split(target)
+    existing = _existing_stat(target)
+    if existing is not None and not os.access(target, os.W_OK):
+        raise SourceError(path, "cannot write: read-only file (permission denied); left unchanged")
     if mode is None:
-        mode = _existing_mode(target)
+        mode = stat.S_IMODE(existing.st_mode) if existing else _new_file_mode()
     try:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".ddpify-tmp")
     except OSError as e:
@@ -247,6 +252,8 @@ def write_atomic(path: str | os.PathLike, data: bytes, mode: int | None = None) 
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            if existing is not None:
+                _keep_owner(f.fileno(), existing)
             os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -258,14 +265,31 @@ def write_atomic(path: str | os.PathLike, data: bytes, mode: int | None = None) 
     _fsync_directory(directory)
 
 
-def _existing_mode(path: str) -> int:
-    """Permission bits of ``path``, or what a new file would get under the current umask."""
+def _existing_stat(path: str) -> os.stat_result | None:
     try:
-        return stat.S_IMODE(os.stat(path).st_mode)
+        return os.stat(path)
     except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+        return None
+
+
+def _new_file_mode() -> int:
+    """What a new file gets under the current umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _keep_owner(fd: int, existing: os.stat_result) -> None:
+    """Give the replacement the original's owner and group; only root may give away a file."""
+    if (existing.st_uid, existing.st_gid) == (os.geteuid(), os.getegid()):
+        return
+    try:
+        os.fchown(fd, existing.st_uid, existing.st_gid)
+    except PermissionError:
+        try:  # an ordinary user may still keep the group, if they belong to it
+            os.fchown(fd, -1, existing.st_gid)
+        except PermissionError:
+            pass
 
 
 def _remove_quietly(path: str) -> None:
@@ -315,6 +339,7 @@ def iter_python_files(
     paths: Iterable[str | os.PathLike],
     exclude: Sequence[str] = (),
     respect_gitignore: bool = True,
+    writing: bool = False,
 ) -> Iterator[Path | SourceError]:
     """Yield the Python files (``*.py``, ``*.ipynb``) named by or found under ``paths``.
 
@@ -323,7 +348,9 @@ def iter_python_files(
     the tree (if ``respect_gitignore``) or ``exclude`` patterns (gitignore syntax, relative
     to the walked root) match. Problems (missing path, unreadable directory, symlink loop)
     are yielded as ``SourceError`` so the caller can report them and go on. No file is
-    yielded twice and no directory is walked twice.
+    yielded twice and no directory is walked twice. When the caller is ``writing`` (``--in-place``,
+    ``--fix``), a symlink inside a walked directory that leads outside it is skipped, with a
+    ``SourceError`` saying so: ddpify writes only inside the paths it was given.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -341,7 +368,7 @@ def iter_python_files(
             if _first_time(os.path.realpath(given), seen_files):
                 yield Path(given)
             continue
-        yield from _walk(given, exclude_spec, respect_gitignore, seen_files, seen_dirs)
+        yield from _walk(given, exclude_spec, respect_gitignore, seen_files, seen_dirs, writing)
 
 
 def _first_time(key: str, seen: set[str]) -> bool:
@@ -357,6 +384,7 @@ def _walk(
     respect_gitignore: bool,
     seen_files: set[str],
     seen_dirs: set[str],
+    writing: bool,
 ) -> Iterator[Path | SourceError]:
     """Depth-first, sorted walk of one root directory."""
     root_real = os.path.realpath(root)
@@ -377,7 +405,7 @@ def _walk(
             ignores = _with_gitignore(current, entries, ignores)
         subdirs = []
         for entry in entries:
-            result = _classify(entry, current, ignores, root_real, seen_files, seen_dirs)
+            result = _classify(entry, current, ignores, root_real, seen_files, seen_dirs, writing)
             if isinstance(result, _Dir):
                 subdirs.append(result)
             elif result is not None:
@@ -405,6 +433,7 @@ def _classify(
     root_real: str,
     seen_files: set[str],
     seen_dirs: set[str],
+    writing: bool,
 ) -> _Dir | Path | SourceError | None:
     """What to do with one directory entry: a ``_Dir`` to walk, a file or error to yield, or None."""
     rel = f"{current.rel}/{entry.name}" if current.rel else entry.name
@@ -419,16 +448,20 @@ def _classify(
             return None
         return SourceError(entry.path, _describe_os_error(e))
     if is_dir:
-        return _subdir(entry, current, rel, ignores, root_real, seen_dirs)
+        return _subdir(entry, current, rel, ignores, root_real, seen_dirs, writing)
     if not entry.name.endswith(PYTHON_SUFFIXES) or _ignored(rel, ignores, is_dir=False):
         return None
-    if _first_time(os.path.realpath(entry.path), seen_files):
+    real = os.path.realpath(entry.path)
+    if writing and not _inside(real, root_real):
+        return _outside_link(entry.path, real)
+    if _first_time(real, seen_files):
         return Path(entry.path)
     return None
 
 
 def _subdir(
-    entry: os.DirEntry, current: _Dir, rel: str, ignores: _Ignores, root_real: str, seen_dirs: set[str]
+    entry: os.DirEntry, current: _Dir, rel: str, ignores: _Ignores, root_real: str, seen_dirs: set[str],
+    writing: bool,
 ) -> _Dir | SourceError | None:
     """A ``_Dir`` for a subdirectory worth walking, a ``SourceError`` for a loop, or None."""
     if _skipped_dir_name(entry.name) or _is_virtualenv(entry.path):
@@ -440,11 +473,22 @@ def _subdir(
     if entry.is_symlink():
         if real in ancestors:
             return SourceError(entry.path, f"symlink loop (points back to {real})")
-        if real == root_real or real.startswith(root_real + os.sep):
+        if _inside(real, root_real):
             return None  # inside this walk already: walked as the real directory
+        if writing:
+            return _outside_link(entry.path, real)
     if not _first_time(real, seen_dirs):
         return None
     return _Dir(entry.path, rel, real, ancestors, ignores)
+
+
+def _inside(real: str, root_real: str) -> bool:
+    return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
+
+
+def _outside_link(path: str, real: str) -> SourceError:
+    return SourceError(path, f"skipped: a symlink to {real}, outside the directory given; "
+                             "ddpify writes only inside the paths it is given (name the target to include it)")
 
 
 def _skipped_dir_name(name: str) -> bool:

@@ -10,6 +10,8 @@ import ast
 
 from ddpify.anatomy import Anatomy, Pos, ScriptKind
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
+from ddpify.anatomy.cache import per_anatomy
 from ddpify.lint import Edit, Fix
 
 DDP_KINDS = frozenset({ScriptKind.DDP, ScriptKind.SPAWN})
@@ -104,26 +106,25 @@ def rank_zero_test(a: Anatomy, node: ast.AST) -> tuple[str, bool] | None:
     the same variables (known to work); otherwise `dist.get_rank() == 0` (needs an initialised
     process group at that point, so not known to work). None when torch.distributed isn't spelled.
     """
-    scope = ddp.enclosing_function(a, node)
+    scope = syntax.enclosing_function(a, node)
     for guard in _rank_zero_guards(a):
-        if ddp.enclosing_function(a, guard) == scope and guard.lineno < node.lineno:  # type: ignore[attr-defined]
+        if syntax.enclosing_function(a, guard) == scope and guard.lineno < node.lineno:  # type: ignore[attr-defined]
             return ast.get_source_segment(a.text, guard.test) or "", True  # type: ignore[attr-defined]
     rank_variable = _global_rank_variable(a, scope, node.lineno)  # type: ignore[attr-defined]
     if rank_variable is not None:
         return f"{rank_variable} == 0", True
-    get_rank = ddp.spelling(a, "torch.distributed.get_rank")
+    get_rank = syntax.spelling(a, "torch.distributed.get_rank")
     return (f"{get_rank}() == 0", False) if get_rank else None
 
 
+@per_anatomy
 def _rank_zero_guards(a: Anatomy) -> list[ast.If]:
-    cache = a.__dict__.setdefault("_dist", {})
-    if "_rank_zero_guards" not in cache:
-        cache["_rank_zero_guards"] = [
-            n for n in ast.walk(a.tree)
-            if isinstance(n, ast.If) and not isinstance(n.test, ast.BoolOp) and ddp.is_rank_zero_test(a, n.test)
-            and "\n" not in (ast.get_source_segment(a.text, n.test) or "\n")
-        ]
-    return cache["_rank_zero_guards"]
+    """`if <rank-0 test>:` statements whose one-line test a fix can copy."""
+    return [
+        n for n in ast.walk(a.tree)
+        if isinstance(n, ast.If) and not isinstance(n.test, ast.BoolOp) and ddp.is_rank_zero_test(a, n.test)
+        and "\n" not in (ast.get_source_segment(a.text, n.test) or "\n")
+    ]
 
 
 def rank_zero_guard_fix(a: Anatomy, stmt: ast.stmt, may_be_safe: bool) -> Fix | None:
@@ -156,14 +157,14 @@ def _global_rank_variable(a: Anatomy, scope: str, line: int) -> str | None:
         if ref.scope != scope or "." in ref.name:
             continue
         for stmt, value in entries:
-            if stmt.lineno < line and ddp.enclosing_function(a, stmt) == scope and _is_global_rank(a, value):
+            if stmt.lineno < line and syntax.enclosing_function(a, stmt) == scope and _is_global_rank(a, value):
                 return ref.name
     return None
 
 
 def _is_global_rank(a: Anatomy, value: ast.AST) -> bool:
-    if isinstance(value, ast.Call) and ddp.identifier(value.func) == "int" and value.args:
+    if isinstance(value, ast.Call) and syntax.identifier(value.func) == "int" and value.args:
         value = value.args[0]
     if isinstance(value, ast.Call):
         return a.qualname(value.func) == "torch.distributed.get_rank"
-    return isinstance(value, ast.Subscript) and ddp.constant(value.slice, "RANK") and a.qualname(value.value) == "os.environ"
+    return isinstance(value, ast.Subscript) and syntax.constant(value.slice, "RANK") and a.qualname(value.value) == "os.environ"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS, insert_module
 
@@ -71,17 +72,17 @@ def _branch(a, node: ast.AST) -> tuple[ast.AST | None, bool]:
     guard = ddp.rank_guard(a, node)
     if guard is None:
         return None, False
-    in_else = any(child in guard.orelse for parent, child in ddp.ancestors(a, node) if parent is guard)
+    in_else = any(child in guard.orelse for parent, child in syntax.ancestors(a, node) if parent is guard)
     return guard, in_else
 
 
 def _has_complementary_partner(a, site) -> bool:
     """The same collective, in the same function, in a different rank branch (`zero_first` idiom)."""
-    scope, branch = ddp.enclosing_function(a, site.node), _branch(a, site.node)
+    scope, branch = syntax.enclosing_function(a, site.node), _branch(a, site.node)
     return any(
         other is not site
         and other.qualname == site.qualname
-        and ddp.enclosing_function(a, other.node) == scope
+        and syntax.enclosing_function(a, other.node) == scope
         and ddp.rank_guarded(a, other.node)
         and _branch(a, other.node) != branch
         for other in ddp.collectives(a)

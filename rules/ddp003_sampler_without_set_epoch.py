@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS, header_pos, insert_at_top_of_body
 
@@ -83,7 +84,7 @@ def _fix(a, epoch_loop, loader, sampler) -> Fix | None:
 def _visible_name(a, target: ast.AST | None, where: ast.AST) -> str | None:
     """The source text of `target` (`sampler`, `self.sampler`) if the loop `where` can read that
     variable at its top: same variable in the loop's scope, bound before the loop (not in it)."""
-    if target is None or any(parent is where for parent, _ in ddp.ancestors(a, target)):
+    if target is None or any(parent is where for parent, _ in syntax.ancestors(a, target)):
         return None
     ref, ref_there = a.ref(target), a.ref(target, a.scope_of.get(where))
     if ref is None or ref != ref_there:

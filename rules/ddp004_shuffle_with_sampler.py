@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS, remove_keyword
 
@@ -39,8 +40,8 @@ class ShuffleWithSampler(Rule):
     def check(self, anatomy):
         a = anatomy
         for loader in a.loaders:
-            shuffle = ddp.keyword(loader.call, "shuffle")
-            if shuffle is None or not ddp.constant(shuffle.value, True) or not ddp.has_sampler_argument(loader):
+            shuffle = syntax.keyword(loader.call, "shuffle")
+            if shuffle is None or not syntax.constant(shuffle.value, True) or not ddp.has_sampler_argument(loader):
                 continue
             edit = remove_keyword(a, loader.call, shuffle)
             yield Finding(a.pos(shuffle), fix=Fix((edit,), safe=True, description="drop `shuffle=True`"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS
 
@@ -46,7 +47,7 @@ class LoaderWithoutDistributedSampler(Rule):
         for loader in a.train_loaders:
             if ddp.has_sampler_argument(loader):
                 continue
-            dataset = ddp.argument(loader.call, 0, "dataset")
+            dataset = syntax.argument(loader.call, 0, "dataset")
             if dataset is not None and ddp.mentions_rank(a, dataset):
                 continue  # sharded by hand
             yield Finding(loader.pos)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
+from ddpify.anatomy.vocabulary import OPEN_CALLS, SAVE_CALLS, opens_for_writing
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS, per_rank_target, rank_zero_guard_fix
-
-_WRITE_MODES = ("w", "a", "x", "+")
-
 
 class SaveOnEveryRank(Rule):
     """## What it does
@@ -59,25 +58,22 @@ class SaveOnEveryRank(Rule):
 
 
 def _writes_file(a, site) -> bool:
-    if site.qualname in ddp.SAVE_CALLS or ddp.method_name(site.node) == "save_pretrained":
+    if site.qualname in SAVE_CALLS or syntax.method_name(site.node) == "save_pretrained":
         return True
-    if site.qualname == "open":
-        mode = ddp.argument(site.node, 1, "mode")
-        return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and any(m in mode.value for m in _WRITE_MODES)
-    return False
+    return opens_for_writing(a, site.node)
 
 
 def _path(a, site) -> ast.AST | None:
     """The file (or directory) argument: `torch.save(obj, f)`, `open(file)`, `np.save(file, arr)`, `.save_pretrained(dir)`."""
     if site.qualname == "torch.save":
-        return ddp.argument(site.node, 1, "f")
-    return ddp.argument(site.node, 0, "file") or ddp.argument(site.node, 0, "save_directory")
+        return syntax.argument(site.node, 1, "f")
+    return syntax.argument(site.node, 0, "file") or syntax.argument(site.node, 0, "save_directory")
 
 
 def _fix(a, site):
     stmt = site.stmt
     wraps_whole_write = (isinstance(stmt, ast.Expr) and stmt.value is site.node) or (
-        isinstance(stmt, ast.With) and site.qualname == "open"
+        isinstance(stmt, ast.With) and site.qualname in OPEN_CALLS
     )
     return rank_zero_guard_fix(a, stmt, may_be_safe=False) if wraps_whole_write else None
 

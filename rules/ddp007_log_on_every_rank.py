@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import LOG_METHODS, ROLE_LOGGER
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
+from ddpify.anatomy.vocabulary import INFO_LOG_METHODS, TQDM_CONSTRUCTORS, WRITER_CONSTRUCTORS
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS, call_arguments, per_rank_target, rank_zero_guard_fix
 
-_WRITERS = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter", "wandb.init"})
-_PROGRESS_BARS = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm"})
-_INFO_LEVELS = frozenset({"debug", "info", "log"})  # warnings and errors belong to every rank
 _LOGGING_SETUP = frozenset({"logging.basicConfig"})
 _LOGGER_SETUP_METHODS = frozenset({"setLevel", "addHandler"})
 # calls that may stay inside a print when the fix puts it under a rank test
@@ -79,24 +77,20 @@ def _output_kind(a, site, logging_silenced: bool) -> str | None:
     call = site.node
     if site.qualname == "print":
         return "print"
-    if site.qualname in _WRITERS:
+    if site.qualname in WRITER_CONSTRUCTORS:
         return site.qualname.rpartition(".")[2]
-    if site.qualname in _PROGRESS_BARS and ddp.keyword(call, "disable") is None:
+    if site.qualname in TQDM_CONSTRUCTORS and syntax.keyword(call, "disable") is None:
         return "progress bar"
     if logging_silenced:
         return None
-    method = ddp.method_name(call)
-    if method in _INFO_LEVELS and method in LOG_METHODS:
-        if site.qualname == f"logging.{method}" or a.has_role(call.func.value, ROLE_LOGGER):
-            return "log record"
-    return None
+    return "log record" if ddp.log_level(a, call) in INFO_LOG_METHODS else None
 
 
 def _logging_depends_on_rank(a) -> bool:
     """Logging configured per rank: a level that depends on the rank, or handlers set up on some
     ranks only (the others keep the default WARNING level and drop info records)."""
     return any(
-        (c.qualname in _LOGGING_SETUP or ddp.method_name(c.node) in _LOGGER_SETUP_METHODS)
+        (c.qualname in _LOGGING_SETUP or syntax.method_name(c.node) in _LOGGER_SETUP_METHODS)
         and (per_rank_target(a, *call_arguments(c.node)) or ddp.rank_guarded(a, c.node))
         for c in a.calls
     )
@@ -120,7 +114,7 @@ def _fix(a, site, what: str):
 
 def _only_harmless_calls(call: ast.Call) -> bool:
     inner = [n for arg in (*call.args, *(k.value for k in call.keywords)) for n in ast.walk(arg) if isinstance(n, ast.Call)]
-    return all(ddp.identifier(n.func) in _HARMLESS for n in inner)
+    return all(syntax.identifier(n.func) in _HARMLESS for n in inner)
 
 
 _HEAD = """import torch

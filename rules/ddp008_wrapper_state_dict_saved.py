@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS, insert_module
 
@@ -50,7 +51,7 @@ class WrapperStateDictSaved(Rule):
         safe = not _loads_into_wrapper(a)
         for site in a.calls:
             call: ast.Call = site.node  # type: ignore[assignment]
-            if ddp.method_name(call) != "state_dict" or not ddp.is_wrapper(a, call.func.value):  # type: ignore[attr-defined]
+            if syntax.method_name(call) != "state_dict" or not ddp.is_wrapper(a, call.func.value):  # type: ignore[attr-defined]
                 continue
             if _is_saved(a, call):
                 edit = insert_module(a, call.func.value)  # type: ignore[attr-defined]
@@ -59,14 +60,14 @@ class WrapperStateDictSaved(Rule):
 
 def _loads_into_wrapper(a) -> bool:
     return any(
-        ddp.method_name(c.node) == "load_state_dict" and ddp.is_wrapper(a, c.node.func.value)  # type: ignore[attr-defined]
+        syntax.method_name(c.node) == "load_state_dict" and ddp.is_wrapper(a, c.node.func.value)  # type: ignore[attr-defined]
         for c in a.calls
     )
 
 
 def _is_saved(a, call: ast.Call) -> bool:
     """Inside `torch.save(...)`, or put into a variable (or a dict in one) that is saved later."""
-    for parent, _ in ddp.ancestors(a, call):
+    for parent, _ in syntax.ancestors(a, call):
         if isinstance(parent, ast.Call) and a.qualname(parent.func) == "torch.save":
             return True
         if isinstance(parent, ast.stmt):
@@ -77,9 +78,9 @@ def _is_saved(a, call: ast.Call) -> bool:
 def _saved_later(a, stmt: ast.stmt) -> bool:
     targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
     names = {_base_name(t) for t in targets} - {None}
-    scope = ddp.enclosing_function(a, stmt)
+    scope = syntax.enclosing_function(a, stmt)
     return any(
-        ddp.enclosing_function(a, save.node) == scope
+        syntax.enclosing_function(a, save.node) == scope
         and save.line >= stmt.lineno
         and any(isinstance(n, ast.Name) and n.id in names for arg in save.node.args for n in ast.walk(arg))  # type: ignore[attr-defined]
         for save in a.calls_to("torch.save")

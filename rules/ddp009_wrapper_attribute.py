@@ -6,6 +6,8 @@ import ast
 
 from ddpify.anatomy import ROLE_MODEL
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
+from ddpify.anatomy.vocabulary import DDP_WRAPPER, wrapper_lacks
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS, insert_module
 
@@ -61,7 +63,7 @@ class WrapperAttribute(Rule):
                 continue
             if node.attr == "load_state_dict":
                 finding = _load_into_wrapper(a, node)
-            elif node.attr.startswith("_") or node.attr in ddp.WRAPPER_ATTRIBUTES:
+            elif not wrapper_lacks(DDP_WRAPPER, node.attr):
                 continue
             else:
                 finding = _missing_attribute(a, node)
@@ -100,7 +102,7 @@ def _comes_from_wrapper_state_dict(a, expr: ast.AST) -> bool:
         if isinstance(node, ast.Name):
             values += ddp.reaching_values(a, node)
     return any(
-        ddp.method_name(n) == "state_dict" and ddp.is_wrapper(a, n.func.value)  # type: ignore[attr-defined]
+        syntax.method_name(n) == "state_dict" and ddp.is_wrapper(a, n.func.value)  # type: ignore[attr-defined]
         for v in values for n in ast.walk(v)
     )
 

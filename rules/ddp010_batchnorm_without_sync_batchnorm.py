@@ -7,6 +7,7 @@ import re
 
 from ddpify.anatomy import ROLE_MODEL
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
 from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS
 
@@ -75,7 +76,7 @@ def _has_batchnorm(a, constructor: ast.Call) -> bool:
 
 
 def _fix(a, inner: ast.AST) -> Fix | None:
-    convert = ddp.spelling(a, ddp.SYNC_BATCHNORM_CONVERT)
+    convert = syntax.spelling(a, ddp.SYNC_BATCHNORM_CONVERT)
     text = ast.get_source_segment(a.text, inner)
     if convert is None or text is None:
         return None

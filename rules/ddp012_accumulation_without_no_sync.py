@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS
 
@@ -62,8 +63,8 @@ class AccumulationWithoutNoSync(Rule):
             if not loop.trains:
                 continue
             nodes = [n for stmt in loop.node.body for n in ast.walk(stmt)]
-            steps = [n for n in nodes if ddp.method_name(n) == "step" and a.is_training_call(n)]
-            for backward in (n for n in nodes if ddp.method_name(n) == "backward"):
+            steps = [n for n in nodes if syntax.method_name(n) == "step" and a.is_training_call(n)]
+            for backward in (n for n in nodes if syntax.method_name(n) == "backward"):
                 if any(_accumulation_guard(a, step, loop.node, backward) for step in steps):
                     yield Finding(a.pos(backward))
 
@@ -71,16 +72,16 @@ class AccumulationWithoutNoSync(Rule):
 def _accumulation_guard(a, step: ast.AST, loop: ast.AST, backward: ast.AST) -> bool:
     """Is `step` under an `if` inside the loop that looks like an accumulation test and that
     `backward` is not under?"""
-    for parent, child in ddp.ancestors(a, step):
+    for parent, child in syntax.ancestors(a, step):
         if parent is loop:
             return False
         if isinstance(parent, ast.If) and child is not parent.test and _looks_like_accumulation(parent.test):
-            return not any(p is parent for p, _ in ddp.ancestors(a, backward))
+            return not any(p is parent for p, _ in syntax.ancestors(a, backward))
     return False
 
 
 def _looks_like_accumulation(test: ast.AST) -> bool:
-    return ddp.contains(test, lambda n: (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)) or "accum" in (ddp.identifier(n) or ""))
+    return syntax.contains(test, lambda n: (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)) or "accum" in (syntax.identifier(n) or ""))
 
 
 _HEAD = """import torch

@@ -6,6 +6,8 @@ import ast
 
 from ddpify.anatomy import MODULE_SCOPE
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
+from ddpify.anatomy.evaluation import statements_after
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS
 
@@ -55,7 +57,7 @@ class UnreducedMetric(Rule):
         for loop in a.step_loops:
             if loop.trains or loop.loader is None or ddp.loader_sampler(a, loop.loader) is None:
                 continue
-            scope = ddp.enclosing_function(a, loop.node)
+            scope = syntax.enclosing_function(a, loop.node)
             if _reduces(a, scope):
                 continue
             accumulated = _first_used_accumulation(a, loop.node)
@@ -64,38 +66,29 @@ class UnreducedMetric(Rule):
                 yield Finding(a.pos(accumulated), f"`{name}` sums this rank's shard only (DistributedSampler); all_reduce it before using it")
 
 
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
 def _reduces(a, scope: str, seen: frozenset[str] = frozenset()) -> bool:
     """Does the function (or a function calling it) run a collective?"""
-    body = a.tree.body if scope == MODULE_SCOPE else a.functions[scope].node.body
+    body = [s for s in a.tree.body if not isinstance(s, _DEFINITIONS)] if scope == MODULE_SCOPE else a.functions[scope].node.body
     if ddp.calls_collective(a, body):
         return True
     return any(
-        (caller := ddp.enclosing_function(a, call)) not in seen and _reduces(a, caller, seen | {scope})
+        (caller := syntax.enclosing_function(a, call)) not in seen and _reduces(a, caller, seen | {scope})
         for call in ddp.callers(a, scope)
     )
 
 
 def _first_used_accumulation(a, loop: ast.For) -> ast.AugAssign | None:
     """The first `x += ...` in the loop whose variable is read after the loop."""
-    after = _statements_after(a, loop)
+    after = statements_after(a, loop)
     for node in ast.walk(loop):
         if isinstance(node, ast.AugAssign) and isinstance(node.target, (ast.Name, ast.Attribute)):
             target = ast.unparse(node.target)
             if any(ast.unparse(n) == target for stmt in after for n in ast.walk(stmt) if isinstance(n, (ast.Name, ast.Attribute))):
                 return node
     return None
-
-
-def _statements_after(a, stmt: ast.stmt) -> list[ast.stmt]:
-    """The statements that run after `stmt` in its function: later siblings at every nesting level."""
-    found: list[ast.stmt] = []
-    for parent, child in [(None, stmt), *ddp.ancestors(a, stmt)]:
-        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            break
-        if isinstance(child, ast.stmt):
-            block = a.block_of(child)
-            found += block[block.index(child) + 1 :] if child in block else []
-    return found
 
 
 _HEAD = """import torch
@@ -133,6 +126,13 @@ dist.all_reduce(stats)
     _HEAD + "full_loader = DataLoader(data, batch_size=4)\ncorrect = 0\nfor x, y in full_loader:\n"
     "    correct += (model(x).argmax(1) == y).sum().item()\nprint(correct / len(data))\n",
 )
+_SHARD_HEAD = _HEAD.replace(
+    "val_loader = DataLoader(data, sampler=DistributedSampler(data, shuffle=False))\n",
+    "\n\ndef shard(size):\n    return range(dist.get_rank(), size, dist.get_world_size())\n\n\nval_loader = DataLoader(data, sampler=shard(len(data)))\n",
+)
+
 UnreducedMetric.INVALID = (
     Invalid(_HEAD + _EVAL + "    return correct / total\n", line=15),
+    # a local function handing each rank its own indices shards the set too
+    Invalid(_SHARD_HEAD + _EVAL + "    return correct / total\n", line=21),
 )

@@ -6,6 +6,7 @@ import ast
 
 from ddpify.anatomy import MODULE_SCOPE
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS
 
@@ -59,7 +60,7 @@ class CudaVisibleDevicesAfterTorchImport(Rule):
         if first_import is None:
             return
         for node in ddp.env_writes(a, "CUDA_VISIBLE_DEVICES"):
-            in_function = ddp.enclosing_function(a, node) != MODULE_SCOPE
+            in_function = syntax.enclosing_function(a, node) != MODULE_SCOPE
             if in_function or node.lineno > first_import:  # type: ignore[attr-defined]
                 yield Finding(a.pos(a.stmt_of.get(node, node)))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
 from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS
 
@@ -56,13 +57,13 @@ class LocalRankArgument(Rule):
 
 def _defaults_to_environment(call: ast.Call) -> bool:
     """`default=int(os.environ.get("LOCAL_RANK", -1))`: works under torchrun too."""
-    default = ddp.keyword(call, "default")
-    return default is not None and ddp.contains(default.value, lambda n: ddp.constant(n, "LOCAL_RANK"))
+    default = syntax.keyword(call, "default")
+    return default is not None and syntax.contains(default.value, lambda n: syntax.constant(n, "LOCAL_RANK"))
 
 
 def _fix(a, call: ast.Call) -> Fix | None:
-    default = ddp.keyword(call, "default")
-    environ = ddp.spelling(a, "os.environ")
+    default = syntax.keyword(call, "default")
+    environ = syntax.spelling(a, "os.environ")
     if default is None or environ is None or not _is_int_literal(default.value):
         return None
     old = ast.get_source_segment(a.text, default.value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
 from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS
 
@@ -51,7 +52,7 @@ class GlooWithCuda(Rule):
         a = anatomy
         gloo = [
             (site, backend) for site, backend in ddp.backends(a)
-            if ddp.constant(backend, "gloo") and not _depends_on_cuda(a, site.node)
+            if syntax.constant(backend, "gloo") and not _depends_on_cuda(a, site.node)
         ]
         if not gloo or not _uses_cuda(a):
             return
@@ -72,9 +73,9 @@ def _depends_on_cuda(a, node: ast.AST) -> bool:
 def _uses_cuda(a) -> bool:
     for site in a.calls:
         call = site.node
-        if site.qualname in _CUDA_SETUP or ddp.method_name(call) == "cuda":
+        if site.qualname in _CUDA_SETUP or syntax.method_name(call) == "cuda":
             return True
-        places = ddp.method_name(call) == "to" or site.qualname == "torch.device"
+        places = syntax.method_name(call) == "to" or site.qualname == "torch.device"
         if places and any(_names_cuda(arg) for arg in call.args):  # type: ignore[attr-defined]
             return True
     return any(kw.arg == "device" and _names_cuda(kw.value) for c in a.calls for kw in c.node.keywords)  # type: ignore[attr-defined]

@@ -6,6 +6,8 @@ import ast
 
 from ddpify.anatomy import ROLE_MODEL
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
+from ddpify.anatomy.vocabulary import DEVICE_MOVES
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS
 
@@ -64,7 +66,7 @@ class ModelOnFixedDevice(Rule):
                 yield Finding(site.pos, _MESSAGES[placement])
         for site in ddp.wrap_calls(a):
             for name in ("device_ids", "output_device"):
-                kw = ddp.keyword(site.node, name)  # type: ignore[arg-type]
+                kw = syntax.keyword(site.node, name)  # type: ignore[arg-type]
                 if kw is not None and _has_int_literal(kw.value):
                     yield Finding(a.pos(kw), f"`{name}` names a fixed GPU: every rank uses the same device")
 
@@ -76,10 +78,10 @@ _MESSAGES = {
 
 
 def _model_placement(a, call: ast.Call) -> str | None:
-    method = ddp.method_name(call)
-    if method not in ("to", "cuda") or not a.has_role(call.func.value, ROLE_MODEL):  # type: ignore[attr-defined]
+    method = syntax.method_name(call)
+    if method not in DEVICE_MOVES or not a.has_role(call.func.value, ROLE_MODEL):  # type: ignore[attr-defined]
         return None
-    device = ddp.argument(call, 0, "device")
+    device = syntax.argument(call, 0, "device")
     if method == "cuda":
         return CURRENT if device is None else (FIXED if _has_int_literal(device) else None)
     return _device_kind(a, device, 0) if device is not None else None
@@ -93,7 +95,7 @@ def _device_kind(a, expr: ast.AST, depth: int) -> str | None:
         return _cuda_string_kind(expr.value)
     if isinstance(expr, ast.Call) and a.qualname(expr.func) == "torch.device" and expr.args:
         kind = _device_kind(a, expr.args[0], depth + 1)
-        index = ddp.argument(expr, 1, "index")
+        index = syntax.argument(expr, 1, "index")
         if kind == CURRENT and index is not None:
             return FIXED if _has_int_literal(index) else None
         return kind

@@ -6,6 +6,8 @@ import ast
 
 from ddpify.anatomy import ROLE_MODEL
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
+from ddpify.anatomy.vocabulary import is_optimizer_constructor
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS
 
@@ -57,9 +59,9 @@ class OptimizerNotOnWrappedModel(Rule):
         if not wrapped:
             return
         for site in a.calls:
-            if not (site.qualname.startswith("torch.optim.") and site.qualname.count(".") == 2):
+            if not is_optimizer_constructor(site.qualname):
                 continue
-            params = ddp.argument(site.node, 0, "params")  # type: ignore[arg-type]
+            params = syntax.argument(site.node, 0, "params")  # type: ignore[arg-type]
             for origins in _models_read(a, params) if params is not None else ():
                 if not origins & wrapped:
                     yield Finding(site.pos)

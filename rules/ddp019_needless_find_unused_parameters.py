@@ -5,10 +5,11 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
+from ddpify.anatomy.vocabulary import MODEL_CONTAINERS, is_builtin_layer
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.rules._ddp import DDP_KINDS, remove_keyword
 
-_CONTAINERS = frozenset({"torch.nn.ModuleList", "torch.nn.ModuleDict"})
 _BRANCHES = (ast.If, ast.IfExp, ast.Try, ast.While, ast.Break, ast.Match)
 
 
@@ -55,9 +56,9 @@ class NeedlessFindUnusedParameters(Rule):
         a = anatomy
         for site in ddp.wrap_calls(a):
             call: ast.Call = site.node  # type: ignore[assignment]
-            flag = ddp.keyword(call, "find_unused_parameters")
+            flag = syntax.keyword(call, "find_unused_parameters")
             inner = ddp.wrapped_module(call)
-            if flag is None or not ddp.constant(flag.value, True) or inner is None:
+            if flag is None or not syntax.constant(flag.value, True) or inner is None:
                 continue
             origins = ddp.model_origins(a, inner)
             if origins and all(_uses_every_parameter(a, o) for o in origins):
@@ -69,7 +70,7 @@ def _uses_every_parameter(a, constructor: ast.Call) -> bool:
     q = a.qualname(constructor.func) or ""
     mc = a.model_classes.get(q)
     if mc is None:
-        return q.startswith("torch.nn.") and q.count(".") == 2 and q not in _CONTAINERS
+        return is_builtin_layer(q) and q not in MODEL_CONTAINERS
     forward = mc.forward
     if forward is None:
         return False

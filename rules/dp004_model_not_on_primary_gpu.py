@@ -6,11 +6,12 @@ import ast
 
 from ddpify.anatomy import DP_WRAPPER, MODULE_SCOPE, Anatomy
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy import syntax
 from ddpify.anatomy.forward import gpu_index, gpu_of_moves, walk_body
+from ddpify.anatomy.vocabulary import DEVICE_MOVES
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._dp import DP_KINDS
 
-_MOVES = ("to", "cuda")
 
 
 class ModelNotOnPrimaryGpu(Rule):
@@ -52,9 +53,9 @@ class ModelNotOnPrimaryGpu(Rule):
         a = anatomy
         for wrap in a.calls_to(DP_WRAPPER):
             call: ast.Call = wrap.node  # type: ignore[assignment]
-            module = ddp.argument(call, 0, "module")
+            module = syntax.argument(call, 0, "module")
             placed = gpu_of_moves(a, _moves_of(a, module, call)) if module is not None else None
-            ids = ddp.argument(call, 1, "device_ids")
+            ids = syntax.argument(call, 1, "device_ids")
             primary = _primary_gpu(a, ids)
             if placed is None or primary is None or placed == primary:
                 continue
@@ -76,12 +77,12 @@ def _moves_of(a: Anatomy, module: ast.AST, wrap: ast.Call) -> list[ast.Call]:
 
 
 def _is_move(node: ast.AST) -> bool:
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MOVES
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in DEVICE_MOVES
 
 
 def _primary_gpu(a: Anatomy, ids: ast.AST | None) -> int | None:
     """device_ids[0]: 0 by default; None when the script's list can't be read."""
-    if ids is None or ddp.constant(ids, None):
+    if ids is None or syntax.constant(ids, None):
         return 0
     if isinstance(ids, ast.Name):
         values = ddp.reaching_values(a, ids)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import ast
 
 from ddpify.lint import Finding, Fix, Invalid, Rule
-from ddpify.rules._dp import DP_KINDS, WRAPPER_ATTRIBUTES, insert_after, is_dp_wrapper
+from ddpify.anatomy.vocabulary import DP_WRAPPER, wrapper_lacks
+from ddpify.rules._dp import DP_KINDS, insert_after, is_dp_wrapper
 
 
 class WrapperAttribute(Rule):
@@ -45,7 +46,7 @@ class WrapperAttribute(Rule):
         for node in ast.walk(a.tree):
             if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)):
                 continue
-            if node.attr.startswith("_") or node.attr in WRAPPER_ATTRIBUTES or not is_dp_wrapper(a, node.value):
+            if not wrapper_lacks(DP_WRAPPER, node.attr) or not is_dp_wrapper(a, node.value):
                 continue
             fix = Fix((insert_after(a, node.value, ".module"),), safe=True, description=f"read `{node.attr}` from `.module`")
             yield Finding(a.pos(node), f"DataParallel has no attribute `{node.attr}` (AttributeError); use `.module.{node.attr}`", fix)

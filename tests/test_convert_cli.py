@@ -274,5 +274,5 @@ def test_python_dash_m_ddpify(tmp_path):
 def test_help_names_the_modes():
     result = CliRunner().invoke(cli, ["convert", "--help"])
     assert result.exit_code == 0
-    for option in ("--to", "--in-place", "--diff", "--check", "--batch-size", "-o, --output"):
+    for option in ("--to", "--in-place", "--diff", "--check", "--batch-size", "--eval", "--log-loss", "-o, --output"):
         assert option in result.output

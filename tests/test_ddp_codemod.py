@@ -91,12 +91,13 @@ REPORTS = EXPECTED_DIR / "reports.json"
 
 
 def report_lines(result) -> list[str]:
-    """What `ddpify convert` prints for a file: one line per change and per warning (original line numbers)."""
-    return [f"{c.line}: [{c.transform}] {c.message}" for c in result.changes] + [f"{a.line}: warning: {a.message}" for a in result.advice]
+    """What `ddpify convert` prints for a file: one line per change, warning and missing item (original line numbers)."""
+    return ([f"{c.line}: [{c.transform}] {c.message}" for c in result.changes] + [f"{a.line}: warning: {a.message}" for a in result.advice]
+            + [f"{m.line}: missing: {m.what}; {m.todo}" for m in result.missing])
 
 
 def test_reports_snapshot():
-    """The changes and warnings reported for each fixture, with their line numbers (reports.json)."""
+    """The changes, warnings and missing items reported for each fixture, with their line numbers (reports.json)."""
     reports = {p.name: report_lines(convert(p)) for p in FIXTURES}
     if os.environ.get("DDPIFY_UPDATE_SNAPSHOTS") == "1":
         REPORTS.write_text(json.dumps(reports, indent=1) + "\n")
@@ -125,10 +126,10 @@ def test_every_reported_line_points_at_its_statement(script: Path):
 
 ADVICE = {  # fixture: words the advice for what the codemod can't do safely must contain
     "step_based_iter.py": "not iterated by a for loop",
-    "validation_accuracy.py": "evaluation loader left whole",
-    "two_loaders.py": "evaluation loader left whole",
-    "helper_functions.py": "evaluation loader left whole",
-    "eval_only_after_train.py": "evaluation loader left whole",
+    # the global batch grew WORLD_SIZE times (--batch-size per-gpu): the learning-rate factor
+    "validation_accuracy.py": "multiply Adam's learning rate by math.sqrt(WORLD_SIZE)",
+    "two_loaders.py": "multiply SGD's learning rate by WORLD_SIZE (linear scaling rule",
+    "helper_functions.py": "multiply AdamW's learning rate by math.sqrt(WORLD_SIZE)",
 }
 
 
@@ -311,7 +312,7 @@ def test_comments_and_docstrings_next_to_edits_survive():
     assert comments(source) <= comments(output)
     assert docstrings(source) <= docstrings(output)
     assert '"""Module docstring."""\n' == output.splitlines(keepends=True)[0]
-    assert re.search(r"# report\n *if RANK == 0:\n *print\(loss.item\(\)\)  # every step\n", output), output
+    assert re.search(r"# report\n *if RANK == 0:\n *print\(loss_avg.item\(\)\)  # every step\n", output), output  # --log-loss reduced
     assert re.search(r"# keep it\n *if RANK == 0:\n *torch.save\(model.module.state_dict\(\), \"m.pt\"\)  # weights only\n", output), output
     assert re.search(r"# the data\n *# ddpify: batch_size is per process.*\n *loader = DataLoader\(.*\)  # shuffled\n", output), output
 
@@ -447,10 +448,13 @@ class Run:
 
 
 # torch's gloo backend sometimes aborts a rank while the interpreter shuts down, after the script
-# is done and has left the process group (std::terminate from a still-joinable C++ thread). It
-# happens with a five-line script too (init, DDP, a few steps, destroy_process_group; with or
-# without a barrier first), ~1 run in 5 on a loaded 2-core machine, so it is not ddpify's doing.
-# Such a run counts as exit 0 only when the probe saw every rank reach destroy_process_group.
+# is done and has left the process group. Under torch 2.13 every backward stashes a
+# contextvars.Context in thread-local state, which each gloo all-reduce work captures; a gloo worker
+# thread that drops the last such work after finalization began needs the GIL, gets
+# pthread_exit'ed inside a noexcept destructor, and std::terminate aborts the rank (core dump
+# backtrace). A barrier before destroy_process_group does not prevent it (bench/bench_teardown.py:
+# 2 aborts in 58 runs with one, 1 in 30 without). Such a run counts as exit 0 only when the probe
+# saw every rank reach destroy_process_group.
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 
@@ -575,6 +579,11 @@ SAME_NUMBERS = {
     "custom_methods.py": r"vocab size (\d+) params (\d+)",
 }
 
+# Fixtures whose printed lines depend on the training trajectory, which two ranks change (the global
+# batch doubles): eval_odd_size.py prints a line per new best and one when it stops early. That its
+# metrics are exact is proven against an unsharded run of the same training in test_eval_shard.py.
+TRAJECTORY_DEPENDENT_LINES = {"eval_odd_size.py"}
+
 # Fixtures whose torchrun run shows a known codemod bug: {name: what goes wrong} (strict xfail).
 TORCHRUN_BUGS: dict[str, str] = {}
 
@@ -587,7 +596,8 @@ def test_runs_under_torchrun_on_two_ranks(script: Path, runs: Runs):
     assert run.returncode == 0, run.report
     assert run.others == {1: ""}, f"rank 1 printed:\n{run.others}"
     factor = PER_STEP_FACTOR.get(script.name, 1 / NPROC)
-    assert_same_report(original.stdout, run.stdout, script.name, factor)
+    if script.name not in TRAJECTORY_DEPENDENT_LINES:
+        assert_same_report(original.stdout, run.stdout, script.name, factor)
     if script.name in SAME_NUMBERS:
         pattern = re.compile(SAME_NUMBERS[script.name])
         assert pattern.findall(run.stdout) == pattern.findall(original.stdout)

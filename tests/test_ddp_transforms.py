@@ -17,14 +17,19 @@ from ddpify.codemods.ddp import (
     DDP_TRANSFORMS,
     DDPModuleAccess,
     DistributedSamplers,
+    EvaluationSharding,
     DistributedSetup,
     NoSyncAccumulation,
     RankDevices,
     RankZeroDuties,
+    ReducedLossPrints,
+    RemoveDataParallel,
+    SameSplitOnEveryRank,
     WrapModel,
 )
+from ddpify.codemods.ddp.per_node import PerNodeDownloads
 from ddpify.codemods.ddp.runtime import HELPERS
-from ddpify.codemods.pipeline import ConversionResult, run_pipeline
+from ddpify.codemods.pipeline import ConversionResult, Status, run_pipeline
 from ddpify.convert import convert_source
 
 
@@ -41,12 +46,14 @@ def joined(*parts: str) -> str:
 
 
 def messages(result: ConversionResult) -> list[str]:
-    return [a.message for a in result.advice]
+    """What the conversion tells the user to look at: its warnings and what it could not do."""
+    return [a.message for a in result.advice] + [f"{m.what}; {m.todo}" for m in result.missing]
 
 
 def test_the_ddp_transforms_in_order():
     assert DDP_TRANSFORMS == (
-        DistributedSetup, RankDevices, WrapModel, DDPModuleAccess, DistributedSamplers, RankZeroDuties, NoSyncAccumulation
+        DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, DistributedSamplers,
+        EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, PerNodeDownloads,
     )
     for transform in DDP_TRANSFORMS:
         assert transform.NAME and transform.DESCRIPTION, transform
@@ -141,9 +148,9 @@ class TestSetup:
         assert lines[-1] == "cleanup_distributed()"
         assert result.output.count("import os") == 1
 
-    def test_a_script_without_imports_is_only_advised(self):
+    def test_a_script_without_imports_is_left_incomplete(self):
         result = assert_codemod([DistributedSetup], "x = 1\n", "x = 1\n")
-        assert any("import torch" in m for m in messages(result))
+        assert result.status is Status.INCOMPLETE and "import torch" in result.missing[0].what
 
 
 # ===== devices =================================================================================
@@ -294,10 +301,11 @@ class TestWrap:
         )
         assert any("never moved to a GPU" in m for m in messages(result))
 
-    def test_no_trained_model_is_advised(self):
+    def test_no_trained_model_leaves_the_conversion_incomplete(self):
         code = "import torch\nx = torch.ones(1)\n"
         result = assert_codemod([WrapModel], code, code)
-        assert any("wrap it in DistributedDataParallel by hand" in m for m in messages(result))
+        assert result.status is Status.INCOMPLETE
+        assert [m.what for m in result.missing] == [WrapModel.DUTY.what]
 
     def test_wrap_after_a_conditional_move_is_outside_the_condition(self):
         assert_codemod(
@@ -418,6 +426,32 @@ def loader_script(code: str, sampler_import: bool = False) -> str:
     return script.replace(*SAMPLER_IMPORT) if sampler_import else script
 
 
+class TestSameSplitOnEveryRank:
+    SPLIT = "import torch\nfrom torch.utils.data import TensorDataset, random_split\nds = TensorDataset(torch.arange(10))\n"
+
+    def test_an_unseeded_split_gets_a_seeded_generator_that_every_process_draws_alike(self):
+        result = assert_codemod(
+            [SameSplitOnEveryRank],
+            self.SPLIT + "train, val = random_split(ds, [8, 2])\n",
+            self.SPLIT + "train, val = random_split(ds, [8, 2], generator=torch.Generator().manual_seed(0))\n",
+        )
+        assert [(c.line, c.transform) for c in result.changes] == [(4, "split")]
+        import torch
+
+        splits = []
+        for process_seed in (1, 2):  # two ranks, each with its own unseeded global generator state
+            torch.manual_seed(process_seed)
+            namespace: dict = {}
+            exec(result.output, namespace)
+            splits.append(list(namespace["train"].indices))
+        assert splits[0] == splits[1]
+
+    def test_a_split_with_a_generator_or_after_a_seed_is_left_alone(self):
+        for code in ("train, val = random_split(ds, [8, 2], torch.Generator())\n",
+                     "torch.manual_seed(3)\ntrain, val = random_split(ds, [8, 2])\n"):
+            assert_codemod([SameSplitOnEveryRank], self.SPLIT + code, self.SPLIT + code)
+
+
 class TestSamplers:
     def test_shuffle_seed_and_drop_last_move_into_the_sampler_and_set_epoch_runs_every_epoch(self):
         result = assert_codemod(
@@ -487,14 +521,14 @@ class TestSamplers:
             ),
         )
 
-    def test_evaluation_loaders_are_left_whole_and_advised(self):
+    def test_evaluation_loaders_that_sum_nothing_are_left_whole_and_advised(self):
         tail = (
             "    with torch.no_grad():\n"
             "        for x, y in val_loader:\n"
             "            print(model(x).sum())\n"
         )
         result = assert_codemod(
-            [DistributedSamplers],
+            [DistributedSamplers, EvaluationSharding],
             loader_script(
                 "loader = DataLoader(ds, batch_size=4, shuffle=True)\nval_loader = DataLoader(ds, batch_size=8)\n"
                 "for epoch in range(2):\n    for x, y in loader:\n" + STEP + tail
@@ -506,8 +540,9 @@ class TestSamplers:
                 sampler_import=True,
             ),
         )
-        assert [a.line for a in result.advice] == [9]
-        assert "evaluation loader left whole" in result.advice[0].message
+        whole = [a for a in result.advice if "evaluation left on the whole set" in a.message]
+        assert [a.line for a in whole] == [17]
+        assert "computes nothing the codemod can sum" in whole[0].message
 
     def test_a_dataset_expression_is_built_once(self):
         result = run_pipeline(
@@ -520,13 +555,13 @@ class TestSamplers:
         assert "sampler=DistributedSampler(" in result.output
         assert result.output.count("torch.randn(16, 2)") == 2  # `ds = ...` in the script head, and the loader's
 
-    def test_a_loader_with_its_own_sampler_is_only_advised(self):
+    def test_a_loader_with_its_own_sampler_is_left_incomplete(self):
         code = loader_script(
             "loader = DataLoader(ds, batch_size=4, sampler=torch.utils.data.RandomSampler(ds))\n"
             "for epoch in range(2):\n    for x, y in loader:\n" + STEP
         )
         result = assert_codemod([DistributedSamplers], code, code)
-        assert any("own sampler" in m for m in messages(result))
+        assert result.status is Status.INCOMPLETE and "own sampler" in result.missing[0].what
 
     def test_a_loader_read_with_next_iter_is_only_advised(self):
         code = loader_script(
@@ -962,7 +997,7 @@ class TestWholeConversions:
             """)
         result = convert_source(source, "ddp")
         assert "DDP(" in result.output
-        assert "DataParallel(" not in result.output or any("DataParallel" in m for m in messages(result))
+        assert "DataParallel(" not in result.output.replace("DistributedDataParallel", "")
 
     def test_an_already_distributed_file_is_left_alone(self):
         source = textwrap.dedent("""\
@@ -984,3 +1019,26 @@ class TestWholeConversions:
         result = run_pipeline(source, "snippet.py", [RankDevices, WrapModel, DDPModuleAccess, DistributedSamplers,
                                                     RankZeroDuties, NoSyncAccumulation], Options())
         assert result.output == source
+
+
+def test_a_download_runs_on_each_nodes_local_rank_zero_first():
+    out = convert_source(textwrap.dedent("""
+        import torch
+        from torchvision import datasets
+
+        def main():
+            train = datasets.MNIST("data", train=True, download=True)
+            model = torch.nn.Linear(784, 10)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in torch.utils.data.DataLoader(train, batch_size=8):
+                optimizer.zero_grad()
+                model(x.flatten(1)).sum().backward()
+                optimizer.step()
+
+        if __name__ == "__main__":
+            main()
+    """), "ddp").output
+    lines = [line.strip() for line in out.splitlines()]
+    at = lines.index('train = datasets.MNIST("data", train=True, download=True)')
+    assert lines[at - 2:at] == ["if LOCAL_RANK != 0:", "dist.barrier()  # local rank 0 downloads first, once per node"]
+    assert lines[at + 1:at + 3] == ["if LOCAL_RANK == 0:", "dist.barrier()  # the node's other ranks now find the files"]

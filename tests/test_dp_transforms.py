@@ -42,12 +42,20 @@ class TransformTest(CodemodTest):
         anatomy = analyze(self.make_fixture_data(before))
         self.assertCodemod(before, after, anatomy, Options())
 
-    def advice(self, code: str) -> list[tuple[int, str]]:
-        """(line, message) of the advice the transform gives on `code`."""
+    def report(self, code: str):
+        """What the transform reports on `code`."""
         code = self.make_fixture_data(code)
         transform = self.TRANSFORM(CodemodContext(), analyze(code), Options())
         transform.transform_module(cst.parse_module(code))
-        return [(a.line, a.message) for a in transform.report.advice]
+        return transform.report
+
+    def advice(self, code: str) -> list[tuple[int, str]]:
+        """(line, message) of the advice the transform gives on `code`."""
+        return [(a.line, a.message) for a in self.report(code).advice]
+
+    def missing(self, code: str) -> list[tuple[int, str]]:
+        """(line, what) of what the transform could not do on `code` (the conversion is incomplete)."""
+        return [(m.line, m.what) for m in self.report(code).missing]
 
 
 def test_transforms_are_named_and_described():
@@ -136,12 +144,12 @@ class Net(nn.Module):
 """ + TRAIN.format(model="Net()", step="loss = model(x).sum()")
         self.assertTransform(before, before.replace('device="cuda"', "device=h.device"))
 
-    def test_forward_without_an_input_is_only_advised(self):
+    def test_forward_without_an_input_is_reported_missing(self):
         code = self.net("return self.fc(torch.ones(1, 4, device=DEVICE))").replace("def forward(self, x)", "def forward(self)")
         code = code.replace("model(x)", "model()")
         self.assertTransform(code, code)
-        ((line, message),) = self.advice(code)
-        assert line == line_of(code, "return self.fc(torch.ones") and "input tensor's .device" in message
+        ((missing),) = self.report(code).missing
+        assert missing.line == line_of(code, "return self.fc(torch.ones") and "input tensor's .device" in missing.todo
 
 
 class TestWrapDataParallel(TransformTest):
@@ -203,10 +211,9 @@ class TestWrapDataParallel(TransformTest):
         ((line, message),) = self.advice(code)
         assert line == line_of(code, "CUDA_VISIBLE_DEVICES") and "only uses the GPUs it lists" in message
 
-    def test_advice_when_nothing_is_trained_or_placed(self):
-        assert self.advice("import torch\nmodel = torch.nn.Linear(2, 2)\n") == [
-            (1, "found no model that an optimizer trains; wrap it in nn.DataParallel by hand")
-        ]
+    def test_nothing_to_wrap_is_left_to_the_pipeline_and_an_unplaced_model_advised(self):
+        report = self.report("import torch\nmodel = torch.nn.Linear(2, 2)\n")
+        assert not report.fulfilled and not report.missing and not report.advice  # the pipeline names the undone duty
         code = self.script("import torch\nfrom torch import nn", model="nn.Linear(4, 1)")
         ((line, message),) = self.advice(code)
         assert line == line_of(code, "model = nn.Linear") and "not moved to a GPU" in message
@@ -335,11 +342,11 @@ class TestForwardState(TransformTest):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     """
 
-    def test_code_is_kept_and_each_change_of_state_is_advised(self):
+    def test_code_is_kept_and_each_change_of_state_is_reported_missing(self):
         self.assertTransform(self.CODE, self.CODE)
-        advice = self.advice(self.CODE)
-        assert [line for line, _ in advice] == [line_of(self.CODE, s) for s in ("self.calls +=", "self.seen.append", "self.total.add_", "self.last =")]
-        assert advice[0][1].startswith("`self.calls += 1` changes the model inside forward()")
+        missing = self.missing(self.CODE)
+        assert [line for line, _ in missing] == [line_of(self.CODE, s) for s in ("self.calls +=", "self.seen.append", "self.total.add_", "self.last =")]
+        assert missing[0][1].startswith("`self.calls += 1` changes the model inside forward()")
 
 
 class TestBatchSizeAdvice(TransformTest):

@@ -55,7 +55,7 @@ def test_fix_refused_and_notebook_untouched(tmp_path):
     nb = tmp_path / "nb.ipynb"
     shutil.copy(DDP_NB, nb)
     before = nb.read_bytes()
-    for flags in (["--fix"], ["--unsafe-fixes"], ["--diff"], ["--unsafe-fixes", "--diff"]):
+    for flags in (["--fix"], ["--fix", "--unsafe-fixes"], ["--diff"], ["--unsafe-fixes", "--diff"]):
         result = lint(*flags, nb)
         assert nb.read_bytes() == before
         notes = [line for line in result.stderr.splitlines() if "not supported for notebooks" in line]

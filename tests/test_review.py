@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from ddpify.codemods.base import Advice, Change
+from ddpify.codemods.base import Advice, Change, Missing
 from ddpify.codemods.pipeline import ConversionResult
 from ddpify.convert import convert_source
 from ddpify.review import markdown_summary
@@ -41,9 +41,18 @@ def test_groups_keep_first_appearance_order_and_original_lines():
 def test_nothing_to_do():
     result = convert_source("import torch\ntorch.distributed.init_process_group('nccl')\n", "ddp")
     md = markdown_summary("x.py", result)
-    assert "Nothing to convert: already distributed" in md and "```diff" not in md
+    assert "**Status: nothing to do**: already distributed" in md and "```diff" not in md
     plain = ConversionResult(source="x = 1\n", output="x = 1\n")
-    assert "No changes needed." in markdown_summary("y.py", plain)
+    assert "**Status: nothing to do**: no changes needed" in markdown_summary("y.py", plain)
+
+
+def test_status_converted_and_incomplete_with_what_is_missing():
+    result = ConversionResult(source="a\n", output="b\n", changes=[Change(1, "wrap", "wrapped")])
+    assert "**Status: converted**\n" in markdown_summary("t.py", result)
+    result.missing = [Missing(4, "training loader not sharded", "add a DistributedSampler by hand")]
+    md = markdown_summary("t.py", result)
+    assert "**Status: incomplete**: training loader not sharded (line 4)" in md
+    assert "### Missing (1)" in md and "- ❌ line 4: training loader not sharded; add a DistributedSampler by hand" in md
 
 
 def test_diff_containing_backticks_gets_a_longer_fence():

@@ -50,7 +50,7 @@ def test_fixes_give_the_expected_source(rule, case):
 
 @EACH_RULE
 def test_rule_metadata(rule):
-    assert re.fullmatch(r"(DDP|DP)\d{3}", rule.code)
+    assert re.fullmatch(r"(DDP|DP|FSDP)\d{3}", rule.code)
     assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", rule.name)
     assert rule.message and "\n" not in rule.message
     assert rule.severity in SEVERITIES

@@ -186,3 +186,49 @@ def test_converted_fixture_trains_like_the_original(fixture):
     code, result = verify_json(str(fixture), "--to", "ddp")
     expected_mode = "statistical" if fixture.stem in STATISTICAL_FIXTURES else "exact"
     assert (code, result["verdict"], result["mode"]) == (0, "equivalent", expected_mode), result["message"]
+
+
+def test_attention_dropout_is_switched_off_and_adam_noise_is_not_a_divergence():
+    code, result = verify_json("attention_dropout.py", "--to", "ddp")
+    assert (code, result["verdict"]) == (0, "equivalent"), result["message"]
+    assert any("attention dropout" in note and "switched off" in note for note in result["notes"])
+
+
+USER_SCRIPT = """
+import os, sys
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+assert not os.path.isabs(sys.argv[0]) and sys.argv[0].startswith("train"), sys.argv[0]
+x, y = torch.load("data/points.pt")
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for xb, yb in DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True):
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(xb), yb).backward()
+    optimizer.step()
+torch.save(model.state_dict(), "ckpt.pt")
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "next_to_script.txt"), "w") as f:
+    f.write("done")
+"""
+
+
+def test_scripts_run_in_a_private_copy_of_the_working_directory(tmp_path):
+    (tmp_path / "data").mkdir()
+    torch = pytest.importorskip("torch")
+    torch.save((torch.randn(16, 4), torch.randn(16, 1)), tmp_path / "data" / "points.pt")
+    (tmp_path / "train.py").write_text(USER_SCRIPT)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    completed = subprocess.run([sys.executable, "-m", "ddpify", "verify", "train.py", "--to", "ddp", "--steps", "2", "--json"],
+                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    result = json.loads(completed.stdout)
+    assert (completed.returncode, result["verdict"]) == (0, "equivalent"), result["message"]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before, "verify wrote into the user's tree"
+
+
+
+def test_random_augmentation_in_getitem_is_seeded_per_sample():
+    code, result = verify_json("augmented_dataset.py", "--to", "ddp")
+    assert (code, result["verdict"]) == (0, "equivalent"), result["message"]
+    assert any("seed them by sample index and epoch" in note for note in result["notes"])

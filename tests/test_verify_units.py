@@ -145,6 +145,17 @@ def test_sum_reduction_is_a_precondition_and_batchnorm_switches_to_statistical_m
     assert "mse_loss(reduction='sum')" in result["preconditions"][0]
 
 
+def test_reduced_precision_autocast_switches_ddp_to_statistical_mode():
+    """fp16/bf16 matmuls round differently for a batch and its halves (seen on an H100: Δparam 3e-3)."""
+    flags = {"reduced_precision": "autocast('cuda', torch.bfloat16)"}
+    drifted = [[1.0, 2.0], [1.1, 2.1003], [1.2, 2.2006]]
+    result = judge(make_plan(), record([1.0, 1.0, 1.0], STEPS, flags), [record([1.0, 1.0, 1.0], drifted, flags)] * 2)
+    assert (result["verdict"], result["mode"]) == ("equivalent", "statistical")
+    assert any("autocast('cuda', torch.bfloat16) under DDP" in note for note in result["notes"])
+    single = judge(make_plan(nproc=1), record([1.0, 1.0, 1.0], STEPS, flags), [record([1.0, 1.0, 1.0], drifted, flags)])
+    assert (single["verdict"], single["mode"]) == ("diverged", "exact")
+
+
 def test_dataparallel_ignores_ddp_only_conditions():
     flags = {"plain_batchnorm": "BatchNorm2d", "sum_reduction": "x"}
     result = judge(make_plan("dp", 1), record([1, 1, 1], STEPS, flags), [record([1, 1, 1], STEPS, flags)])
@@ -195,7 +206,8 @@ def recorder(tmp_path):
     from ddpify.verify.harness import Recorder
 
     saved_functional = dict(vars(F))
-    saved = [(torch.autograd, "backward"), (torch.amp.GradScaler, "scale"), (_BatchNorm, "forward")]
+    saved = [(torch.autograd, "backward"), (torch.amp.GradScaler, "scale"), (_BatchNorm, "forward"),
+             (torch.autocast, "__enter__")]
     saved = [(owner, name, getattr(owner, name)) for owner, name in saved]
     yield Recorder(str(tmp_path / "record.pt"), steps=100)
     vars(F).update(saved_functional)
@@ -236,6 +248,18 @@ def test_sum_reduction_is_flagged_only_while_autograd_records(recorder):
     assert recorder.flags["sum_reduction"] == "mse_loss(reduction='sum')"
 
 
+def test_enabled_half_precision_autocast_is_flagged(recorder):
+    from ddpify.verify.harness import watch_reduced_precision
+
+    watch_reduced_precision(recorder)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+        pass
+    assert "reduced_precision" not in recorder.flags
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        pass
+    assert recorder.flags["reduced_precision"] == "autocast('cpu', torch.bfloat16)"
+
+
 def test_plain_batchnorm_in_training_mode_is_flagged(recorder):
     from ddpify.verify.harness import watch_plain_batchnorm
 
@@ -245,3 +269,26 @@ def test_plain_batchnorm_in_training_mode_is_flagged(recorder):
     assert "plain_batchnorm" not in recorder.flags
     norm.train()(torch.randn(4, 2))
     assert recorder.flags["plain_batchnorm"] == "BatchNorm1d"
+
+
+def test_noise_in_a_few_elements_that_training_moved_a_lot_is_equivalent_and_said_so():
+    initial = torch.zeros(1000, dtype=torch.float64)
+    reference = [torch.full((1000,), 0.1 * (k + 1), dtype=torch.float64) for k in range(3)]
+    noisy = [p.clone() for p in reference]
+    for p in noisy:
+        p[7] += 1e-3  # one element an adaptive optimizer flipped: 3e-3 max relative, 3e-4 of the update
+    base = Record([1.0, 1.0, 1.0], reference, {}, [], initial)
+    result = judge(make_plan(), base, [Record([1.0, 1.0, 1.0], noisy, {}, [])] * 2)
+    assert result["verdict"] == "equivalent", result["message"]
+    assert "of the update" in result["message"]
+    assert result["steps"][0]["update_rel_param"] == pytest.approx(1e-3 / (0.1 * 1000 ** 0.5))
+
+
+def test_a_whole_update_that_differs_still_diverges():
+    initial = torch.zeros(1000, dtype=torch.float64)
+    reference = [torch.full((1000,), 0.1 * (k + 1), dtype=torch.float64) for k in range(3)]
+    doubled = [2 * p for p in reference]  # e.g. gradients summed instead of averaged
+    base = Record([1.0, 1.0, 1.0], reference, {}, [], initial)
+    result = judge(make_plan(), base, [Record([1.0, 1.0, 1.0], doubled, {}, [])] * 2)
+    assert (result["verdict"], result["diverged_at"]) == ("diverged", 1)
+    assert "of the update" in result["message"]

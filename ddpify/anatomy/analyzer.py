@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Iterator
 
+from ddpify.anatomy.bindings import bindings
+from ddpify.anatomy.facts import EPOCHS, NO_FACTS, STEPS, ProjectFacts
 from ddpify.anatomy.names import ImportTable
 from ddpify.anatomy.sites import (
     MODULE_SCOPE,
@@ -27,6 +29,23 @@ from ddpify.anatomy.sites import (
     ScriptKind,
     Site,
 )
+from ddpify.anatomy.vocabulary import (
+    BATCHNORM,
+    DISTRIBUTING_FRAMEWORKS,
+    BLOCK_SEQUENCES,
+    PARAMETER_CONSTRUCTOR,
+    DDP_WRAPPER,
+    DEVICE_MOVES,
+    DP_WRAPPER,
+    ITERATION_WRAPPERS,
+    MODULE_RETURNING_SELF,
+    TQDM_CONSTRUCTORS,
+    WRITER_CONSTRUCTORS,
+    is_builtin_layer,
+    is_model_factory,
+    is_optimizer_constructor,
+    is_scheduler_constructor,
+)
 
 ROLE_MODEL = "model"
 ROLE_LOADER = "loader"
@@ -37,19 +56,9 @@ ROLE_LOGGER = "logger"
 ROLE_PBAR = "pbar"
 ROLE_SCALER = "scaler"
 ROLE_CRITERION = "criterion"
+ROLE_MODELS = "models"  # a list or dict literal of models; its origins are the models'
 
-LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "log"})
-_MODEL_KEEPING_METHODS = frozenset(
-    {"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "requires_grad_", "module"}
-)
-_ITER_WRAPPERS = frozenset({"enumerate", "iter", "zip", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm"})
-_TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm"})
-_WRITERS = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter", "wandb.init"})
-_MODEL_FACTORIES = ("torchvision.models.", "timm.create_model", "transformers.")
-_NOT_MODELS = frozenset({"torch.nn.Parameter", "torch.nn.ParameterList", "torch.nn.ParameterDict", "torch.nn.Module"})
-DDP_WRAPPER = "torch.nn.parallel.DistributedDataParallel"
-DP_WRAPPER = "torch.nn.parallel.DataParallel"
-_BATCHNORM = re.compile(r"^torch\.nn\.(BatchNorm[123]d|LazyBatchNorm[123]d)$")
+_MODEL_KEEPING_METHODS = MODULE_RETURNING_SELF | {"module"}  # `model.module` is the model too
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
@@ -62,6 +71,8 @@ class ModelClass:
     methods: set[str] = field(default_factory=set)
     attributes: set[str] = field(default_factory=set)
     has_batchnorm: bool = False
+    block_lists: list[str] = field(default_factory=list)  # `self.layers = nn.ModuleList([Block() ...])`
+    parameters: set[str] = field(default_factory=set)  # `self.scale = nn.Parameter(...)`
 
     @property
     def forward(self) -> ast.FunctionDef | None:
@@ -89,10 +100,12 @@ class Function:
 class Anatomy:
     """Everything ddpify knows about one script. Build it with `analyze(text, path)`."""
 
-    def __init__(self, text: str, path: str, tree: ast.Module, pending_imports: dict[str, str] | None = None) -> None:
+    def __init__(self, text: str, path: str, tree: ast.Module, pending_imports: dict[str, str] | None = None,
+                 facts: ProjectFacts = NO_FACTS) -> None:
         self.text = text
         self.path = path
         self.tree = tree
+        self.facts = facts
         self.names = ImportTable(tree, pending_imports)
         self.parents: dict[ast.AST, ast.AST] = {}
         self.scope_of: dict[ast.AST, str] = {}
@@ -102,10 +115,14 @@ class Anatomy:
         self.model_classes: dict[str, ModelClass] = {}
         self.values: dict[Ref, set[tuple[str, Site | None]]] = defaultdict(set)
         self.returns: dict[str, set[tuple[str, Site | None]]] = defaultdict(set)
+        self.item_returns: dict[tuple[str, int], set[tuple[str, Site | None]]] = defaultdict(set)  # `return a, b`
         self.models: list[ModelSite] = []
-        self.loaders: list[LoaderSite] = []
+        self.loaders: list[LoaderSite] = []  # the DataLoader calls of this file
+        self.foreign_loaders: list[LoaderSite] = []  # stand-ins for loaders other files build (ddpify.anatomy.project)
         self.step_loops: list[LoopSite] = []
         self.epoch_loops: list[LoopSite] = []
+        self.delegated_steps: list[LoopSite] = []  # calls into another file that iterate a loader of this one
+        self.wrapped_elsewhere: set[ModelSite] = set()  # models that arrive already wrapped in DDP
         self.calls: list[CallSite] = []
         self.main_guard: ast.If | None = None
         self.entry: str | None = None
@@ -157,11 +174,35 @@ class Anatomy:
             return found
         if isinstance(expr, ast.IfExp):
             return self.roles(expr.body) | self.roles(expr.orelse)
+        if isinstance(expr, (ast.List, ast.Dict)):
+            items = expr.elts if isinstance(expr, ast.List) else expr.values
+            return {(ROLE_MODELS, o) for item in items if item is not None for r, o in self.roles(item) if r == ROLE_MODEL}
         if isinstance(expr, ast.NamedExpr):
             return self.roles(expr.value)
         if isinstance(expr, ast.Call):
             return self._call_roles(expr)
+        if isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Call) and _int_constant(expr.slice):
+            return self._item_roles(expr.value, expr.slice.value)  # type: ignore[attr-defined]
         return set()
+
+    def _is_model_registry(self, expr: ast.AST) -> bool:
+        """`MODELS` in `MODELS[name](...)`: a module-level dict or list literal of model classes only."""
+        if not isinstance(expr, ast.Name):
+            return False
+        assigns = self._assignments_to(Ref(MODULE_SCOPE, expr.id))
+        value = _assigned_value(assigns[-1]) if len(assigns) == 1 else None
+        entries = value.values if isinstance(value, ast.Dict) else value.elts if isinstance(value, (ast.List, ast.Tuple)) else []
+        return bool(entries) and all(e is not None and self.is_model_constructor(self.qualname(e) or "") for e in entries)
+
+    def _item_roles(self, call: ast.Call, index: int) -> set[tuple[str, Site | None]]:
+        """What item `index` of the tuple a call returns is (`train_loader, val_loader = get_loaders()`)."""
+        callee = self.callee(call)
+        if callee is not None:
+            return set(self.item_returns.get((callee, index), ()))
+        exported = self.facts.imported.get(self.qualname(call.func) or "")
+        if exported is None or index >= len(exported.items):
+            return set()
+        return {(role, self._item_sites.get((call, index)) if role == ROLE_LOADER else None) for role in exported.items[index]}
 
     def has_role(self, expr: ast.AST, role: str) -> bool:
         return any(r == role for r, _ in self.roles(expr))
@@ -174,27 +215,30 @@ class Anatomy:
         site = self._constructor_site(call, q)
         if site is not None:
             return {site}
-        if q in _TQDM and call.args:
+        if q in TQDM_CONSTRUCTORS and call.args:
             return self.roles(call.args[0]) | {(ROLE_PBAR, None)}
         if isinstance(call.func, ast.Attribute) and call.func.attr in _MODEL_KEEPING_METHODS:
             return {r for r in self.roles(call.func.value) if r[0] == ROLE_MODEL}
+        if isinstance(call.func, ast.Subscript) and self._is_model_registry(call.func.value):
+            return {(ROLE_MODEL, None)}
         callee = self.callee(call)
         if callee is not None:
             return set(self.returns.get(callee, ()))
-        return set()
+        imported = self.facts.imported.get(q)
+        return {(role, None) for role in imported.roles} if imported else set()
 
     def _constructor_site(self, call: ast.Call, q: str) -> tuple[str, Site | None] | None:
-        if q == "torch.utils.data.DataLoader":
+        if q == "torch.utils.data.DataLoader" or self.facts.returns(q, ROLE_LOADER):
             return ROLE_LOADER, self._loader_sites.get(call)
         if self.is_model_constructor(q):
             return ROLE_MODEL, self._model_sites.get(call)
         if q in (DDP_WRAPPER, DP_WRAPPER) and call.args:
             return next(iter(r for r in self.roles(call.args[0]) if r[0] == ROLE_MODEL), (ROLE_MODEL, None))
-        if q.startswith("torch.optim.lr_scheduler."):
+        if is_scheduler_constructor(q):
             return ROLE_SCHEDULER, None
-        if q.startswith("torch.optim.") and q.count(".") == 2:
+        if is_optimizer_constructor(q):
             return ROLE_OPTIMIZER, None
-        if q in _WRITERS:
+        if q in WRITER_CONSTRUCTORS:
             return ROLE_WRITER, None
         if q == "logging.getLogger":
             return ROLE_LOGGER, None
@@ -205,12 +249,9 @@ class Anatomy:
         return None
 
     def is_model_constructor(self, q: str) -> bool:
-        if q in self.model_classes:
+        if q in self.model_classes or self.facts.returns(q, ROLE_MODEL):
             return True
-        if q.startswith("torch.nn.") and q.count(".") == 2 and q not in _NOT_MODELS:
-            last = q.rsplit(".", 1)[1]
-            return last[:1].isupper() and not last.endswith("Loss")
-        return q.startswith(_MODEL_FACTORIES) and (q.startswith("torchvision.models.") or "create_model" in q or q.endswith("from_pretrained"))
+        return is_builtin_layer(q) or is_model_factory(q)
 
     def callee(self, call: ast.Call) -> str | None:
         """The scope name of a function this file defines that `call` invokes."""
@@ -239,9 +280,27 @@ class Anatomy:
             return ScriptKind.SPAWN
         if DDP_WRAPPER in qualnames or "torch.distributed.init_process_group" in qualnames:
             return ScriptKind.DDP
+        if self.framework is not None:
+            return ScriptKind.FRAMEWORK
         if DP_WRAPPER in qualnames:
             return ScriptKind.DATA_PARALLEL
         return ScriptKind.SINGLE
+
+    @cached_property
+    def framework(self) -> tuple[str, CallSite] | None:
+        """The library that distributes this script (Accelerate, Lightning, ...) and the call that
+        hands it the training: `Accelerator()`, `pl.Trainer(...)`, `deepspeed.initialize(...)`, or a
+        local subclass of one of them."""
+        subclasses = {
+            name: DISTRIBUTING_FRAMEWORKS[base]
+            for name, node in ((n.name, n) for n in self.tree.body if isinstance(n, ast.ClassDef))
+            for base in (self.qualname(b) for b in node.bases) if base in DISTRIBUTING_FRAMEWORKS
+        }
+        for call in self.calls:
+            label = DISTRIBUTING_FRAMEWORKS.get(call.qualname) or subclasses.get(call.qualname)
+            if label:
+                return label, call
+        return None
 
     def calls_to(self, *qualnames: str) -> list[CallSite]:
         wanted = set(qualnames)
@@ -262,23 +321,142 @@ class Anatomy:
 
     @cached_property
     def trained_models(self) -> list[ModelSite]:
-        """Each model an optimizer updates, at the statement that binds it in the training scope.
+        """Each model an optimizer (or a hand-written update) trains, where it reaches its device.
 
         `target` is the variable the optimizer reads (`model`, `self.model`), `stmt` the assignment
         that binds it there, `placements` the later statements of that block that move it to a device.
+        A model handed to a class whose `__init__` moves it (`self.model = model.to(device)`) is
+        bound there instead. Parameters are followed through local variables (param groups built
+        in a list first) and, without any optimizer, through `for p in model.parameters():` loops
+        that update `p` in place.
         """
         found: dict[Ref, ModelSite] = {}
-        for call in self.calls:
-            if not (call.qualname.startswith("torch.optim.") and call.qualname.count(".") == 2):
+        for node, used_at in self._trained_model_reads():
+            ref = self.ref(node)
+            if ref is None or ref in found or not self.has_role(node, ROLE_MODEL):
                 continue
-            for node in ast.walk(call.node):
-                ref = self.ref(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
-                if ref is None or ref in found or not self.has_role(node, ROLE_MODEL):
-                    continue
-                binding = self._binding(ref, call.node)
-                if binding is not None:
-                    found[binding.target] = binding
+            binding = self._binding(ref, used_at)
+            if binding is not None:
+                binding = self._moved_by_callee(binding) or binding
+                found[binding.target] = binding
         return list(found.values())
+
+    def _trained_model_reads(self) -> Iterator[tuple[ast.AST, ast.AST]]:
+        """(variable read, call or loop it is read at) for what each optimizer is built over."""
+        for call in self.optimizers:
+            for node in self._walk_through_variables(call.node):
+                if isinstance(node, (ast.Name, ast.Attribute)):
+                    yield node, call.node
+        if not self.optimizers:
+            for loop, receiver in self._manual_update_loops():
+                yield receiver, loop
+
+    @cached_property
+    def optimizers(self) -> list[CallSite]:
+        """Every optimizer construction (`torch.optim.SGD(...)`, or another project file's builder), in source order."""
+        return [c for c in self.calls if self._builds_optimizer(c.qualname)]
+
+    @cached_property
+    def optimizers_without_model(self) -> list[CallSite]:
+        """Optimizers whose parameters come from no model the analysis can bind (nothing to wrap)."""
+        return [c for c in self.optimizers if not self._models_trained_by(c) and not self._reads_incoming_model(c)]
+
+    def _reads_incoming_model(self, optimizer: CallSite) -> bool:
+        """Does the optimizer read a parameter that another project file fills with a model (that file binds and wraps it)?"""
+        incoming = self.facts.params.get(optimizer.scope, {})
+        return any(isinstance(n, ast.Name) and n.id in incoming and ROLE_MODEL in incoming[n.id].roles for n in ast.walk(optimizer.node))
+
+    @cached_property
+    def training_calls(self) -> list[CallSite]:
+        """`loss.backward()`, `optimizer.step()`, `scaler.step(...)`: where the script trains."""
+        return [c for c in self.calls if self.is_training_call(c.node)]
+
+    @property
+    def trains(self) -> bool:
+        """Does the script train anything (an optimizer, or a backward pass)?"""
+        return bool(self.optimizers or self.training_calls)
+
+    def _models_trained_by(self, optimizer: CallSite) -> list[ModelSite]:
+        """The model bindings whose parameters `optimizer` reads (through the variables it is built from)."""
+        found: dict[Ref, ModelSite] = {}
+        for node in self._walk_through_variables(optimizer.node):
+            ref = self.ref(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
+            if ref is None or ref in found or not self.has_role(node, ROLE_MODEL):
+                continue
+            binding = self._binding(ref, optimizer.node)
+            if binding is not None:
+                found[ref] = binding
+        return list(found.values())
+
+    def _builds_optimizer(self, qualname: str) -> bool:
+        """`torch.optim.SGD(...)`, or a function of another project file that returns an optimizer."""
+        return is_optimizer_constructor(qualname) or self.facts.returns(qualname, ROLE_OPTIMIZER)
+
+    def _walk_through_variables(self, expr: ast.AST, depth: int = 0) -> Iterator[ast.AST]:
+        """Nodes of `expr`, and of the values its local variables were last given (`groups = [...]`)."""
+        for node in ast.walk(expr):
+            yield node
+            ref = self.ref(node) if isinstance(node, ast.Name) and depth < 3 else None
+            if ref is None or ref.scope != self.scope_of.get(node, MODULE_SCOPE) or self.roles(node):
+                continue
+            earlier = [s for s in self._assignments_to(ref) if s.lineno <= node.lineno]
+            if earlier:
+                yield from self._walk_through_variables(_assigned_value(earlier[-1]), depth + 1)
+
+    def _manual_update_loops(self) -> Iterator[tuple[ast.For, ast.AST]]:
+        """`for p in model.parameters(): p.data.add_(-lr * p.grad)` (or `p -= lr * p.grad`): (loop, model)."""
+        for node in ast.walk(self.tree):
+            if not (isinstance(node, ast.For) and isinstance(node.target, ast.Name) and isinstance(node.iter, ast.Call)):
+                continue
+            func = node.iter.func
+            if isinstance(func, ast.Attribute) and func.attr == "parameters" and _updates_in_place(node.body, node.target.id):
+                yield node, func.value
+
+    def moved_where_bound(self, site: ModelSite) -> bool:
+        """Does the model reach a device where it is bound: `.to()`/`.cuda()` in the bound value or
+        a later statement of its block, or a local function it is built by that moves a model?"""
+        if site.placements or _moves_any(site.node):
+            return True
+        calls = [self.callee(n) for n in ast.walk(site.node) if isinstance(n, ast.Call)]
+        return any(callee and self.function_contains(callee, self._moves_a_model) for callee in calls)
+
+    def _moves_a_model(self, node: ast.AST) -> bool:
+        return (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in DEVICE_MOVES
+            and self.has_role(node.func.value, ROLE_MODEL)
+        )
+
+    def _moved_by_callee(self, site: ModelSite) -> ModelSite | None:
+        """The binding inside a class or function the model is handed to, when that is where it
+        reaches its device (`Trainer(model, ...)` whose `__init__` does `self.model = model.to(device)`)."""
+        if self.moved_where_bound(site):
+            return None
+        block = self.block_of(site.stmt)
+        for later in block[block.index(site.stmt) + 1:]:
+            for call in (n for n in walk_body([later]) if isinstance(n, ast.Call)):
+                callee = self.callee(call)
+                params = self.functions[callee].params if callee else []
+                for index, param in enumerate(params):
+                    arg = _argument_for(call, index, param)
+                    if arg is not None and self.ref(arg) == site.target:
+                        moved = self._device_binding_in(callee, param)  # type: ignore[arg-type]
+                        if moved is not None:
+                            moved.class_name, moved.has_batchnorm = site.class_name, site.has_batchnorm
+                            return moved
+        return None
+
+    def _device_binding_in(self, scope: str, param: str) -> ModelSite | None:
+        """`self.x = param.to(device)` (or `self.x = param` then `self.x.to(device)`) in `scope`."""
+        for stmt in walk_body(self.functions[scope].node.body):
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+                continue
+            ref = self.ref(stmt.targets[0])
+            if ref is None or not ref.name.startswith("self.") or not _reads_name(stmt.value, param):
+                continue
+            binding = self._model_binding(ref, stmt, None)
+            if binding.placements or _moves_any(stmt.value):
+                return binding
+        return None
 
     def _binding(self, ref: Ref, used_at: ast.AST, depth: int = 0) -> ModelSite | None:
         """The assignment that gives `ref` its model, following function parameters to callers."""
@@ -290,6 +468,9 @@ class Anatomy:
             stmt = assigns[-1] if not ref.name.startswith("self.") else assigns[0]
             origin = next(iter(self.origins(_assigned_value(stmt), ROLE_MODEL)), None)
             return self._model_binding(ref, stmt, origin)
+        container = self._iterated_container(ref)
+        if container is not None:
+            return self._container_binding(container, used_at, depth)
         fn = self.functions.get(ref.scope)
         if fn is None or ref.name not in fn.params or depth > 5:
             return None
@@ -300,6 +481,40 @@ class Anatomy:
                 if caller_ref is not None:
                     return self._binding(caller_ref, site.node, depth + 1)
         return None
+
+    def _iterated_container(self, ref: Ref) -> ast.AST | None:
+        """`nets` when `ref` is the variable of `for net in nets` / `... for net in nets.values()`."""
+        for target, element_of in self._loop_targets:
+            if isinstance(target, ast.Name) and target.id == ref.name and self.ref(target) == ref:
+                return element_of
+        return None
+
+    @cached_property
+    def _loop_targets(self) -> list[tuple[ast.AST, ast.AST]]:
+        """(loop variable, the list or dict it walks) of every for loop and comprehension."""
+        found = []
+        for node in ast.walk(self.tree):
+            if isinstance(node, (ast.For, ast.comprehension)):
+                container = _container_iterated(node.iter)
+                if container is not None:
+                    found.append((node.target, container))
+        return found
+
+    def _container_binding(self, container: ast.AST, used_at: ast.AST, depth: int) -> ModelSite | None:
+        ref = self.ref(container, self.scope_of.get(used_at, MODULE_SCOPE))
+        if ref is None or not self.has_role(container, ROLE_MODELS):
+            return None
+        site = self._binding(ref, used_at, depth + 1)
+        if site is not None:
+            value = _assigned_value(site.stmt)
+            site.container = "dict" if isinstance(value, ast.Dict) else "list"
+            site.has_batchnorm = self._container_batchnorm(value)
+        return site
+
+    def _container_batchnorm(self, value: ast.AST) -> bool | None:
+        """False when no model of the literal has BatchNorm, None when some may."""
+        found = [o.has_batchnorm for r, o in self.roles(value) if r == ROLE_MODELS and isinstance(o, ModelSite)]
+        return False if found and not any(b is not False for b in found) else None
 
     def _same_or_outer_block(self, stmt: ast.stmt, node: ast.AST) -> bool:
         """Is `stmt` in a block that `node` runs in too (not inside an `if` that `node` is outside)?"""
@@ -321,20 +536,8 @@ class Anatomy:
         return site
 
     def _assignments_to(self, ref: Ref) -> list[ast.stmt]:
-        return self._assignments_by_ref.get(ref, [])
-
-    @cached_property
-    def _assignments_by_ref(self) -> dict[Ref, list[ast.stmt]]:
-        """Every assignment statement, indexed once by the variable it binds, in source order."""
-        index: dict[Ref, list[ast.stmt]] = defaultdict(list)
-        for node in ast.walk(self.tree):
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                for ref in {self.ref(t) for t in targets} - {None}:
-                    index[ref].append(node)  # type: ignore[index]
-        for stmts in index.values():
-            stmts.sort(key=lambda n: (n.lineno, n.col_offset))
-        return index
+        """The `=` statements that bind `ref` to their whole right-hand side, in source order."""
+        return [b.stmt for b in bindings(self).get(ref, ()) if b.whole and b.assigned]
 
     def _placements_after(self, ref: Ref, stmt: ast.stmt) -> list[ast.stmt]:
         """Statements after `stmt` in its block, before the first loop, that move `ref` to a device."""
@@ -351,7 +554,7 @@ class Anatomy:
         return (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
-            and node.func.attr in ("to", "cuda")
+            and node.func.attr in DEVICE_MOVES
             and self.ref(node.func.value) == ref
         )
 
@@ -375,6 +578,17 @@ class Anatomy:
                 yield cur
             cur = self.parents.get(cur)
 
+    def runs_at_import(self, node: ast.AST) -> bool:
+        """Is `node` module-level code outside the `if __name__ == "__main__":` block?"""
+        if self.scope_of.get(node, MODULE_SCOPE) != MODULE_SCOPE:
+            return False
+        cur = self.parents.get(node)
+        while cur is not None:
+            if cur is self.main_guard:
+                return False
+            cur = self.parents.get(cur)
+        return True
+
     def function_contains(self, scope: str, predicate, _seen: set[str] | None = None) -> bool:
         """Does function `scope`, or anything it calls, contain a node matching predicate?"""
         seen = set() if _seen is None else _seen
@@ -394,6 +608,16 @@ class Anatomy:
                     return True
         return False
 
+    def epoch_loops_around(self, loader: LoaderSite) -> list[LoopSite]:
+        """Epoch loops whose body trains on `loader` (in a step loop here, or through a call into another file)."""
+        steps = {s.node for s in (*self.step_loops, *self.delegated_steps) if s.trains and s.loader is loader}
+        return [e for e in self.epoch_loops if self.body_contains(e.node.body, lambda n: n in steps)]  # type: ignore[attr-defined]
+
+    @property
+    def has_top_level_training(self) -> bool:
+        """Does module-level code (or a local function it calls) run training steps?"""
+        return self.body_contains(self.tree.body, self.is_training_call)
+
     def is_training_call(self, node: ast.AST) -> bool:
         """`loss.backward()`, `optimizer.step()` or `scaler.step(optimizer)`."""
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
@@ -405,16 +629,19 @@ class Anatomy:
 
     # populated by the analysis
     _loader_sites: dict[ast.Call, LoaderSite]
+    _item_sites: dict[tuple[ast.Call, int], LoaderSite]  # loaders in the tuple another file's function returns
     _model_sites: dict[ast.Call, ModelSite]
 
 
-def analyze(text: str, path: str = "<string>", tree: ast.Module | None = None, pending_imports: dict[str, str] | None = None) -> Anatomy:
+def analyze(text: str, path: str = "<string>", tree: ast.Module | None = None, pending_imports: dict[str, str] | None = None,
+            facts: ProjectFacts = NO_FACTS) -> Anatomy:
     """Parse `text` (unless `tree` is given) and find its anatomy.
 
-    `pending_imports` maps local names to qualified names for imports a codemod will add later.
+    `pending_imports` maps local names to qualified names for imports a codemod will add later;
+    `facts` is what the file's project says about names it imports and callers it has elsewhere.
     """
     tree = ast.parse(text, filename=path) if tree is None else tree
-    anatomy = Anatomy(text, path, tree, pending_imports)
+    anatomy = Anatomy(text, path, tree, pending_imports, facts)
     _Indexer(anatomy).run()
     _ValueFlow(anatomy).run()
     _find_loops(anatomy)
@@ -455,6 +682,7 @@ class _Indexer:
                 stack.append((child, inner_scope, inner_cls, child_stmt))
         a._model_sites = {}
         a._loader_sites = {}
+        a._item_sites = {}
         for node in ast.walk(a.tree):
             if isinstance(node, ast.Call):
                 self._record_call(node)
@@ -483,12 +711,14 @@ class _Indexer:
                 if name in a.model_classes:
                     continue
                 bases = {a.qualname(b) for b in node.bases}
-                if "torch.nn.Module" in bases or bases & set(a.model_classes):
+                if "torch.nn.Module" in bases or bases & set(a.model_classes) or any(_imported_model_class(a, b) for b in bases):
                     a.model_classes[name] = _describe_model_class(a, node)
                     changed = True
         for mc in a.model_classes.values():  # inherited batchnorm
             for base in (a.qualname(b) for b in mc.node.bases):
                 if base in a.model_classes and a.model_classes[base].has_batchnorm:
+                    mc.has_batchnorm = True
+                if _imported_model_class(a, base) and a.facts.imported[base].has_batchnorm:  # type: ignore[index]
                     mc.has_batchnorm = True
 
     def _record_call(self, call: ast.Call) -> None:
@@ -498,18 +728,37 @@ class _Indexer:
             q = call.func.id
         site = a.site(call, CallSite, qualname=q)
         a.calls.append(site)  # type: ignore[arg-type]
-        if q == "torch.utils.data.DataLoader":
-            loader = a.site(call, LoaderSite, call=call)
+        if q == "torch.utils.data.DataLoader" or a.facts.returns(q, ROLE_LOADER):
+            built_elsewhere = q != "torch.utils.data.DataLoader"
+            loader = a.site(call, LoaderSite, call=call, built_elsewhere=built_elsewhere)
             a._loader_sites[call] = loader  # type: ignore[assignment]
-            a.loaders.append(loader)  # type: ignore[arg-type]
+            (a.foreign_loaders if built_elsewhere else a.loaders).append(loader)  # type: ignore[arg-type]
         elif a.is_model_constructor(q):
             mc = a.model_classes.get(q)
-            model = a.site(call, ModelSite, class_name=q, has_batchnorm=mc.has_batchnorm if mc else None)
+            imported = a.facts.imported.get(q)
+            has_batchnorm = mc.has_batchnorm if mc else imported.has_batchnorm if imported else None
+            model = a.site(call, ModelSite, class_name=q, has_batchnorm=has_batchnorm)
             if mc is None and q.startswith("torch.nn."):
                 model.has_batchnorm = any(  # type: ignore[attr-defined]
-                    isinstance(n, ast.Call) and bool(_BATCHNORM.match(a.qualname(n.func) or "")) for n in ast.walk(call)
+                    isinstance(n, ast.Call) and bool(BATCHNORM.match(a.qualname(n.func) or "")) for n in ast.walk(call)
                 )
             a._model_sites[call] = model  # type: ignore[assignment]
+        self._record_returned_loaders(call, q)
+
+    def _record_returned_loaders(self, call: ast.Call, q: str) -> None:
+        """A stand-in site for each loader in the tuple that a function of another file returns."""
+        a = self.a
+        exported = a.facts.imported.get(q)
+        for index, roles in enumerate(exported.items if exported else ()):
+            if ROLE_LOADER in roles:
+                loader = a.site(call, LoaderSite, call=call, built_elsewhere=True, index=index)
+                a._item_sites[(call, index)] = loader  # type: ignore[assignment]
+                a.foreign_loaders.append(loader)  # type: ignore[arg-type]
+
+
+def _imported_model_class(a: Anatomy, qualname: str | None) -> bool:
+    imported = a.facts.imported.get(qualname or "")
+    return imported is not None and imported.is_model_class
 
 
 def _describe_model_class(a: Anatomy, node: ast.ClassDef) -> ModelClass:
@@ -523,9 +772,26 @@ def _describe_model_class(a: Anatomy, node: ast.ClassDef) -> ModelClass:
     for sub in ast.walk(node):
         if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self" and isinstance(sub.ctx, ast.Store):
             mc.attributes.add(sub.attr)
-        if isinstance(sub, ast.Call) and _BATCHNORM.match(a.qualname(sub.func) or ""):
+        if isinstance(sub, ast.Assign) and isinstance(sub.value, ast.Call) and a.qualname(sub.value.func) == PARAMETER_CONSTRUCTOR:
+            mc.parameters.update(t.attr for t in sub.targets if isinstance(t, ast.Attribute) and ast.unparse(t.value) == "self")
+        if isinstance(sub, ast.Assign) and _is_repeated_blocks(a, sub.value):
+            mc.block_lists += [t.attr for t in sub.targets if isinstance(t, ast.Attribute) and ast.unparse(t.value) == "self"]
+        if isinstance(sub, ast.Call) and BATCHNORM.match(a.qualname(sub.func) or ""):
             mc.has_batchnorm = True
     return mc
+
+
+def _is_repeated_blocks(a: Anatomy, value: ast.expr) -> bool:
+    """`nn.ModuleList`/`nn.Sequential` of blocks built by a comprehension or of one repeated class:
+    the units FSDP shards one by one."""
+    if not (isinstance(value, ast.Call) and a.qualname(value.func) in BLOCK_SEQUENCES):
+        return False
+    items = [arg.value if isinstance(arg, ast.Starred) else arg for arg in value.args]
+    if len(items) == 1 and isinstance(items[0], (ast.ListComp, ast.GeneratorExp)):
+        return True
+    elements = items[0].elts if len(items) == 1 and isinstance(items[0], (ast.List, ast.Tuple)) else items
+    classes = {a.qualname(e.func) for e in elements if isinstance(e, ast.Call)}
+    return len(elements) >= 2 and len(classes) == 1 and all(isinstance(e, ast.Call) for e in elements)
 
 
 def _local_names(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
@@ -556,15 +822,44 @@ class _ValueFlow:
         self.local_calls = [c for c in anatomy.calls if anatomy.callee(c.node) is not None]  # type: ignore[arg-type]
 
     def run(self) -> None:
+        self._seed_incoming()
         for _ in range(self.MAX_ROUNDS):
-            before = sum(len(v) for v in self.a.values.values()) + sum(len(v) for v in self.a.returns.values())
+            before = self._known()
             self._flow_assignments()
             self._flow_arguments()
             self._flow_returns()
-            after = sum(len(v) for v in self.a.values.values()) + sum(len(v) for v in self.a.returns.values())
-            if after == before:
+            if self._known() == before:
                 break
         self._bind_origins()
+
+    def _known(self) -> int:
+        a = self.a
+        return sum(len(v) for table in (a.values, a.returns, a.item_returns) for v in table.values())  # type: ignore[attr-defined]
+
+    def _seed_incoming(self) -> None:
+        """Parameters that callers in other files fill: a stand-in site for each model or loader."""
+        a = self.a
+        for scope, params in a.facts.params.items():
+            fn = a.functions.get(scope)
+            if fn is None:
+                continue
+            for param, incoming in params.items():
+                ref = Ref(scope, param)
+                for role in incoming.roles:
+                    a.values[ref].add((role, self._stand_in(fn, ref, role, incoming)))
+
+    def _stand_in(self, fn: Function, ref: Ref, role: str, incoming) -> Site | None:
+        a = self.a
+        if role == ROLE_LOADER:
+            loader = a.site(fn.node, LoaderSite, target=ref, built_elsewhere=True, handled_elsewhere=True)
+            a.foreign_loaders.append(loader)  # type: ignore[arg-type]
+            return loader
+        if role == ROLE_MODEL:
+            model = a.site(fn.node, ModelSite, target=ref, has_batchnorm=incoming.has_batchnorm)
+            if incoming.wrapped:
+                a.wrapped_elsewhere.add(model)  # type: ignore[arg-type]
+            return model
+        return None
 
     def _flow_assignments(self) -> None:
         for node in self.assignments:
@@ -572,6 +867,10 @@ class _ValueFlow:
                 ref = self.a.ref(target)
                 if ref is not None:
                     self.a.values[ref] |= self.a.roles(value)
+        for target, container in self.a._loop_targets:
+            ref = self.a.ref(target)
+            if ref is not None:
+                self.a.values[ref] |= {(ROLE_MODEL, o) for r, o in self.a.roles(container) if r == ROLE_MODELS}
 
     def _flow_arguments(self) -> None:
         for site in self.local_calls:
@@ -589,6 +888,9 @@ class _ValueFlow:
         for ret in self.returns:
             scope = self.a.scope_of.get(ret, MODULE_SCOPE)
             self.a.returns[scope] |= self.a.roles(ret.value)  # type: ignore[arg-type]
+            if isinstance(ret.value, ast.Tuple):
+                for index, item in enumerate(ret.value.elts):
+                    self.a.item_returns[(scope, index)] |= self.a.roles(item)
 
     def _bind_origins(self) -> None:
         """Give each model and loader site the variable it is first bound to, and its placements."""
@@ -605,6 +907,25 @@ class _ValueFlow:
 
 
 def _assigned_pairs(node: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    return [pair for target, value in _assignment(node) for pair in _unpacked(target, value)]
+
+
+def _unpacked(target: ast.AST, value: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    """`a, b = x, y` pairs each name with its value; `a, b = f()` with `f()[0]`, `f()[1]` (an ast not in the tree)."""
+    if not isinstance(target, (ast.Tuple, ast.List)):
+        return [(target, value)]
+    if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts):
+        return [pair for t, v in zip(target.elts, value.elts) for pair in _unpacked(t, v)]
+    if isinstance(value, ast.Call) and not any(isinstance(t, ast.Starred) for t in target.elts):
+        return [(t, ast.Subscript(value=value, slice=ast.Constant(i), ctx=ast.Load())) for i, t in enumerate(target.elts)]
+    return []
+
+
+def _int_constant(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is int
+
+
+def _assignment(node: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
     if isinstance(node, ast.Assign):
         return [(t, node.value) for t in node.targets]
     if isinstance(node, ast.AnnAssign) and node.value is not None:
@@ -614,6 +935,37 @@ def _assigned_pairs(node: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
     if isinstance(node, ast.NamedExpr):
         return [(node.target, node.value)]
     return []
+
+
+def _moves_any(expr: ast.AST) -> bool:
+    """Does the expression call `.to(...)` or `.cuda(...)` anywhere?"""
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in DEVICE_MOVES for n in ast.walk(expr))
+
+
+def _reads_name(expr: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(expr))
+
+
+def _updates_in_place(body: list[ast.stmt], name: str) -> bool:
+    """Does the loop body change `name` in place from its gradient (`name -= ...`, `name.data.add_(...)`)?"""
+    for node in walk_body(body):
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("add_", "sub_", "copy_"):
+            receiver = node.func.value
+            receiver = receiver.value if isinstance(receiver, ast.Attribute) and receiver.attr == "data" else receiver
+            if isinstance(receiver, ast.Name) and receiver.id == name and _reads_name(node, name) and any(
+                isinstance(n, ast.Attribute) and n.attr == "grad" for n in ast.walk(node)
+            ):
+                return True
+    return False
+
+
+def _container_iterated(expr: ast.AST) -> ast.AST | None:
+    """`nets` in `for x in nets` and `for x in nets.values()`."""
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "values" and not expr.args:
+        expr = expr.func.value
+    return expr if isinstance(expr, (ast.Name, ast.Attribute)) else None
 
 
 def _assigned_value(stmt: ast.stmt) -> ast.AST:
@@ -629,6 +981,9 @@ def _argument_for(call: ast.Call, index: int, name: str) -> ast.AST | None:
 
 def _direct_origins(a: Anatomy, value: ast.AST) -> list[Site]:
     """Sites constructed by the expression itself (through `.to()`/`.cuda()` chains)."""
+    if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Call) and _int_constant(value.slice):
+        site = a._item_sites.get((value.value, value.slice.value))  # type: ignore[attr-defined]
+        return [site] if site is not None else []
     while isinstance(value, ast.Call):
         site = a._model_sites.get(value) or a._loader_sites.get(value)
         if site is not None:
@@ -651,15 +1006,36 @@ def _find_loops(a: Anatomy) -> None:
             a.step_loops.append(a.site(node, LoopSite, loader=loader, loop_var=_loop_var(node), trains=trains))  # type: ignore[arg-type]
             if trains:
                 loader.is_train = True
-    train_loop_nodes = {loop.node for loop in a.step_loops if loop.trains}
+    _find_delegated_training(a)
+    train_loop_nodes = {loop.node for loop in (*a.step_loops, *a.delegated_steps) if loop.trains}
     for node in ast.walk(a.tree):
         if isinstance(node, (ast.For, ast.AsyncFor)) and node not in {l.node for l in a.step_loops}:
             if a.body_contains(node.body, lambda n: n in train_loop_nodes):
                 a.epoch_loops.append(a.site(node, LoopSite, loop_var=_loop_var(node), trains=True))  # type: ignore[arg-type]
 
 
+def _find_delegated_training(a: Anatomy) -> None:
+    """Loaders of this file that another file trains on: handed to its function, or returned to it."""
+    for call in a.calls:
+        exported = a.facts.imported.get(call.qualname)
+        for param, mode in exported.trains if exported else ():
+            arg = _argument_for(call.node, exported.params.index(param), param)  # type: ignore[arg-type, union-attr]
+            for loader in a.origins(arg, ROLE_LOADER) if arg is not None else ():
+                if mode == EPOCHS:
+                    loader.is_train = loader.handled_elsewhere = True  # type: ignore[attr-defined]
+                else:
+                    loader.is_train = loader.is_train or mode == STEPS  # type: ignore[attr-defined]
+                    a.delegated_steps.append(a.site(call.node, LoopSite, loader=loader, trains=mode == STEPS))  # type: ignore[arg-type]
+    for scope, index in a.facts.returned_elsewhere:
+        returned = a.returns.get(scope, ()) if index is None else a.item_returns.get((scope, index), ())
+        for role, origin in returned:
+            if role == ROLE_LOADER and isinstance(origin, LoaderSite):
+                origin.handled_elsewhere = True
+                origin.is_train = origin.is_train or (scope, index) in a.facts.trained_returns
+
+
 def _iterated_loader(a: Anatomy, expr: ast.AST) -> LoaderSite | None:
-    while isinstance(expr, ast.Call) and (a.qualname(expr.func) in _ITER_WRAPPERS) and expr.args:
+    while isinstance(expr, ast.Call) and (a.qualname(expr.func) in ITERATION_WRAPPERS) and expr.args:
         expr = expr.args[0]
     if isinstance(expr, ast.Call) and expr in a._loader_sites:
         return a._loader_sites[expr]

@@ -1,11 +1,11 @@
-"""What a DDP script does across ranks, read from its `Anatomy` by the DDP lint rules.
+"""What a DDP script does across ranks, read from its `Anatomy` by the DDP lint rules and codemods.
 
 Rank conditions (`if rank == 0:`, `if dist.get_rank() == 0`, `if is_main_process():`, early
 `return`s under them), collectives, DDP wrappers and what they wrap, DistributedSamplers, seeding,
 environment writes, `--local_rank` arguments and the process-group backend.
 
-Every function takes an `Anatomy`; whole-script results are cached on it (`_cached`), so rules that
-ask the same question share one answer. Values are followed the way `Anatomy.roles` follows them,
+Every function takes an `Anatomy`; whole-script results are cached on it (`per_anatomy`), so rules
+that ask the same question share one answer. Values are followed the way `Anatomy.roles` follows them,
 but where the analysis is flow-insensitive, the DDP questions are not: `model` is the plain model
 before `model = DDP(model)` and the wrapper after it, so `wrapper_value` reads the assignment that
 reaches the use.
@@ -14,13 +14,16 @@ reaches the use.
 from __future__ import annotations
 
 import ast
-import functools
 import re
 from collections import defaultdict
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
-from ddpify.anatomy.analyzer import DDP_WRAPPER, ROLE_MODEL, Anatomy
+from ddpify.anatomy.analyzer import ROLE_LOGGER, ROLE_MODEL, Anatomy
+from ddpify.anatomy.bindings import bindings
+from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.sites import MODULE_SCOPE, CallSite, LoaderSite, Ref, ScriptKind
+from ddpify.anatomy.syntax import ancestors, argument, constant, contains, enclosing_function, identifier, keyword, method_name
+from ddpify.anatomy.vocabulary import ITERABLE_DATASETS, DDP_WRAPPER, LOG_METHODS, MODULE_RETURNING_SELF
 
 DIST = "torch.distributed"
 COLLECTIVES = frozenset(
@@ -32,6 +35,19 @@ COLLECTIVES = frozenset(
         "gather", "gather_object", "scatter", "scatter_object_list", "new_group",
     )
 )
+# FSDP2's per-module sharding (public since torch 2.6; `_composable` before), and legacy FSDP.
+FULLY_SHARD = frozenset({f"{DIST}.fsdp.fully_shard", f"{DIST}._composable.fsdp.fully_shard"})
+LEGACY_FSDP = f"{DIST}.fsdp.FullyShardedDataParallel"
+# Whole-state gathers of a sharded model: collectives, whatever rank writes the result.
+STATE_DICT_GATHERS = frozenset(
+    f"{DIST}.checkpoint.state_dict.{name}" for name in ("get_model_state_dict", "get_optimizer_state_dict", "get_state_dict")
+)
+# Per-node duties: downloads and extractions into a node's disk, done by local rank 0 of each node.
+DOWNLOADERS = frozenset({
+    "torchvision.datasets.utils.download_url", "torchvision.datasets.utils.download_and_extract_archive",
+    "torch.hub.download_url_to_file", "huggingface_hub.snapshot_download", "huggingface_hub.hf_hub_download",
+    "datasets.load_dataset",
+})
 DISTRIBUTED_SAMPLER = "torch.utils.data.DistributedSampler"
 SYNC_BATCHNORM_CONVERT = "torch.nn.SyncBatchNorm.convert_sync_batchnorm"
 SPAWN_CALLS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
@@ -39,30 +55,7 @@ SEED_CALLS = frozenset({
     "torch.manual_seed", "torch.random.manual_seed", "lightning.seed_everything", "pytorch_lightning.seed_everything",
     "lightning.pytorch.seed_everything", "transformers.set_seed", "accelerate.utils.set_seed",
 })
-SAVE_CALLS = frozenset({"torch.save", "numpy.save", "numpy.savez", "numpy.savetxt"})
-
-# Everything an `nn.Module` or a `DistributedDataParallel` instance answers itself (torch 2.x);
-# any other attribute read on the wrapper raises AttributeError (it lives on `.module`).
-MODULE_ATTRIBUTES = frozenset({
-    "T_destination", "add_module", "apply", "bfloat16", "buffers", "call_super_init", "children", "compile",
-    "cpu", "cuda", "double", "dump_patches", "eval", "extra_repr", "float", "forward", "get_buffer",
-    "get_extra_state", "get_parameter", "get_submodule", "half", "ipu", "load_state_dict", "modules", "mtia",
-    "named_buffers", "named_children", "named_modules", "named_parameters", "parameters",
-    "register_backward_hook", "register_buffer", "register_forward_hook", "register_forward_pre_hook",
-    "register_full_backward_hook", "register_full_backward_pre_hook", "register_load_state_dict_post_hook",
-    "register_load_state_dict_pre_hook", "register_module", "register_parameter", "register_state_dict_post_hook",
-    "register_state_dict_pre_hook", "requires_grad_", "set_extra_state", "set_submodule", "share_memory",
-    "state_dict", "to", "to_empty", "train", "training", "type", "xpu", "zero_grad",
-})
-DDP_ATTRIBUTES = frozenset({
-    "broadcast_bucket_size", "broadcast_buffers", "bucket_bytes_cap", "device", "device_ids", "device_type",
-    "dim", "find_unused_parameters", "gather", "gradient_as_bucket_view", "is_multi_device_module", "join",
-    "join_device", "join_hook", "join_process_group", "logger", "mixed_precision", "module", "modules_buffers",
-    "no_sync", "output_device", "parameters_to_ignore", "process_group", "reducer", "register_comm_hook",
-    "require_backward_grad_sync", "require_forward_param_sync", "scatter", "static_graph", "to_kwargs",
-    "will_sync_module_buffers",
-})
-WRAPPER_ATTRIBUTES = MODULE_ATTRIBUTES | DDP_ATTRIBUTES
+RANDOM_SPLIT = "torch.utils.data.random_split"
 
 _RANK_NAME = re.compile(r"^(?:\w+_)?rank(?:_id)?$|^(?:gpu|gpu_id|local_gpu)$", re.IGNORECASE)
 _MAIN_PROCESS_NAME = re.compile(
@@ -71,113 +64,14 @@ _MAIN_PROCESS_NAME = re.compile(
     re.IGNORECASE,
 )
 _RANK_FUNCTIONS = frozenset({f"{DIST}.get_rank", f"{DIST}.get_node_local_rank", f"{DIST}.get_global_rank"})
-_WRAPPER_KEEPING_METHODS = frozenset({"to", "cuda", "cpu", "train", "eval", "float", "half", "bfloat16", "requires_grad_"})
 _MAX_DEPTH = 12
 
 
-def _cached(fn: Callable[[Anatomy], object]):
-    """Cache a whole-script answer on the anatomy object itself."""
-
-    @functools.wraps(fn)
-    def wrapper(a: Anatomy):
-        cache = a.__dict__.setdefault("_dist", {})
-        if fn.__name__ not in cache:
-            cache[fn.__name__] = fn(a)
-        return cache[fn.__name__]
-
-    return wrapper
-
-
-# ----- small syntax helpers ------------------------------------------------------------------
-def keyword(call: ast.Call, name: str) -> ast.keyword | None:
-    return next((kw for kw in call.keywords if kw.arg == name), None)
-
-
-def argument(call: ast.Call, index: int, name: str) -> ast.AST | None:
-    """The argument passed by keyword `name` or at position `index`."""
-    kw = keyword(call, name)
-    if kw is not None:
-        return kw.value
-    return call.args[index] if index < len(call.args) and not isinstance(call.args[index], ast.Starred) else None
-
-
-def constant(expr: ast.AST | None, *values: object) -> bool:
-    """Is `expr` a literal equal to one of `values` (True is not 1 here)?"""
-    return isinstance(expr, ast.Constant) and any(type(expr.value) is type(v) and expr.value == v for v in values)
-
-
-def method_name(call: ast.AST) -> str | None:
-    """`step` for `x.step(...)`."""
-    return call.func.attr if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) else None
-
-
-def identifier(expr: ast.AST) -> str | None:
-    """The last name of `x`, `self.x`, `args.x`."""
-    if isinstance(expr, ast.Name):
-        return expr.id
-    if isinstance(expr, ast.Attribute):
-        return expr.attr
-    return None
-
-
-def spelling(a: Anatomy, qualified: str) -> str | None:
-    """How this file spells `qualified` through its imports (`dist.barrier`), or None if it can't."""
-    best: tuple[int, str] | None = None
-    for local, target in a.names.aliases.items():
-        if qualified == target or qualified.startswith(target + "."):
-            candidate = local + qualified[len(target):]
-            if best is None or len(target) > best[0]:
-                best = (len(target), candidate)
-    return best[1] if best else None
-
-
-def ancestors(a: Anatomy, node: ast.AST) -> Iterator[tuple[ast.AST, ast.AST]]:
-    """(parent, child-on-the-path) pairs from `node` up to the module."""
-    child, parent = node, a.parents.get(node)
-    while parent is not None:
-        yield parent, child
-        child, parent = parent, a.parents.get(parent)
-
-
-def enclosing_function(a: Anatomy, node: ast.AST) -> str:
-    """The scope name of the function (or the module) whose body holds `node`."""
-    scope = a.scope_of.get(node, MODULE_SCOPE)
-    while scope != MODULE_SCOPE and scope not in a.functions:
-        scope = scope.rpartition(".")[0] or MODULE_SCOPE
-    return scope
-
-
-def contains(expr: ast.AST, predicate: Callable[[ast.AST], bool]) -> bool:
-    return any(predicate(n) for n in ast.walk(expr))
-
-
 # ----- assignments and the value that reaches a use ------------------------------------------
-@_cached
+@per_anatomy
 def assignments(a: Anatomy) -> dict[Ref, list[tuple[ast.stmt, ast.AST]]]:
     """Every `ref = value` (and `a, b = x, y`), in source order."""
-    found: dict[Ref, list[tuple[ast.stmt, ast.AST]]] = defaultdict(list)
-    for node in ast.walk(a.tree):
-        if isinstance(node, ast.Assign):
-            pairs = [(t, node.value) for t in node.targets]
-        elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            pairs = [(node.target, node.value)]
-        else:
-            continue
-        for target, value in _unpack(pairs):
-            ref = a.ref(target)
-            if ref is not None:
-                found[ref].append((node, value))
-    for entries in found.values():
-        entries.sort(key=lambda e: (e[0].lineno, e[0].col_offset))
-    return found
-
-
-def _unpack(pairs: list[tuple[ast.AST, ast.AST]]) -> Iterator[tuple[ast.AST, ast.AST]]:
-    for target, value in pairs:
-        if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
-            yield from zip(target.elts, value.elts)
-        else:
-            yield target, value
+    return {ref: [(b.stmt, b.value) for b in found if b.assigned] for ref, found in bindings(a).items()}  # type: ignore[misc]
 
 
 def reaching_values(a: Anatomy, expr: ast.AST) -> list[ast.AST]:
@@ -207,6 +101,26 @@ def reaching_values(a: Anatomy, expr: ast.AST) -> list[ast.AST]:
     return []
 
 
+def is_iterable_dataset(a: Anatomy, expr: ast.AST, depth: int = 0) -> bool:
+    """Does `expr` hold an IterableDataset (no sampler can shard it: it yields its own samples)?"""
+    if depth > _MAX_DEPTH:
+        return False
+    if isinstance(expr, ast.NamedExpr):
+        return is_iterable_dataset(a, expr.value, depth + 1)
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        return any(is_iterable_dataset(a, v, depth + 1) for v in reaching_values(a, expr))
+    return isinstance(expr, ast.Call) and _derives_from_iterable_dataset(a, a.qualname(expr.func) or "", frozenset())
+
+
+def _derives_from_iterable_dataset(a: Anatomy, name: str, seen: frozenset[str]) -> bool:
+    if name in ITERABLE_DATASETS:
+        return True
+    cls = next((n for n in a.tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+    if cls is None or name in seen:
+        return False
+    return any(_derives_from_iterable_dataset(a, a.qualname(base) or "", seen | {name}) for base in cls.bases)
+
+
 def _only_called_before(a: Anatomy, scope: str, stmt: ast.stmt) -> bool:
     """Is function `scope` called only from `stmt`'s function, before `stmt` (so `stmt` can't reach it)?"""
     calls = callers(a, scope)
@@ -214,7 +128,7 @@ def _only_called_before(a: Anatomy, scope: str, stmt: ast.stmt) -> bool:
     return bool(calls) and all(a.scope_of.get(c) == stmt_scope and c.lineno < stmt.lineno for c in calls)
 
 
-@_cached
+@per_anatomy
 def _callers_by_scope(a: Anatomy) -> dict[str, list[ast.Call]]:
     """Local functions and methods, each with the calls that invoke it.
 
@@ -288,7 +202,7 @@ def is_rank_value(a: Anatomy, expr: ast.AST, depth: int = 0) -> bool:
     return isinstance(expr, ast.Name) and expr.id in _worker_rank_parameters(a).get(a.scope_of.get(expr, MODULE_SCOPE), ())
 
 
-@_cached
+@per_anatomy
 def _worker_rank_parameters(a: Anatomy) -> dict[str, set[str]]:
     """The first parameter of each mp.spawn worker: the process index, i.e. the rank."""
     found: dict[str, set[str]] = {}
@@ -347,7 +261,7 @@ def _means_a_real_rank(literal: ast.AST) -> bool:
     return isinstance(literal, ast.Constant) and isinstance(literal.value, int) and not isinstance(literal.value, bool) and literal.value >= 0
 
 
-@_cached
+@per_anatomy
 def _rank_test_functions(a: Anatomy) -> set[str]:
     """Local functions that return a rank test (`def is_main(): return dist.get_rank() == 0`)."""
     return {scope for scope in a.functions if any(is_rank_test(a, v) for v in returned_values(a, scope))}
@@ -421,7 +335,7 @@ def rank_guarded(a: Anatomy, node: ast.AST, _seen: frozenset[str] = frozenset())
 
 
 # ----- which code runs on every rank ---------------------------------------------------------
-@_cached
+@per_anatomy
 def spawn_workers(a: Anatomy) -> set[str]:
     """Functions handed to `mp.spawn(fn, ...)`."""
     found = set()
@@ -432,7 +346,7 @@ def spawn_workers(a: Anatomy) -> set[str]:
     return found
 
 
-@_cached
+@per_anatomy
 def _reachable_from_workers(a: Anatomy) -> set[str]:
     callees: dict[str, set[str]] = defaultdict(set)
     for scope, calls in _callers_by_scope(a).items():
@@ -463,8 +377,18 @@ def runs_on_every_rank(a: Anatomy, node: ast.AST) -> bool:
     return scope in _reachable_from_workers(a)
 
 
+# ----- rank-0 duties -------------------------------------------------------------------------
+def log_level(a: Anatomy, call: ast.AST) -> str | None:
+    """The level of a log call (`logging.info(...)`, `logger.warning(...)`, `logging.getLogger().log(...)`)."""
+    method = method_name(call)
+    if method not in LOG_METHODS:
+        return None
+    func = call.func  # type: ignore[attr-defined]
+    return method if (a.qualname(func) or "").startswith("logging.") or a.has_role(func.value, ROLE_LOGGER) else None
+
+
 # ----- collectives ---------------------------------------------------------------------------
-@_cached
+@per_anatomy
 def collectives(a: Anatomy) -> list[CallSite]:
     return [c for c in a.calls if c.qualname in COLLECTIVES]
 
@@ -475,7 +399,7 @@ def calls_collective(a: Anatomy, body: Iterable[ast.AST]) -> bool:
 
 
 # ----- DDP wrappers --------------------------------------------------------------------------
-@_cached
+@per_anatomy
 def wrap_calls(a: Anatomy) -> list[CallSite]:
     """Every `DistributedDataParallel(model, ...)` call."""
     return a.calls_to(DDP_WRAPPER)
@@ -485,29 +409,33 @@ def wrapped_module(call: ast.Call) -> ast.AST | None:
     return argument(call, 0, "module")
 
 
-def is_wrapper(a: Anatomy, expr: ast.AST, depth: int = 0) -> bool:
-    """Does `expr` evaluate to a DDP wrapper (not the module inside it)?"""
+def is_wrapper(a: Anatomy, expr: ast.AST, wrapper: str = DDP_WRAPPER, depth: int = 0) -> bool:
+    """Does `expr` evaluate to a `wrapper` (DDP, or DataParallel), not the module inside it?"""
     if depth > _MAX_DEPTH:
         return False
     if isinstance(expr, ast.Call):
         q = a.qualname(expr.func)
-        if q == DDP_WRAPPER:
+        if q == wrapper:
             return True
         if q == "torch.compile" and expr.args:
-            return is_wrapper(a, expr.args[0], depth + 1)
-        if method_name(expr) in _WRAPPER_KEEPING_METHODS:
-            return is_wrapper(a, expr.func.value, depth + 1)  # type: ignore[attr-defined]
+            return is_wrapper(a, expr.args[0], wrapper, depth + 1)
+        if method_name(expr) in MODULE_RETURNING_SELF:
+            return is_wrapper(a, expr.func.value, wrapper, depth + 1)  # type: ignore[attr-defined]
         callee = a.callee(expr)
-        return callee is not None and any(is_wrapper(a, v, depth + 1) for v in returned_values(a, callee))
+        return callee is not None and any(is_wrapper(a, v, wrapper, depth + 1) for v in returned_values(a, callee))
     if isinstance(expr, ast.IfExp):
         if _unwraps(expr):
             return False
-        return is_wrapper(a, expr.body, depth + 1) or is_wrapper(a, expr.orelse, depth + 1)
+        return is_wrapper(a, expr.body, wrapper, depth + 1) or is_wrapper(a, expr.orelse, wrapper, depth + 1)
     if isinstance(expr, (ast.Name, ast.Attribute)):
-        if not a.has_role(expr, ROLE_MODEL) or not wrap_calls(a):
+        if not a.has_role(expr, ROLE_MODEL) or not _wrap_calls_of(a, wrapper):
             return False
-        return any(is_wrapper(a, v, depth + 1) for v in reaching_values(a, expr))
+        return any(is_wrapper(a, v, wrapper, depth + 1) for v in reaching_values(a, expr))
     return False
+
+
+def _wrap_calls_of(a: Anatomy, wrapper: str) -> list[CallSite]:
+    return wrap_calls(a) if wrapper == DDP_WRAPPER else a.calls_to(wrapper)
 
 
 def _unwraps(expr: ast.IfExp) -> bool:
@@ -527,10 +455,10 @@ def model_origins(a: Anatomy, expr: ast.AST, depth: int = 0) -> set[ast.Call] | 
         q = a.qualname(expr.func) or ""
         if a.is_model_constructor(q):
             return {expr}
-        if q in (DDP_WRAPPER, "torch.compile", SYNC_BATCHNORM_CONVERT):
+        if q in (DDP_WRAPPER, "torch.compile", SYNC_BATCHNORM_CONVERT) or q in FULLY_SHARD:
             inner = argument(expr, 0, "module")
             return model_origins(a, inner, depth + 1) if inner is not None else None
-        if method_name(expr) in _WRAPPER_KEEPING_METHODS:
+        if method_name(expr) in MODULE_RETURNING_SELF:
             return model_origins(a, expr.func.value, depth + 1)  # type: ignore[attr-defined]
         callee = a.callee(expr)
         return _union(a, returned_values(a, callee), depth) if callee else None
@@ -555,7 +483,7 @@ def _union(a: Anatomy, exprs: list[ast.AST], depth: int) -> set[ast.Call] | None
     return found
 
 
-@_cached
+@per_anatomy
 def wrapped_origins(a: Anatomy) -> set[ast.Call]:
     """The constructor calls of every model that some DDP wrapper wraps."""
     found: set[ast.Call] = set()
@@ -565,7 +493,48 @@ def wrapped_origins(a: Anatomy) -> set[ast.Call]:
     return found
 
 
-@_cached
+# ----- per-node duties ------------------------------------------------------------------------
+@per_anatomy
+def downloads(a: Anatomy) -> list[CallSite]:
+    """Calls that fetch data onto the node's disk: `MNIST(root, download=True)`, `load_dataset(...)`."""
+    return [c for c in a.calls if c.qualname in DOWNLOADERS or constant(getattr(keyword(c.node, "download"), "value", None), True)]  # type: ignore[arg-type]
+
+
+# ----- FSDP ----------------------------------------------------------------------------------
+@per_anatomy
+def shard_calls(a: Anatomy) -> list[CallSite]:
+    """Every `fully_shard(module, ...)` call (FSDP2)."""
+    return [c for c in a.calls if c.qualname in FULLY_SHARD]
+
+
+@per_anatomy
+def sharded_origins(a: Anatomy) -> set[ast.Call]:
+    """The constructor calls of every model that `fully_shard` shards (its root, not its blocks)."""
+    found: set[ast.Call] = set()
+    for site in shard_calls(a):
+        inner = argument(site.node, 0, "module")  # type: ignore[arg-type]
+        found |= (model_origins(a, inner) or set()) if inner is not None else set()
+    return found
+
+
+def after_shard(a: Anatomy, node: ast.AST) -> bool:
+    """Is `node` reached only once the model is sharded (later in the shard's function, or in a
+    function that is not only called before the shard)?"""
+    scope = a.scope_of.get(node, MODULE_SCOPE)
+    for shard in shard_calls(a):
+        if shard.scope == scope:
+            return node.lineno > shard.stmt.end_lineno  # type: ignore[attr-defined, operator]
+        if not _only_called_before(a, scope, shard.stmt):
+            return True
+    return False
+
+
+def is_sharded_model(a: Anatomy, expr: ast.AST) -> bool:
+    """Does `expr` hold a model that `fully_shard` shards somewhere in the script?"""
+    return bool(sharded_origins(a) and (model_origins(a, expr) or set()) & sharded_origins(a))
+
+
+@per_anatomy
 def uses_no_sync(a: Anatomy) -> bool:
     """Does the script skip gradient sync anywhere (`model.no_sync()`, `require_backward_grad_sync`)?"""
     return any(
@@ -575,7 +544,8 @@ def uses_no_sync(a: Anatomy) -> bool:
 
 # ----- samplers ------------------------------------------------------------------------------
 def loader_sampler(a: Anatomy, loader: LoaderSite) -> ast.Call | None:
-    """The `DistributedSampler(...)` call a DataLoader's `sampler=`/`batch_sampler=` holds."""
+    """The call that shards a DataLoader across ranks: the `DistributedSampler(...)` its
+    `sampler=`/`batch_sampler=` holds, or a local function returning this rank's indices."""
     for name in ("sampler", "batch_sampler"):
         kw = keyword(loader.call, name)
         if kw is not None:
@@ -587,7 +557,7 @@ def _distributed_sampler_in(a: Anatomy, expr: ast.AST, depth: int) -> ast.Call |
     if depth > _MAX_DEPTH:
         return None
     if isinstance(expr, ast.Call):
-        if a.qualname(expr.func) == DISTRIBUTED_SAMPLER:
+        if a.qualname(expr.func) == DISTRIBUTED_SAMPLER or _returns_rank_shard(a, expr):
             return expr
         inner = [_distributed_sampler_in(a, arg, depth + 1) for arg in (*expr.args, *(k.value for k in expr.keywords))]
         return next((s for s in inner if s is not None), None)  # BatchSampler(DistributedSampler(...), ...)
@@ -600,6 +570,12 @@ def _distributed_sampler_in(a: Anatomy, expr: ast.AST, depth: int) -> ast.Call |
             if found is not None:
                 return found
     return None
+
+
+def _returns_rank_shard(a: Anatomy, call: ast.Call) -> bool:
+    """A call of a local function whose result depends on the rank (ddpify's `evaluation_shard`)."""
+    callee = a.callee(call)
+    return callee is not None and any(mentions_rank(a, value) for value in returned_values(a, callee))
 
 
 def sampler_shuffles(call: ast.Call) -> bool:
@@ -631,7 +607,7 @@ def sets_epoch(a: Anatomy, body: Iterable[ast.AST]) -> bool:
 
 
 # ----- seeding, environment, arguments, backend ----------------------------------------------
-@_cached
+@per_anatomy
 def seed_calls(a: Anatomy) -> list[CallSite]:
     """`torch.manual_seed(...)`, `seed_everything(...)`, or a call of a local function that seeds."""
 
@@ -639,6 +615,25 @@ def seed_calls(a: Anatomy) -> list[CallSite]:
         return isinstance(n, ast.Call) and a.qualname(n.func) in SEED_CALLS
 
     return [c for c in a.calls if c.qualname in SEED_CALLS or ((s := a.callee(c.node)) and a.function_contains(s, seeds))]  # type: ignore[arg-type]
+
+
+def unseeded_random_splits(a: Anatomy) -> list[CallSite]:
+    """`random_split(...)` calls with no generator and no seed set before them: in a process per GPU,
+    each process draws its own split (one rank's validation samples are another's training samples)."""
+    return [
+        c for c in a.calls_to(RANDOM_SPLIT)
+        if len(c.node.args) < 3 and all(kw.arg not in ("generator", None) for kw in c.node.keywords)  # type: ignore[attr-defined]
+        and not _seeded_before(a, c.node)
+    ]
+
+
+def _seeded_before(a: Anatomy, node: ast.AST) -> bool:
+    """Is a seed set before `node` runs (earlier in its function, or in another function)?"""
+    scope = enclosing_function(a, node)
+    return any(
+        enclosing_function(a, seed.node) != scope or seed.line < node.lineno  # type: ignore[attr-defined]
+        for seed in seed_calls(a)
+    )
 
 
 def env_writes(a: Anatomy, variable: str) -> list[ast.AST]:
@@ -663,7 +658,7 @@ def _names_variable(call: ast.Call, variable: str) -> bool:
     return any(isinstance(arg, ast.Dict) and any(constant(k, variable) for k in arg.keys) for arg in call.args)
 
 
-@_cached
+@per_anatomy
 def local_rank_arguments(a: Anatomy) -> list[CallSite]:
     """`parser.add_argument("--local_rank", ...)` (the torch.distributed.launch convention)."""
     return [
@@ -688,3 +683,37 @@ def mentions_rank(a: Anatomy, expr: ast.AST, through_variables: bool = True) -> 
             if ref and any(contains(v, lambda n: is_rank_value(a, n)) for _, v in assignments(a).get(ref, ())):
                 return True
     return False
+
+
+# ----- GPU indices ---------------------------------------------------------------------------
+def holds_integer(a: Anatomy, expr: ast.AST, depth: int = 0) -> bool:
+    """Is `expr` an int literal, or a variable only ever given one (`gpu = 0`, `self.gpu_id`
+    set from a caller's `0`, `args.gpu` from an `add_argument(..., type=int)` option)?"""
+    if depth > _MAX_DEPTH:
+        return False
+    if isinstance(expr, ast.Constant):
+        return type(expr.value) is int
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.attr in _integer_options(a):
+        return True
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        values = reaching_values(a, expr)
+        return bool(values) and all(holds_integer(a, v, depth + 1) for v in values)
+    return False
+
+
+@per_anatomy
+def _integer_options(a: Anatomy) -> set[str]:
+    """The `args.<dest>` names of argparse options declared `type=int` or with an int default."""
+    found = set()
+    for c in a.calls:
+        call: ast.Call = c.node  # type: ignore[assignment]
+        if method_name(call) != "add_argument" or not call.args or not isinstance(call.args[0], ast.Constant):
+            continue
+        kind, default = keyword(call, "type"), keyword(call, "default")
+        if (kind is not None and isinstance(kind.value, ast.Name) and kind.value.id == "int") or (
+            default is not None and constant(default.value, *range(-1, 16))
+        ):
+            dest = keyword(call, "dest")
+            name = dest.value.value if dest is not None and isinstance(dest.value, ast.Constant) else str(call.args[0].value)
+            found.add(name.lstrip("-").replace("-", "_"))
+    return found

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import ast
 import re
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterator
 
 from ddpify.anatomy import distributed as ddp
-from ddpify.anatomy.analyzer import DP_WRAPPER, ROLE_CRITERION, ROLE_MODEL, Anatomy, Function
+from ddpify.anatomy.analyzer import ROLE_CRITERION, ROLE_MODEL, Anatomy, Function
 from ddpify.anatomy.analyzer import walk_body  # every node of a body, not nested defs
+from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.sites import MODULE_SCOPE, ModelSite, Ref
+from ddpify.anatomy.syntax import argument
+from ddpify.anatomy.vocabulary import DEVICE_MOVES, DP_WRAPPER
 
 # Where the loss sits in what forward returns: () the value itself, (1,) a tuple item, ("loss",) a dict item.
 LossPath = tuple[int | str, ...]
@@ -33,7 +35,6 @@ _LOSS_FUNCTION = re.compile(r"^torch\.nn\.functional\.(\w+_loss|cross_entropy|bi
 _LOSS_NAME = re.compile(r"(^|_)loss(es)?($|_)")
 _REDUCTIONS = frozenset({"mean", "sum"})
 _CONTAINER_MUTATORS = frozenset({"append", "extend", "insert", "update", "setdefault", "pop", "clear", "add", "remove"})
-_TENSOR_MOVES = frozenset({"to", "cuda"})
 _MAX_DEPTH = 8
 
 
@@ -456,38 +457,13 @@ def literal(anatomy: Anatomy, expr: ast.AST, depth: int = 0) -> ast.Constant | N
 
 def _values_of(anatomy: Anatomy, ref: Ref) -> list[ast.AST | None]:
     """What is assigned to `ref`, or passed for it when it is a parameter (None: not a plain value)."""
-    values = list(_bindings(anatomy).get(ref, ()))
+    values: list[ast.AST | None] = [b.value if b.whole else None for b in bindings(anatomy).get(ref, ())]
     fn = anatomy.functions.get(ref.scope)
     if fn is not None and ref.name in fn.params:
         index = fn.params.index(ref.name)
-        passed = [ddp.argument(call, index, ref.name) for call in ddp.callers(anatomy, ref.scope)]
+        passed = [argument(call, index, ref.name) for call in ddp.callers(anatomy, ref.scope)]
         values += [v if v is not None else _default(fn.node, ref.name) for v in passed] or [None]
     return values
-
-
-def _bindings(anatomy: Anatomy) -> dict[Ref, list[ast.AST | None]]:
-    """Every variable's assigned values, in one walk of the script (cached on the anatomy);
-    None for a binding that is no plain value (`a, b = f()`, `n += 1`, a loop variable)."""
-    cached = anatomy.__dict__.get("_dp_bindings")
-    if cached is not None:
-        return cached
-    found: dict[Ref, list[ast.AST | None]] = defaultdict(list)
-    for node in ast.walk(anatomy.tree):
-        if isinstance(node, ast.Assign):
-            plain = all(isinstance(t, (ast.Name, ast.Attribute)) for t in node.targets)
-            for target in node.targets:
-                _bind(anatomy, found, target, node.value if plain else None)
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor)):
-            _bind(anatomy, found, node.target, node.value if isinstance(node, ast.AnnAssign) else None)
-    anatomy.__dict__["_dp_bindings"] = found
-    return found
-
-
-def _bind(anatomy: Anatomy, found: dict[Ref, list[ast.AST | None]], target: ast.AST, value: ast.AST | None) -> None:
-    for node in ast.walk(target):
-        ref = anatomy.ref(node) if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Store) else None
-        if ref is not None:
-            found[ref].append(value)
 
 
 def _default(fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> ast.AST | None:
@@ -523,7 +499,7 @@ def model_moves(model: ModelSite) -> list[ast.Call]:
     """The `.to(...)` / `.cuda(...)` calls that put `model` on its device, in source order."""
     return [
         n for stmt in (model.stmt, *model.placements) for n in ast.walk(stmt)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _TENSOR_MOVES
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in DEVICE_MOVES
     ]
 
 

@@ -17,10 +17,11 @@ class ScriptKind(enum.Enum):
     DATA_PARALLEL = "dataparallel"
     DDP = "ddp"
     SPAWN = "mp.spawn"
+    FRAMEWORK = "framework"  # distributed by a library (Accelerate, Lightning, HF Trainer, DeepSpeed)
 
     @property
     def distributed(self) -> bool:
-        return self in (ScriptKind.DDP, ScriptKind.SPAWN)
+        return self in (ScriptKind.DDP, ScriptKind.SPAWN, ScriptKind.FRAMEWORK)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class ModelSite(Site):
     target: Ref = None  # type: ignore[assignment]
     class_name: str = ""
     has_batchnorm: bool | None = None  # None: a model class this file does not define
+    container: str | None = None  # "list" or "dict" when `target` holds several models
     placements: list[ast.stmt] = field(default_factory=list)
 
 
@@ -72,6 +74,9 @@ class LoaderSite(Site):
     target: Ref | None = None
     is_train: bool = False
     call: ast.Call = None  # type: ignore[assignment]
+    built_elsewhere: bool = False  # stands for a loader another file builds (its call or parameter is here)
+    handled_elsewhere: bool = False  # another file iterates it and loops over its epochs
+    index: int | None = None  # its place in the tuple another file's function returns
 
 
 @dataclass(eq=False)

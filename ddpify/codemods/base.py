@@ -42,11 +42,47 @@ class Advice:
     message: str
 
 
+@dataclass(frozen=True)
+class Missing:
+    """Work the conversion needs but could not do: the result is incomplete until it is done by hand."""
+
+    line: int
+    what: str  # "no model was wrapped in DistributedDataParallel"
+    todo: str  # what to do by hand
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.what}; {self.todo}"
+
+
+@dataclass(frozen=True)
+class Duty:
+    """What a conversion must achieve (wrap a model, shard the data); the transform that does it
+    names it in `Transform.DUTY`, and a duty no transform fulfils leaves the result incomplete."""
+
+    what: str  # said when it is not fulfilled
+    todo: str
+    anchor: Callable[[Anatomy], int]  # the line a missing item points at
+
+
+def training_line(anatomy: Anatomy) -> int:
+    """Where the script trains: its first optimizer, else its first backward()/step(), else line 1."""
+    sites = anatomy.optimizers or anatomy.training_calls
+    return sites[0].line if sites else 1
+
+
+def data_line(anatomy: Anatomy) -> int:
+    """Where the training data comes from: its first training loader, else any loader, else where it trains."""
+    loaders = anatomy.train_loaders or anatomy.loaders
+    return loaders[0].line if loaders else training_line(anatomy)
+
+
 @dataclass
 class Options:
     """What the user asked for on the command line."""
 
     batch_size: str = "per-gpu"  # or "global"
+    eval: str = "shard"  # or "whole": every rank evaluates the full set
+    log_loss: str = "reduced"  # or "rank0": training-loss prints show rank 0's shard only
 
 
 @dataclass(frozen=True)
@@ -73,6 +109,8 @@ class Report:
     changes: list[Change] = field(default_factory=list)
     advice: list[Advice] = field(default_factory=list)
     imports: list[Import] = field(default_factory=list)
+    missing: list[Missing] = field(default_factory=list)
+    fulfilled: bool = False  # the transform's DUTY was done at least once
 
 
 def key_of(node: ast.AST | Pos) -> Key:
@@ -95,11 +133,29 @@ def parse_expr(code: str) -> cst.BaseExpression:
     return cst.parse_expression(code)
 
 
+def add_keyword(node: cst.CSTNode, keyword: str, value: str) -> cst.CSTNode:
+    """The call with `keyword=value` appended, keeping its layout (and any trailing comma)."""
+    assert isinstance(node, cst.Call)
+    new = cst.Arg(keyword=cst.Name(keyword), value=parse_expr(value),
+                  equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
+    if not node.args:
+        return node.with_changes(args=[new])
+    args = list(node.args)
+    last = args[-1]
+    if isinstance(last.comma, cst.Comma):  # trailing comma: keep the call's own layout
+        separator = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else last.comma
+        args[-1] = last.with_changes(comma=separator)
+        return node.with_changes(args=[*args, new.with_changes(comma=last.comma)])
+    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return node.with_changes(args=[*args, new])
+
+
 class Transform(VisitorBasedCodemodCommand):
     """Base of every rewrite step. Subclasses set NAME and DESCRIPTION and override `plan()`."""
 
     NAME: ClassVar[str] = ""
     DESCRIPTION: ClassVar[str] = ""
+    DUTY: ClassVar[Duty | None] = None
     METADATA_DEPENDENCIES = (PositionProvider,)
 
     def __init__(self, context: CodemodContext, anatomy: Anatomy, options: Options) -> None:
@@ -125,6 +181,23 @@ class Transform(VisitorBasedCodemodCommand):
 
     def advise(self, line: int, message: str) -> None:
         self.report.advice.append(Advice(line, message))
+
+    def missing(self, line: int, what: str, todo: str) -> None:
+        """Something the conversion needs and this transform could not do: the result is incomplete."""
+        self.report.missing.append(Missing(line, what, todo))
+
+    def fulfil(self) -> None:
+        """This transform did its DUTY (at least once)."""
+        self.report.fulfilled = True
+
+    def missing_unwrapped_models(self, wrapper: str) -> None:
+        """Each optimizer whose model the analysis cannot bind trains a model left unwrapped (unless
+        another file of the project binds that model to an optimizer, and wraps it there)."""
+        if self.anatomy.facts.models_trained_elsewhere:
+            return
+        for optimizer in self.anatomy.optimizers_without_model:
+            self.missing(optimizer.line, f"the model this optimizer trains was not found, so it is not wrapped in {wrapper}",
+                         f"wrap that model in {wrapper} once it is on its device, and build the optimizer on its parameters")
 
     # ----- queuing edits ---------------------------------------------------------------------
     def insert_before(self, stmt: ast.stmt, code: str | Sequence[cst.BaseStatement]) -> None:

@@ -12,14 +12,10 @@ import ast
 
 import libcst as cst
 
-from ddpify.anatomy import ROLE_MODEL, Site
+from ddpify.anatomy import ROLE_MODEL
+from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.vocabulary import reads_through_module
 from ddpify.codemods.base import Transform
-
-# What a wrapper answers for itself, the same as the wrapped model would.
-WRAPPER_PASSTHROUGH = frozenset(
-    {"train", "eval", "parameters", "named_parameters", "zero_grad", "requires_grad_", "no_sync",
-     "module", "training", "forward", "to", "cuda", "cpu"}
-)
 
 
 class ModuleAccess(Transform):
@@ -30,42 +26,30 @@ class ModuleAccess(Transform):
     WRAPPER = ""
 
     def plan(self) -> None:
-        wraps = self.anatomy.calls_to(self.WRAPPER)
-        wrapped = {o for w in wraps if w.node.args for o in self.anatomy.origins(w.node.args[0], ROLE_MODEL)}  # type: ignore[attr-defined]
-        if not wrapped:
+        if not self.anatomy.calls_to(self.WRAPPER) and not self.anatomy.wrapped_elsewhere:
             return
         for node in ast.walk(self.anatomy.tree):
-            if self._needs_module(node, wrapped, wraps):
+            if self._needs_module(node):
                 self._insert_module(node)  # type: ignore[arg-type]
         for save in self.anatomy.calls_to("torch.save"):
             whole = save.node.args[0] if save.node.args else None  # type: ignore[attr-defined]
-            if isinstance(whole, (ast.Name, ast.Attribute)) and self.anatomy.origins(whole, ROLE_MODEL) & wrapped and self._after_wrap(whole, wraps):
+            if isinstance(whole, (ast.Name, ast.Attribute)) and self._on_wrapper(whole):
                 self.rewrite_node(whole, type(_cst_name(whole)), _module_of)
                 self.changed(save.line, f"torch.save({ast.unparse(whole)}) -> saves {ast.unparse(whole)}.module (the wrapper does not unpickle without a process group)")
 
-    def _needs_module(self, node: ast.AST, wrapped: set, wraps: list[Site]) -> bool:
-        if not isinstance(node, ast.Attribute) or node.attr in WRAPPER_PASSTHROUGH or node.attr.startswith("__"):
+    def _needs_module(self, node: ast.AST) -> bool:
+        if not isinstance(node, ast.Attribute) or not reads_through_module(node.attr):
             return False
         if self.anatomy.scope_of.get(node, "").split(".")[0] in self.anatomy.model_classes:
             return False
-        if not (self.anatomy.origins(node.value, ROLE_MODEL) & wrapped):
-            return False
-        return self._after_wrap(node, wraps)
+        return self._on_wrapper(node.value)
 
-    def _after_wrap(self, node: ast.AST, wraps: list[Site]) -> bool:
-        """Is the access reached only once the model is wrapped?"""
-        scope = self.anatomy.scope_of.get(node)
-        line = node.lineno  # type: ignore[attr-defined]
-        for wrap in wraps:
-            if wrap.scope == scope:
-                return line > wrap.stmt.end_lineno  # type: ignore[operator]
-            if not self._only_called_before(scope, wrap):
-                return True
-        return False
-
-    def _only_called_before(self, scope: str | None, wrap: Site) -> bool:
-        calls = [c for c in self.anatomy.calls if self.anatomy.callee(c.node) == scope]  # type: ignore[arg-type]
-        return bool(calls) and all(c.scope == wrap.scope and c.line < wrap.line for c in calls)
+    def _on_wrapper(self, expr: ast.AST) -> bool:
+        """Does `expr` hold the wrapper where it is read (judged as the lint rules judge it), or a
+        model another file of the project hands in already wrapped?"""
+        if self.anatomy.origins(expr, ROLE_MODEL) & self.anatomy.wrapped_elsewhere:  # type: ignore[operator]
+            return True
+        return ddp.is_wrapper(self.anatomy, expr, self.WRAPPER)
 
     def _insert_module(self, node: ast.Attribute) -> None:
         target = node.value

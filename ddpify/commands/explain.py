@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from ddpify.commands import EXIT_ERROR, EXIT_OK
-from ddpify.sources import SourceError, check_syntax, read_source
+from ddpify.sources import Source, SourceError, check_syntax, read_source
 
 # Call qualnames grouped into the side effects a multi-GPU run has to care about.
 _EFFECTS = {
@@ -28,6 +28,7 @@ _EFFECTS = {
 def explain_source(text: str, path: str = "<string>", target: str = "ddp") -> dict:
     """The anatomy of `text` as plain data (JSON-ready), plus the changes `--to target` would make."""
     from ddpify.anatomy import ROLE_LOGGER, ROLE_OPTIMIZER, ROLE_WRITER, analyze
+    from ddpify.anatomy.vocabulary import is_optimizer_constructor
     from ddpify.convert import convert_source
 
     a = analyze(text, path)
@@ -54,7 +55,7 @@ def explain_source(text: str, path: str = "<string>", target: str = "ddp") -> di
     optimizers = [
         {"class": c.qualname, "line": c.line}
         for c in a.calls
-        if c.qualname.startswith("torch.optim.") and c.qualname.count(".") == 2
+        if is_optimizer_constructor(c.qualname)
     ]
     loaders = [
         {"variable": ld.target.name if ld.target else None, "line": ld.line, "role": "train" if ld.is_train else "eval"}
@@ -78,12 +79,15 @@ def explain_source(text: str, path: str = "<string>", target: str = "ddp") -> di
         result = convert_source(text, target, path=path)
         conversion = {
             "target": target,
+            "status": result.status.value,
             "note": result.note,
             "changes": [{"line": c.line, "transform": c.transform, "message": c.message} for c in result.changes],
             "advice": [{"line": w.line, "message": w.message} for w in result.advice],
+            "missing": [{"line": m.line, "what": m.what, "todo": m.todo} for m in result.missing],
         }
     except Exception as error:  # explain must still report the anatomy when a codemod fails
-        conversion = {"target": target, "note": f"conversion failed ({type(error).__name__}: {error})", "changes": [], "advice": []}
+        conversion = {"target": target, "status": "failed", "note": f"conversion failed ({type(error).__name__}: {error})",
+                      "changes": [], "advice": [], "missing": []}
     guard = a.main_guard
     return {
         "path": path,
@@ -158,28 +162,43 @@ def render_text(info: dict) -> str:
         out.append("  change nothing")
     for w in conv["advice"]:
         out.append(f"  warning, line {w['line']}: {w['message']}")
+    for m in conv["missing"]:
+        out.append(f"  missing, line {m['line']}: {m['what']}; {m['todo']}")
+    out.append(f"  and end {conv['status']}")
     return "\n".join(out) + "\n"
 
 
 @click.command()
-@click.argument("path", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("path", type=click.Path(path_type=Path, dir_okay=False, readable=False))
 @click.option("--to", "target", type=click.Choice(["ddp", "dp"]), default="ddp", show_default=True,
               help="Which conversion to preview.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def explain(path, target, as_json):
     """Explain what ddpify finds in a training script (never runs it) and what a conversion would change."""
     try:
-        source = read_source(path)
-        check_syntax(source)
+        text = _script_text(path)
     except SourceError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(EXIT_ERROR)
-    info = explain_source(source.text, str(path), target)
+    info = explain_source(text, str(path), target)
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
         click.echo(render_text(info), nl=False)
     sys.exit(EXIT_OK)
+
+
+def _script_text(path: Path) -> str:
+    """The script to explain: the file, or a notebook's code cells joined (lines are the joined script's)."""
+    if path.suffix == ".ipynb":
+        from ddpify.notebooks import read_notebook_script
+
+        text = read_notebook_script(path)[0]
+        check_syntax(Source(path=str(path), text=text, encoding="utf-8", bom=False, mode=None))
+        return text
+    source = read_source(path)
+    check_syntax(source)
+    return source.text
 
 
 COMMANDS = (explain,)

@@ -3,13 +3,15 @@
 Selection follows ruff. A selector is a rule code ("DDP001") or a prefix of codes ("DDP", "DP0").
 For each rule, the most specific matching selector among `select` + `extend-select` and `ignore`
 decides (a tie goes to `ignore`); a rule no selector matches is on when it is `default_enabled`
-and `select` was not given. Rules that are off by default are turned on only by their exact code.
+and `select` was not given. Rules that are off by default are turned on only by their exact code
+or by `ALL`, which selects every rule and is less specific than any prefix.
 `per-file-ignores` then turns codes off for files matching a glob (gitignore syntax, relative to
 the directory of the config file, or of the current directory when there is none).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -22,8 +24,10 @@ import pathspec
 from ddpify.lint.rule import Rule
 
 CONFIG_FILE = "pyproject.toml"
-RULE_FAMILIES = ("DDP", "DP")  # valid selectors even while a family has no rule yet
+RULE_FAMILIES = ("DDP", "DP", "FSDP")  # valid selectors even while a family has no rule yet
+ALL_SELECTOR = "ALL"
 _LIST_KEYS = ("select", "ignore", "extend-select", "exclude")
+KNOWN_KEYS = (*_LIST_KEYS, "per-file-ignores")
 
 
 class ConfigError(Exception):
@@ -58,7 +62,7 @@ class Config:
         selectors = [*(self.select or ()), *self.ignore, *self.extend_select]
         selectors += [code for _, codes_ in self.per_file_ignores for code in codes_]
         for selector in selectors:
-            if selector not in RULE_FAMILIES and not any(code.startswith(selector) for code in codes):
+            if selector not in (*RULE_FAMILIES, ALL_SELECTOR) and not any(code.startswith(selector) for code in codes):
                 raise ConfigError(f"{self.path or 'command line'}: unknown rule code or prefix {selector!r}")
 
     def enabled(self, rules: Iterable[type[Rule]], path: str) -> frozenset[str]:
@@ -70,7 +74,7 @@ class Config:
         """Is the rule on, before per-file-ignores?"""
         chosen = (*(self.select or ()), *self.extend_select)
         if not rule.default_enabled:
-            chosen = tuple(s for s in chosen if s == rule.code)
+            chosen = tuple(s for s in chosen if s in (rule.code, ALL_SELECTOR))
         best_on = _specificity(rule.code, chosen)
         best_off = _specificity(rule.code, self.ignore)
         if best_on < 0 and best_off < 0:
@@ -90,8 +94,8 @@ class Config:
 
 
 def _specificity(code: str, selectors: Iterable[str]) -> int:
-    """Length of the longest selector that is a prefix of `code`; -1 if none is."""
-    return max((len(s) for s in selectors if code.startswith(s)), default=-1)
+    """Length of the longest selector that is a prefix of `code` (ALL: 0); -1 if none is."""
+    return max((0 if s == ALL_SELECTOR else len(s) for s in selectors if s == ALL_SELECTOR or code.startswith(s)), default=-1)
 
 
 def _matches(code: str, selectors: Iterable[str]) -> bool:
@@ -136,6 +140,7 @@ def _read_toml(path: Path) -> dict:
 
 
 def _config_from_table(table: dict, path: Path) -> Config:
+    _reject_unknown_keys(table, path)
     values = {key: _string_list(table, key, path) for key in _LIST_KEYS if key in table}
     values.update({key: upper_all(v) for key, v in values.items() if key != "exclude"})
     per_file = table.get("per-file-ignores", {})
@@ -150,6 +155,15 @@ def _config_from_table(table: dict, path: Path) -> Config:
         root=str(path.resolve().parent),
         path=str(path),
     )
+
+
+def _reject_unknown_keys(table: dict, path: Path) -> None:
+    """A misspelt key would otherwise be ignored silently: name it, and the key it probably meant."""
+    for key in table:
+        if key not in KNOWN_KEYS:
+            close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(KNOWN_KEYS)})"
+            raise ConfigError(f"{path}: unknown key {key!r} in [tool.ddpify]{hint}")
 
 
 def upper_all(codes: Iterable[str]) -> tuple[str, ...]:

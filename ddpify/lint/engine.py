@@ -15,17 +15,9 @@ from ddpify.lint.config import Config
 from ddpify.lint.fixes import apply_fixes
 from ddpify.lint.registry import all_rules
 from ddpify.lint.rule import Finding, Fix, Rule
-from ddpify.lint.suppress import directives, is_suppressed, statement_last_lines
-from ddpify.sources import (
-    Source,
-    SourceError,
-    check_syntax,
-    iter_python_files,
-    mentions_torch,
-    read_source,
-    unchanged_since_read,
-    write_atomic,
-)
+from ddpify.lint.suppress import Directive, add_directives, by_line, directive_comments, statement_last_lines, suppressing_line, unused_directives
+from ddpify.sources import (Source, SourceError, check_syntax, iter_python_files, mentions_torch, read_source,
+                            unchanged_since_read, write_atomic)
 
 MAX_FIX_ROUNDS = 10
 MIN_FILES_FOR_POOL = 8
@@ -67,6 +59,7 @@ class FileReport:
     fixes_applied: int = 0
     diff: str = ""
     skipped: bool = False  # never mentions torch: not parsed
+    directives_added: int = 0  # --add-noqa
     notes: list[str] = field(default_factory=list)  # one-line remarks for stderr (not errors)
 
 
@@ -78,6 +71,7 @@ class Options:
     fix: bool = False
     diff: bool = False
     unsafe_fixes: bool = False
+    add_noqa: bool = False  # add suppression comments instead of fixing
 
     def wants(self, fix: Fix | None) -> bool:
         return fix is not None and (fix.safe or self.unsafe_fixes)
@@ -121,12 +115,29 @@ def check_text(text: str, path: str, rules: RuleSet) -> tuple[list[Diagnostic], 
             found.extend(_diagnostic(anatomy, rule, f) for f in rule.check(anatomy))
         except Exception as e:  # a broken rule must not stop the others or the other files
             errors.append(f"{path}: internal error in rule {rule.code}: {type(e).__name__}: {e}")
-    if found:
-        comments = directives(text)
-        if comments:
-            last_lines = statement_last_lines(anatomy.tree)
-            found = [d for d in found if not is_suppressed(d.code, d.pos, comments, last_lines)]
+    judges = [r for r in rules.by_kind[anatomy.kind] if hasattr(r, "check_directives")]
+    comments = directive_comments(text) if found or judges else []
+    if comments:
+        found, used = _unsuppressed(anatomy, found, comments)
+        idle = unused_directives(comments, used)
+        for rule in judges:
+            found.extend(_diagnostic(anatomy, rule, f) for f in rule.check_directives(anatomy, idle))  # type: ignore[attr-defined]
     return sorted(found, key=lambda d: d.sort_key), errors
+
+
+def _unsuppressed(anatomy: Anatomy, found: list[Diagnostic], comments: list[Directive]) -> tuple[list[Diagnostic], dict[int, set[str]]]:
+    """The findings no directive suppresses, and for each directive's line the codes it suppressed."""
+    lines = by_line(comments)
+    last_lines = statement_last_lines(anatomy.tree)
+    kept: list[Diagnostic] = []
+    used: dict[int, set[str]] = {}
+    for d in found:
+        line = suppressing_line(d.code, d.pos, lines, last_lines)
+        if line is None:
+            kept.append(d)
+        else:
+            used.setdefault(line, set()).add(d.code)
+    return kept, used
 
 
 def _diagnostic(anatomy: Anatomy, rule: Rule, finding: Finding) -> Diagnostic:
@@ -177,6 +188,28 @@ def _apply(text: str, fixes: list[Fix], diagnostics: list[Diagnostic]) -> tuple[
 
 
 # ----- one file ---------------------------------------------------------------------------------
+def lint_text(text: str, path: str, options: Options) -> tuple[FileReport, str]:
+    """Lint (and, per options, fix) a text that is no file on disk, such as stdin read as `path`:
+    the report and the text after fixes."""
+    report = FileReport(path)
+    if not mentions_torch(text):
+        report.skipped = True
+        return report, text
+    try:
+        rules = rule_set(options.config.enabled(all_rules(), path))
+        if not (options.fix or options.diff):
+            report.diagnostics, report.errors = check_text(text, path, rules)
+            return report, text
+        fixed, report.fixes_applied, report.diagnostics, report.errors = fix_text(text, path, rules, options)
+        report.diff = unified_diff(path, text, fixed) if options.diff and fixed != text else ""
+        return report, fixed
+    except (SourceError, FixError) as e:
+        report.errors.append(str(e))
+    except Exception as e:  # a bug in the analysis: reported like any other file's
+        report.errors.append(f"{path}: internal error: {type(e).__name__}: {e}")
+    return report, text
+
+
 def lint_file(path: str, options: Options) -> FileReport:
     """Read, lint and (per options) fix one file; problems become `report.errors`, never exceptions."""
     report = FileReport(path)
@@ -188,7 +221,9 @@ def lint_file(path: str, options: Options) -> FileReport:
             report.skipped = True
             return report
         rules = rule_set(options.config.enabled(all_rules(), path))
-        if options.fix or options.diff:
+        if options.add_noqa:
+            _add_noqa(source, rules, report)
+        elif options.fix or options.diff:
             _fix_file(source, rules, options, report)
         else:
             report.diagnostics, report.errors = check_text(source.text, path, rules)
@@ -201,19 +236,14 @@ def lint_file(path: str, options: Options) -> FileReport:
 
 def _lint_notebook(path: str, options: Options, report: FileReport) -> FileReport:
     """Lint a notebook's joined code cells; findings are located by cell. Never writes (no fixes yet)."""
-    from ddpify.notebooks import lint_location, notebook_to_script
+    from ddpify.notebooks import lint_location, read_notebook_script
 
     try:
-        try:
-            text, cell_map = notebook_to_script(path)
-        except OSError as e:
-            raise SourceError(path, f"cannot be read: {e.strerror or e}") from None
-        except Exception as e:  # nbformat: not JSON, not a notebook, unknown version...
-            raise SourceError(path, f"is not a readable notebook: {type(e).__name__}: {e}") from None
+        text, cell_map = read_notebook_script(path)
         if not mentions_torch(text):
             report.skipped = True
             return report
-        if options.fix or options.diff:
+        if options.fix or options.diff or options.add_noqa:
             report.notes.append(NOTEBOOK_FIX_NOTE.format(path=path))
         rules = rule_set(options.config.enabled(all_rules(), path))
         diagnostics, report.errors = check_text(text, path, rules)
@@ -239,11 +269,25 @@ def _fix_file(source: Source, rules: RuleSet, options: Options, report: FileRepo
         report.diff = unified_diff(source.path, source.text, new_text)
         report.fixes_applied = applied
         return
-    data = source.encode(new_text)
+    _write_back(source, new_text)
+    report.fixes_applied = applied
+
+
+def _add_noqa(source: Source, rules: RuleSet, report: FileReport) -> None:
+    """Add a `# ddpify: ignore[CODE]` comment for each current finding; keep those none could reach."""
+    diagnostics, report.errors = check_text(source.text, source.path, rules)
+    tree = parse(source.text, source.path).tree
+    new_text, report.directives_added = add_directives(source.text, tree, ((d.code, d.pos) for d in diagnostics))
+    if new_text != source.text:
+        _write_back(source, new_text)
+    report.diagnostics = check_text(new_text, source.path, rules)[0]
+
+
+def _write_back(source: Source, new_text: str) -> None:
+    """Write the edited file atomically, unless it changed on disk since it was read."""
     if not unchanged_since_read(source):
         raise SourceError(source.path, "changed on disk while being fixed; not written")
-    write_atomic(source.path, data, source.mode)
-    report.fixes_applied = applied
+    write_atomic(source.path, source.encode(new_text), source.mode)
 
 
 def unified_diff(path: str, old: str, new: str) -> str:
@@ -254,10 +298,11 @@ def unified_diff(path: str, old: str, new: str) -> str:
 
 
 # ----- many files -------------------------------------------------------------------------------
-def collect_files(paths: Sequence[str], config: Config) -> tuple[list[str], list[str]]:
-    """Python files and notebooks named by or found under `paths`, and errors finding them."""
+def collect_files(paths: Sequence[str], config: Config, writing: bool = False) -> tuple[list[str], list[str]]:
+    """Python files and notebooks named by or found under `paths`, and errors finding them
+    (`writing`: links leading outside a walked directory are skipped, see iter_python_files)."""
     files, errors = [], []
-    for found in iter_python_files(paths, exclude=config.exclude):
+    for found in iter_python_files(paths, exclude=config.exclude, writing=writing):
         if isinstance(found, SourceError):
             errors.append(str(found))
         else:

@@ -1,4 +1,5 @@
-"""Print findings as text, JSON, GitHub Actions workflow commands or SARIF 2.1.0.
+"""Print findings as text (full, or concise: one line each), JSON, GitHub Actions workflow
+commands or SARIF 2.1.0; or, with --statistics, a count per rule.
 
 Positions are printed 1-based for lines and columns; an end column is the column just past the
 last character (exclusive), as in SARIF.
@@ -15,14 +16,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from urllib.parse import quote
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ddpify import __version__
 from ddpify.lint.docs import kinds_text, render_rule, rule_doc
 from ddpify.lint.engine import Diagnostic
 from ddpify.lint.rule import Edit, Fix, Rule
 
-FORMATS = ("text", "json", "github", "sarif")
+FORMATS = ("concise", "full", "text", "json", "github", "sarif")
+TEXT_FORMATS = ("concise", "full", "text")  # "text" is the name "full" had first
 _GITHUB_LEVELS = {"error": "error", "warning": "warning", "info": "notice"}
 _SARIF_LEVELS = {"error": "error", "warning": "warning", "info": "note"}
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -30,8 +32,8 @@ SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schem
 
 def render(fmt: str, diagnostics: Sequence[Diagnostic], rules: Sequence[type[Rule]], errors: Sequence[str]) -> str:
     """The findings in format `fmt`; `rules` describe the tool (SARIF), `errors` its failures."""
-    if fmt == "text":
-        return "".join(f"{text_diagnostic(d)}\n" for d in diagnostics)
+    if fmt in TEXT_FORMATS:
+        return "".join("".join(piece for piece, _ in diagnostic_parts(fmt, d)) for d in diagnostics)
     if fmt == "json":
         return json.dumps([json_diagnostic(d) for d in diagnostics], indent=2) + "\n"
     if fmt == "github":
@@ -42,6 +44,18 @@ def render(fmt: str, diagnostics: Sequence[Diagnostic], rules: Sequence[type[Rul
 
 
 # ----- text -------------------------------------------------------------------------------------
+def diagnostic_parts(fmt: str, d: Diagnostic) -> list[tuple[str, str | None]]:
+    """One diagnostic in a text format, as (text, role) pieces ending with a newline."""
+    return concise_parts(d) if fmt == "concise" else text_parts(d) + [("\n", None)]
+
+
+def concise_parts(d: Diagnostic) -> list[tuple[str, str | None]]:
+    """`path:line:col: CODE [*] message` on one line; `[*]` marks a safe fix."""
+    where = d.location if d.location is not None else f"{d.pos.line}:{d.pos.col + 1}"
+    mark = " [*]" if d.fix is not None and d.fix.safe else ""
+    return [(d.path, "path"), (f":{where}: ", None), (d.code, f"severity-{d.severity}"), (f"{mark} {d.message}\n", None)]
+
+
 def text_diagnostic(d: Diagnostic) -> str:
     """`path:line:col: CODE message` (notebooks: `path:cell N:line M: CODE message`), then the
     source line with a caret under the range."""
@@ -67,6 +81,26 @@ def _caret(d: Diagnostic) -> str:
     indent = "".join(ch if ch == "\t" else " " for ch in line[: d.pos.col])
     end = d.pos.end_col if d.pos.end_line == d.pos.line else len(line.rstrip())
     return indent + "^" * max(1, end - d.pos.col)
+
+
+# ----- statistics -------------------------------------------------------------------------------
+def statistics(fmt: str, diagnostics: Sequence[Diagnostic], fixable: Callable[[Fix | None], bool]) -> str:
+    """Findings counted per rule, most first: `  3  DDP007  [*] log-on-every-rank` rows, or JSON."""
+    rows = _statistics_rows(diagnostics, fixable)
+    if fmt == "json":
+        return json.dumps(rows, indent=2) + "\n"
+    width = max((len(str(r["count"])) for r in rows), default=1)
+    code_width = max((len(r["code"]) for r in rows), default=1)
+    return "".join(f"{r['count']:>{width}}\t{r['code']:<{code_width}}\t{'[*]' if r['fixable'] else '   '} {r['name']}\n" for r in rows)
+
+
+def _statistics_rows(diagnostics: Sequence[Diagnostic], fixable: Callable[[Fix | None], bool]) -> list[dict]:
+    by_code: dict[str, list[Diagnostic]] = {}
+    for d in diagnostics:
+        by_code.setdefault(d.code, []).append(d)
+    rows = [{"code": code, "name": found[0].name, "count": len(found), "fixable": any(fixable(d.fix) for d in found)}
+            for code, found in by_code.items()]
+    return sorted(rows, key=lambda r: (-r["count"], r["code"]))
 
 
 # ----- json -------------------------------------------------------------------------------------

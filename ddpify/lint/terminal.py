@@ -15,7 +15,21 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence, TextIO
 
 PROGRESS_MIN_FILES = 20  # a bar for more files than this
-_STYLES = {"path": "bold", "severity-error": "bold red", "severity-warning": "bold yellow", "severity-info": "bold cyan"}
+_STYLES = {"path": "bold", "severity-error": "bold red", "severity-warning": "bold yellow", "severity-info": "bold cyan",
+           "diff-add": "green", "diff-remove": "red", "diff-hunk": "cyan", "diff-file": "bold"}
+
+
+def diff_parts(diff: str) -> list[tuple[str, str | None]]:
+    """A unified diff as (text, role) pieces, one per line, for `echo_parts`."""
+    return [(line, _diff_role(line)) for line in diff.splitlines(keepends=True)]
+
+
+def _diff_role(line: str) -> str | None:
+    if line.startswith(("+++", "---")):
+        return "diff-file"
+    if line.startswith("@@"):
+        return "diff-hunk"
+    return {"+": "diff-add", "-": "diff-remove"}.get(line[:1])
 
 
 def _forced() -> bool:
@@ -40,8 +54,14 @@ def interactive(stream: TextIO | None = None) -> bool:
     return _is_tty(stream or sys.stdout) and not _in_ci()
 
 
-def use_colour(stream: TextIO | None = None) -> bool:
-    return not os.environ.get("NO_COLOR") and interactive(stream) and _rich() is not None
+COLOR_CHOICES = ("auto", "always", "never")
+
+
+def use_colour(stream: TextIO | None = None, mode: str = "auto") -> bool:
+    """Colour `stream`? `always` and `never` (--color) decide; `auto` asks the terminal and NO_COLOR."""
+    if mode == "never" or _rich() is None:
+        return False
+    return mode == "always" or (not os.environ.get("NO_COLOR") and interactive(stream))
 
 
 def use_progress(count: int, no_progress: bool) -> bool:

@@ -55,6 +55,13 @@ def is_training_loader(site: tuple[str, int], shuffle: bool, census: LoaderCensu
     return not (census.known_training or census.training_iterated or census.optimizer_stepped)
 
 
+class PassClock:
+    """The epoch of the training pass in progress, as the samplers count it (DistributedSampler's
+    `set_epoch` in the candidate, the census in the reference): per-sample seeds read it."""
+
+    epoch = 0
+
+
 class AlignedBatchSampler:
     """Batch sampler of one reference loader; decides on first use whether it trains.
 
@@ -108,7 +115,8 @@ class AlignedBatchSampler:
         if not self._is_training():
             yield from self._own_batches()
             return
-        slices = self.rank_slices(self.census.next_epoch(self.site))
+        PassClock.epoch = self.census.next_epoch(self.site)
+        slices = self.rank_slices(PassClock.epoch)
         b = self.per_rank_batch
         for k in range(self._aligned_len()):
             yield [index for indices in slices for index in indices[k * b:(k + 1) * b]]

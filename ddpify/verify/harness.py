@@ -4,8 +4,8 @@ Used in a process forked by the launcher (`run_role`) or as a torchrun worker
 (`python -m ddpify.verify.harness PLAN_JSON ROLE`). Before the script starts it:
 makes torch deterministic, switches dropout off, captures the tensor each backward
 starts from (unscaled when it came from a GradScaler), watches for `reduction='sum'`
-losses and plain BatchNorm, re-cuts the reference's training batches (see alignment),
-and arms a faulthandler dump for hangs. After `plan.steps` optimizer steps, or when
+losses, plain BatchNorm and float16/bfloat16 autocast, re-cuts the reference's training
+batches (see alignment), and arms a faulthandler dump for hangs. After `plan.steps` optimizer steps, or when
 the script ends, it writes its record and leaves at once with os._exit, so no rank
 blocks in teardown.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import inspect
+import io
 import os
 import random
 import runpy
@@ -28,10 +29,11 @@ import traceback
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data import DistributedSampler
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ddpify.verify.alignment import align_training_loaders
-from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan
+from ddpify.verify.alignment import PassClock, align_training_loaders
+from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan, Run
 
 SEED = 0
 SHARED_GPU_ENV = "DDPIFY_VERIFY_SHARED_GPU"
@@ -50,6 +52,7 @@ class Recorder:
         self.params: list[torch.Tensor] = []
         self.flags: dict[str, str] = {}
         self.notes: list[str] = []
+        self.initial: torch.Tensor | None = None  # parameters before the first optimizer step
         self.last_backward: torch.Tensor | None = None
         self.scaled: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -66,18 +69,32 @@ class Recorder:
             tensor = self.scaled[1]
         self.last_backward = tensor
 
+    def before_step(self, optimizer, args, kwargs) -> None:
+        """Optimizer step pre-hook: the parameters the first update starts from."""
+        if self.initial is None:
+            self.initial = _flat(_optimized(optimizer))
+
     def on_step(self, optimizer, args, kwargs) -> None:
         """Optimizer step post-hook: record, and leave once enough steps are recorded."""
+        self.record_step(_optimized(optimizer))
+
+    def on_zero_grad(self, module: torch.nn.Module) -> None:
+        """`model.zero_grad()` after a backward that no optimizer stepped: a hand-written update
+        (`p -= lr * p.grad`) just ran, so this is the end of a step."""
+        if self.last_backward is not None:
+            self.record_step(list(module.parameters()))
+
+    def record_step(self, params: list[torch.Tensor]) -> None:
+        """Record the loss and `params` after one step; leave once enough steps are recorded."""
         loss = self.last_backward
         self.losses.append(None if loss is None else float(loss.detach().double().mean()))
-        self.params.append(torch.cat([p.detach().reshape(-1).to("cpu", torch.float64)
-                                      for group in optimizer.param_groups for p in group["params"]]))
+        self.params.append(_flat(params))
         self.last_backward = self.scaled = None
         if len(self.params) >= self.limit:
             self.finish(0)
 
     def save(self) -> None:
-        record = {"losses": self.losses, "params": self.params, "flags": self.flags, "notes": self.notes}
+        record = {"losses": self.losses, "params": self.params, "initial": self.initial, "flags": self.flags, "notes": self.notes}
         torch.save(record, self.path + ".tmp")
         os.replace(self.path + ".tmp", self.path)
 
@@ -88,6 +105,16 @@ class Recorder:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _optimized(optimizer) -> list[torch.Tensor]:
+    """Every parameter the optimizer updates."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _flat(params: list[torch.Tensor]) -> torch.Tensor:
+    """The parameters' whole values (FSDP shards gathered) as one float64 CPU vector."""
+    return torch.cat([_whole(p).reshape(-1).to("cpu", torch.float64) for p in params])
 
 
 def make_deterministic() -> None:
@@ -115,17 +142,87 @@ def _arguments(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:
 
 
 def disable_dropout(recorder: Recorder) -> None:
-    """Make every functional dropout (hence nn.Dropout & co.) the identity."""
+    """Make every functional dropout (hence nn.Dropout & co.) the identity, and attention dropout zero."""
     for name in DROPOUT_FUNCTIONS:
         signature = inspect.signature(getattr(F, name))
 
-        def identity(*args, _signature=signature, **kwargs):
+        def identity(*args, _signature=signature, _name=name, **kwargs):
             arguments = _arguments(_signature, args, kwargs)
             if arguments["training"] and arguments["p"] > 0:
-                recorder.flag("dropout", "the script uses dropout; it is switched off in both runs")
+                recorder.flag("dropout", f"the script uses dropout (F.{_name}, p={arguments['p']:g}); it is switched off in both runs")
             return arguments["input"]
 
         setattr(F, name, identity)
+    attention = F.scaled_dot_product_attention
+
+    def attention_without_dropout(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs):
+        """nn.MultiheadAttention and the Transformer layers send their attention dropout here."""
+        if dropout_p > 0:
+            recorder.flag("attention_dropout", f"the script uses attention dropout (scaled_dot_product_attention "
+                                               f"dropout_p={dropout_p:g}); it is switched off in both runs")
+        return attention(query, key, value, attn_mask, 0.0, *args, **kwargs)
+
+    F.scaled_dot_product_attention = attention_without_dropout
+
+
+def seed_each_sample(recorder: Recorder) -> None:
+    """Random draws inside `Dataset.__getitem__` (augmentation, noise) come from generators seeded
+    by the sample's index and the training epoch, so both runs see the same data however the
+    ranks split the batches. The global random states are restored around each sample."""
+    from torch.utils.data._utils.fetch import _MapDatasetFetcher
+
+    distributed_iter = DistributedSampler.__iter__
+
+    def iterate(self):
+        PassClock.epoch = self.epoch
+        return distributed_iter(self)
+
+    def sample(dataset, index):
+        saved = _random_states()
+        _seed_everything(hash((SEED, index, PassClock.epoch)) & 0xFFFFFFFF)
+        seeded = _random_states()
+        item = dataset[index]
+        if not _same_states(seeded, _random_states()):
+            recorder.flag("sample_randomness", "the dataset draws random numbers per sample (augmentation, noise): "
+                                               "both runs seed them by sample index and epoch, so they see the same data")
+        _restore_random_states(saved)
+        return item
+
+    def fetch(self, possibly_batched_index):
+        if self.auto_collation:
+            return self.collate_fn([sample(self.dataset, index) for index in possibly_batched_index])
+        return self.collate_fn(sample(self.dataset, possibly_batched_index))
+
+    DistributedSampler.__iter__ = iterate
+    _MapDatasetFetcher.fetch = fetch
+
+
+def _random_states() -> tuple:
+    numpy = sys.modules.get("numpy")
+    return random.getstate(), torch.get_rng_state(), numpy.random.get_state() if numpy else None
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy:
+        numpy.random.seed(seed)
+
+
+def _same_states(a: tuple, b: tuple) -> bool:
+    """Are two snapshots of (python, torch, numpy) generator states equal?"""
+    same_numpy = a[2] is None or (a[2][0] == b[2][0] and bool((a[2][1] == b[2][1]).all()) and a[2][2:] == b[2][2:])
+    return a[0] == b[0] and torch.equal(a[1], b[1]) and same_numpy
+
+
+def _restore_random_states(states: tuple) -> None:
+    python_state, torch_state, numpy_state = states
+    random.setstate(python_state)
+    torch.set_rng_state(torch_state)
+    numpy = sys.modules.get("numpy")
+    if numpy and numpy_state is not None:
+        numpy.random.set_state(numpy_state)
 
 
 def watch_sum_reduction(recorder: Recorder) -> None:
@@ -161,6 +258,18 @@ def watch_plain_batchnorm(recorder: Recorder) -> None:
     _BatchNorm.forward = watched
 
 
+def watch_reduced_precision(recorder: Recorder) -> None:
+    """Flag an enabled float16/bfloat16 autocast: its matmuls round differently when a batch is split."""
+    enter = torch.autocast.__enter__
+
+    def watched(self):
+        if self._enabled and self.fast_dtype in (torch.float16, torch.bfloat16):
+            recorder.flag("reduced_precision", f"autocast({self.device!r}, {self.fast_dtype})")
+        return enter(self)
+
+    torch.autocast.__enter__ = watched
+
+
 def capture_backward(recorder: Recorder) -> None:
     """Record the tensor each backward starts from; Tensor.backward goes through autograd.backward."""
     backward = torch.autograd.backward
@@ -178,6 +287,17 @@ def capture_backward(recorder: Recorder) -> None:
 
     torch.autograd.backward = recorded_backward
     torch.amp.GradScaler.scale = remembered_scale
+
+
+def capture_manual_updates(recorder: Recorder) -> None:
+    """Count `Module.zero_grad()` after an un-stepped backward as a step (updates written by hand)."""
+    zero_grad = torch.nn.Module.zero_grad
+
+    def recorded_zero_grad(self, *args, **kwargs):
+        recorder.on_zero_grad(self)
+        return zero_grad(self, *args, **kwargs)
+
+    torch.nn.Module.zero_grad = recorded_zero_grad
 
 
 def share_single_gpu() -> None:
@@ -218,19 +338,26 @@ def redirect_output(path: str) -> None:
     os.close(fd)
 
 
-def run_script(script: str, args: tuple[str, ...], import_dir: str) -> None:
-    """Run `script` as `__main__` the way `python script.py args` would."""
-    sys.argv = [script, *args]
-    sys.path[0] = import_dir
-    runpy.run_path(script, run_name="__main__")
+def run_script(run: Run, args: tuple[str, ...]) -> None:
+    """Run the script as `__main__` the way `python script.py args` would, typed where it runs."""
+    typed = run.argv0 or run.script  # relative to the working directory, which mirrors the user's
+    sys.argv = [typed, *args]
+    sys.path[0] = run.import_dir
+    with io.open_code(run.script) as f:  # frames name the real file (hang reports find it); argv[0] stays as typed
+        code = compile(f.read(), run.script, "exec")
+    runpy._run_module_code(code, None, "__main__", script_name=typed)
 
 
 def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
     make_deterministic()
     disable_dropout(recorder)
+    seed_each_sample(recorder)
     watch_sum_reduction(recorder)
     watch_plain_batchnorm(recorder)
+    watch_reduced_precision(recorder)
     capture_backward(recorder)
+    register_optimizer_step_pre_hook(recorder.before_step)
+    capture_manual_updates(recorder)
     register_optimizer_step_post_hook(recorder.on_step)
     if role == REFERENCE and plan.aligns_reference():
         script = os.path.realpath(plan.reference.script)
@@ -251,7 +378,7 @@ def run_role(plan: Plan, role: str):
     recorder = Recorder(plan.file("record", role, rank), plan.steps)
     install_hooks(plan, role, recorder)
     try:
-        run_script(run.script, plan.script_args, run.import_dir)
+        run_script(run, plan.script_args)
     except SystemExit as exit_:
         if exit_.code not in (None, 0):
             _fail(plan.file("error", role, rank), recorder)
@@ -267,6 +394,12 @@ def _fail(error_path: str, recorder: Recorder):
     with open(error_path, "w") as f:
         f.write(text)
     recorder.finish(1)
+
+
+def _whole(param: torch.Tensor) -> torch.Tensor:
+    """A parameter's full value: FSDP2 shards it into a DTensor, gathered here (every rank steps)."""
+    param = param.detach()
+    return param.full_tensor() if hasattr(param, "full_tensor") else param
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def wait_for(runs: list, deadline: float) -> None:
 
 def processes(plan: Plan) -> list[tuple[str, int, str]]:
     """(role, rank, label) of every process the plan runs."""
-    label = "rank {}" if plan.target == "ddp" else "candidate"
+    label = "rank {}" if plan.distributed else "candidate"
     return [(REFERENCE, 0, "reference")] + [(CANDIDATE, r, label.format(r)) for r in range(plan.candidate.ranks)]
 
 
@@ -155,6 +155,9 @@ def shared_gpu_problem(plan: Plan) -> str | None:
     count = torch.cuda.device_count()  # counted through NVML: CUDA stays uninitialized for the forks
     if not count:
         return "--device cuda needs CUDA, and torch sees no GPU here"
+    if count < plan.nproc and plan.target == "fsdp":
+        return (f"FSDP needs a GPU per rank: {plan.nproc} ranks cannot share {count} GPU(s) (NCCL refuses a GPU twice, "
+                f"and gloo has no reduce-scatter for CUDA tensors); use --nproc {count} or more GPUs")
     if count < plan.nproc:
         os.environ[harness.SHARED_GPU_ENV] = "1"
     return None

@@ -14,6 +14,10 @@ REFERENCE = "reference"
 CANDIDATE = "candidate"
 
 EXACT_TOLERANCE = 1e-5
+# Parameter error relative to how far training has moved them (L2 norms). Adaptive optimizers
+# (Adam & co.) turn float noise in near-zero gradients into whole-sized updates of a few elements:
+# the max relative difference sees those, this norm does not; a real bug moves the whole update.
+UPDATE_TOLERANCE = 1e-2
 STATISTICAL_LOSS_TOLERANCE = 5e-2
 
 _EXTENSIONS = {"record": ".pt", "error": ".txt", "stack": ".txt", "log": ".txt"}
@@ -27,6 +31,7 @@ class Run:
     import_dir: str
     workdir: str
     ranks: int
+    argv0: str = ""  # sys.argv[0] as the user would type it (default: the script's path)
 
 
 @dataclass(frozen=True)
@@ -54,11 +59,16 @@ class Plan:
 
     def aligns_reference(self) -> bool:
         """A DDP candidate draws its batches from DistributedSampler, so the reference's are re-cut to match."""
-        return self.target == "ddp"
+        return self.distributed
+
+    @property
+    def distributed(self) -> bool:
+        """One process per rank under torchrun (DDP, FSDP), as opposed to DataParallel's one process."""
+        return self.target in ("ddp", "fsdp")
 
     def averages_across_ranks(self) -> bool:
         """Gradients averaged over several ranks: where sum losses and plain BatchNorm stop matching."""
-        return self.target == "ddp" and self.nproc > 1
+        return self.distributed and self.nproc > 1
 
     def file(self, kind: str, role: str, rank: int) -> str:
         """Path of one process's `record`, `error`, `stack` or `log` file."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ddpify.verify.runner import Request
 
-COLUMNS = ("step", "loss reference", "loss candidate", "rel Δloss", "max rel Δparam", "ranks agree")
+COLUMNS = ("step", "loss reference", "loss candidate", "rel Δloss", "max rel Δparam", "Δparam/update", "ranks agree")
 
 
 def _number(value: float | None, spec: str) -> str:
@@ -16,7 +16,7 @@ def step_lines(result: dict) -> list[str]:
     widths = [len(column) for column in COLUMNS]
     rows = [(str(row["step"]), _number(row["loss_reference"], ".6f"), _number(row["loss_candidate"], ".6f"),
              _number(row["rel_loss"], ".1e"), _number(row["max_rel_param"], ".1e"),
-             "yes" if row["ranks_agree"] else "NO") for row in result["steps"]]
+             _number(row.get("update_rel_param"), ".1e"), "yes" if row["ranks_agree"] else "NO") for row in result["steps"]]
     widths = [max(width, *(len(row[i]) for row in rows)) for i, width in enumerate(widths)]
     lines = ["  ".join(column.rjust(width) for column, width in zip(COLUMNS, widths))]
     for row, raw in zip(rows, result["steps"]):
@@ -28,7 +28,7 @@ def step_lines(result: dict) -> list[str]:
 def render(request: Request, result: dict) -> str:
     """The whole text report, ending with the verdict line."""
     candidate = request.against or f"{request.script} converted by ddpify"
-    processes = f"{request.nproc} ranks" if request.target == "ddp" else "1 process"
+    processes = f"{request.nproc} ranks" if request.target != "dp" else "1 process"
     lines = [f"verify {request.script} (1 process) against {candidate} ({request.target}, {processes}), "
              f"{request.steps} steps on {request.device}"]
     lines += [f"note: {note}" for note in result["notes"]]

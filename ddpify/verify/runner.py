@@ -2,7 +2,8 @@
 
 The launcher starts first, so that its torch import overlaps the conversion, and
 runs in a new session (its own process group); whatever way it ends, the whole group
-is killed afterwards, so no rank or DataLoader worker outlives verify. No torch
+is killed afterwards, so no rank or DataLoader worker outlives verify, and so is every
+process a script started in a session of its own (see ddpify.verify.reaper). No torch
 import here: the launcher pays for it once.
 """
 
@@ -19,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpify.verify.diagnose import last_line
-from ddpify.verify.plan import Plan, Run
+from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan, Run
+from ddpify.verify.reaper import adopting_orphans, kill_descendants
 from ddpify.verify.result import error_result
+from ddpify.verify.workspace import mirror, relative_inside
 
 LAUNCHER_SLACK_S = 30.0  # torch import and comparison, on top of the runs' own timeout
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -40,29 +43,38 @@ class Request:
     timeout: float
     launcher: str
     script_args: tuple[str, ...]
+    keep: bool = False
 
 
 class CandidateUnavailable(Exception):
     """No candidate script could be produced (converter missing or failing)."""
 
 
-def convert_into(request: Request, workspace: str) -> tuple[str, list[str]]:
-    """Convert the script with ddpify.convert into `workspace`; return its path and the converter's warnings."""
+def convert(request: Request) -> tuple[dict[Path, str], list[str]]:
+    """The converted texts by original path (the entry first, then the project modules it imports
+    that change, see ddpify.project), and the converter's advice and missing items."""
     try:
-        from ddpify.convert import convert_source
+        from ddpify.project import convert_entry
     except ImportError as error:
         raise CandidateUnavailable(f"the converter is not available ({error}); pass --against") from error
-    source = Path(request.script).read_text()
+    script = Path(os.path.abspath(request.script))
     try:
-        conversion = convert_source(source, request.target, path=request.script, batch_size=request.batch_mode)
+        project = convert_entry(script, request.target, {"batch_size": request.batch_mode})
+        entry = project.job(script)
+        conversion = entry.convert() if entry else None
+        modules = {job.path: job.convert().output for job in project.jobs if job.changed and not job.entry}
     except Exception as error:  # the converter's own failure is verify's "could not run"
         raise CandidateUnavailable(f"conversion failed: {type(error).__name__}: {error}") from error
-    if conversion.output == source:
-        raise CandidateUnavailable("the converter left the script unchanged"
-                                   + (f" ({conversion.note})" if conversion.note else ""))
-    path = os.path.join(workspace, f"{Path(request.script).stem}_{request.target}.py")
-    Path(path).write_text(conversion.output)
-    return path, [f"converter advice, line {advice.line}: {advice.message}" for advice in conversion.warnings]
+    if conversion is None:
+        raise CandidateUnavailable(f"conversion failed: {project.project.unreadable.get(script)}")
+    if not conversion.changed and not modules:
+        raise CandidateUnavailable("the converter left the script unchanged" + (f" ({conversion.note})" if conversion.note else ""))
+    notes = []
+    for job in project.jobs:
+        where = "" if job.entry else f"{job.path.name} "
+        notes += [f"converter advice, {where}line {advice.line}: {advice.message}" for advice in job.result.warnings] if job.result else []
+        notes += [f"conversion incomplete, {where}line {m.line}: {m.what}; {m.todo}" for m in job.result.missing] if job.result else []
+    return {script: conversion.output, **modules}, notes
 
 
 def training_loader_lines(script: str) -> tuple[int, ...]:
@@ -76,21 +88,57 @@ def training_loader_lines(script: str) -> tuple[int, ...]:
     return tuple(loader.line for loader in anatomy.loaders if loader.is_train)
 
 
-def make_plan(request: Request, candidate: str, workspace: str) -> Plan:
-    """Absolute paths, one empty working directory per side, candidate imports resolved next to the original."""
-    script = os.path.abspath(request.script)
-    workdirs = {}
-    for side in ("reference", "candidate"):
-        workdirs[side] = os.path.join(workspace, side)
-        os.makedirs(workdirs[side])
-    candidate_dir = os.path.dirname(os.path.abspath(request.against or script))
-    return Plan(target=request.target, steps=request.steps, device=request.device, batch_mode=request.batch_mode,
+def make_plan(request: Request, workspace: str, converted: dict[Path, str] | None) -> tuple[Plan, list[str]]:
+    """Each side runs in its own mirror of the user's working directory (see workspace.py), its
+    script at the mirrored place and `sys.argv[0]` as the user typed it; notes say what is linked.
+
+    The candidate's mirror holds the converted entry as `<name>_<to>.py`, and the converted
+    project modules in place of their originals (it is verify's own copy)."""
+    home = Path.cwd()
+    sides = {side: mirror(home, Path(workspace) / side, outside=Path(workspace)) for side in (REFERENCE, CANDIDATE)}
+    reference = _placed(Path(request.script), request.script, sides[REFERENCE].root, home, ranks=1)
+    if converted is None:
+        candidate = _placed(Path(request.against), request.against, sides[CANDIDATE].root, home, ranks=_ranks(request))
+    else:
+        typed = str(Path(request.script).with_name(f"{Path(request.script).stem}_{request.target}.py"))
+        candidate = _placed(Path(typed), typed, sides[CANDIDATE].root, home, ranks=_ranks(request), fallback=Path(workspace))
+        entry, *modules = converted.items()
+        Path(candidate.script).write_text(entry[1])
+        for path, text in modules:
+            _converted_module(path, text, home, sides[CANDIDATE].root)
+    plan = Plan(target=request.target, steps=request.steps, device=request.device, batch_mode=request.batch_mode,
                 timeout=request.timeout, launcher=request.launcher, outdir=workspace,
-                script_args=tuple(request.script_args),
-                reference=Run(script, os.path.dirname(script), workdirs["reference"], 1),
-                candidate=Run(os.path.abspath(candidate), candidate_dir, workdirs["candidate"],
-                              request.nproc if request.target == "ddp" else 1),
-                reference_training_lines=training_loader_lines(script))
+                script_args=tuple(request.script_args), reference=reference, candidate=candidate,
+                reference_training_lines=training_loader_lines(request.script))
+    notes = [note for side in sides.values() if (note := side.note())]
+    return plan, list(dict.fromkeys(notes))
+
+
+def _converted_module(path: Path, text: str, home: Path, root: Path) -> None:
+    """Put a converted project module where the candidate imports it from."""
+    inside = relative_inside(path, home)
+    if inside is None:
+        raise CandidateUnavailable(f"{path}: a converted module outside the working directory; run verify from the project's root")
+    (root / inside).write_text(text)
+
+
+def _ranks(request: Request) -> int:
+    return request.nproc if request.target != "dp" else 1
+
+
+def _placed(script: Path, typed: str, root: Path, home: Path, ranks: int, fallback: Path | None = None) -> Run:
+    """A script inside the working directory runs as its copy in the mirror; one outside runs
+    where it is (a converted one is written to `fallback`, next to nothing)."""
+    inside = relative_inside(script, home)
+    if inside is not None:
+        path = root / inside
+    elif fallback is not None:
+        path = fallback / script.name
+    else:
+        path = script.resolve()
+    import_dir = path.parent if inside is not None or fallback is None else script.resolve().parent
+    argv0 = typed if inside is not None and not Path(typed).is_absolute() else str(path)
+    return Run(str(path), str(import_dir), str(root), ranks, argv0)
 
 
 def launcher_environment(device: str) -> dict[str, str]:
@@ -142,20 +190,23 @@ def verify(request: Request) -> dict:
     The workspace is removed afterwards, unless the pair could not run: then its logs are kept.
     """
     workspace = tempfile.mkdtemp(prefix="ddpify-verify-")
-    launcher = start_launcher(workspace, request.device)
     notes: list[str] = []
-    try:
-        if request.against:
-            candidate = request.against
-        else:
-            candidate, notes = convert_into(request, workspace)
-        result = run_plan(launcher, make_plan(request, candidate, workspace))
-    except CandidateUnavailable as error:
-        result = error_result(str(error))
-    finally:
-        kill_group(launcher)
+    with adopting_orphans() as existing_children:
+        launcher = start_launcher(workspace, request.device)
+        try:
+            converted = None
+            if not request.against:
+                converted, notes = convert(request)
+            plan, mirror_notes = make_plan(request, workspace, converted)
+            notes += mirror_notes
+            result = run_plan(launcher, plan)
+        except CandidateUnavailable as error:
+            result = error_result(str(error))
+        finally:
+            kill_group(launcher)
+            kill_descendants(spared=existing_children)
     result["notes"] = notes + result["notes"]
-    if result["verdict"] == "error":
+    if result["verdict"] == "error" or request.keep:
         result["notes"].append(f"logs kept in {workspace}")
     else:
         shutil.rmtree(workspace, ignore_errors=True)

@@ -1,11 +1,26 @@
 """The DDP codemod: the transforms that turn a single-GPU script into a torchrun one, in order."""
 
 from ddpify.codemods.ddp.devices import RankDevices
+from ddpify.codemods.ddp.evaluation import EvaluationSharding, ReducedLossPrints
+from ddpify.codemods.ddp.library import LibraryRuntime
+from ddpify.codemods.ddp.random_split import SameSplitOnEveryRank
 from ddpify.codemods.ddp.rank_zero import RankZeroDuties
 from ddpify.codemods.ddp.samplers import DistributedSamplers
 from ddpify.codemods.ddp.setup import DistributedSetup
 from ddpify.codemods.ddp.module_access import DDPModuleAccess
 from ddpify.codemods.ddp.no_sync import NoSyncAccumulation
-from ddpify.codemods.ddp.wrap import WrapModel
+from ddpify.codemods.ddp.per_node import PerNodeDownloads
+from ddpify.codemods.ddp.wrap import RemoveDataParallel, WrapModel
 
-DDP_TRANSFORMS = (DistributedSetup, RankDevices, WrapModel, DDPModuleAccess, DistributedSamplers, RankZeroDuties, NoSyncAccumulation)
+DDP_TRANSFORMS = (
+    DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, DistributedSamplers,
+    EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, PerNodeDownloads,
+)
+
+
+def library_transforms(transforms: tuple) -> tuple:
+    """For a module the entry imports: the same edits, then rank constants instead of the process-group setup."""
+    return tuple(t for t in transforms if t is not DistributedSetup) + (LibraryRuntime,)
+
+
+DDP_LIBRARY_TRANSFORMS = library_transforms(DDP_TRANSFORMS)

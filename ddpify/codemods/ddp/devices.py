@@ -2,7 +2,9 @@
 
 `setup_distributed()` calls `torch.cuda.set_device(LOCAL_RANK)`, so "cuda" without an index,
 `torch.device("cuda")` and `.cuda()` already mean this rank's GPU and are left alone. Only explicit
-indices (`"cuda:0"`, `.cuda(0)`, `torch.device("cuda", 0)`, `.to(0)`, `set_device(0)`) are rewritten.
+indices are rewritten: literals (`"cuda:0"`, `.cuda(0)`, `torch.device("cuda", 0)`, `.to(0)`,
+`set_device(0)`) and indices held in variables (`.cuda(gpu)`, `set_device(args.gpu)`,
+`f"cuda:{args.gpu}"`, `.to(self.gpu_id)` where `self.gpu_id` holds an int).
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ import re
 
 import libcst as cst
 
+from ddpify.anatomy import distributed as ddp
 from ddpify.codemods.base import Transform, parse_expr
 from ddpify.codemods.ddp.runtime import LOCAL_RANK
 
 _INDEXED_CUDA = re.compile(r"^cuda:\d+$")
+_VARIABLE_TYPES = {ast.Name: cst.Name, ast.Attribute: cst.Attribute, ast.Subscript: cst.Subscript}
 
 
 class RankDevices(Transform):
@@ -28,6 +32,8 @@ class RankDevices(Transform):
                 self._rewrite_indexed_string(node)
             elif isinstance(node, ast.Call):
                 self._rewrite_index_argument(node)
+            elif isinstance(node, ast.JoinedStr):
+                self._rewrite_formatted_index(node)
             elif isinstance(node, ast.Subscript) and self._is_visible_devices(node):
                 self.advise(node.lineno, "CUDA_VISIBLE_DEVICES is set in the script; torchrun gives each rank its GPU via LOCAL_RANK, remove it")
 
@@ -38,23 +44,37 @@ class RankDevices(Transform):
 
     def _rewrite_index_argument(self, call: ast.Call) -> None:
         index = self._device_index_argument(call)
-        if index is not None:
+        if isinstance(index, ast.Constant):
             self.rewrite_node(index, cst.Integer, lambda _: cst.Name(LOCAL_RANK))
             self.changed(call.lineno, f"GPU index {index.value} -> {LOCAL_RANK}")
+        elif index is not None:
+            self._rewrite_index_variable(index)
 
-    def _device_index_argument(self, call: ast.Call) -> ast.Constant | None:
-        """The integer literal naming a GPU in `.cuda(0)`, `.to(0)`, `torch.device("cuda", 0)`, `set_device(0)`."""
+    def _rewrite_formatted_index(self, text: ast.JoinedStr) -> None:
+        """`f"cuda:{gpu}"`: the index after a literal `cuda:` becomes LOCAL_RANK."""
+        for before, part in zip(text.values, text.values[1:]):
+            if isinstance(before, ast.Constant) and str(before.value).endswith("cuda:") and isinstance(part, ast.FormattedValue):
+                self._rewrite_index_variable(part.value)
+
+    def _rewrite_index_variable(self, index: ast.AST) -> None:
+        cst_type = _VARIABLE_TYPES.get(type(index))
+        if cst_type is None or (isinstance(index, ast.Name) and index.id == LOCAL_RANK):
+            return
+        self.rewrite_node(index, cst_type, lambda _: cst.Name(LOCAL_RANK))
+        self.changed(index.lineno, f"GPU index {ast.unparse(index)} -> {LOCAL_RANK}")
+
+    def _device_index_argument(self, call: ast.Call) -> ast.expr | None:
+        """The expression naming a GPU in `.cuda(i)`, `torch.device("cuda", i)`, `set_device(i)`, and
+        `.to(i)` where `i` holds an int (`.to(device)` with a device object is left alone)."""
         q = self.anatomy.qualname(call.func) or ""
         if q == "torch.device" and len(call.args) == 2:
-            candidate = call.args[1]
-        elif q == "torch.cuda.set_device" and call.args:
-            candidate = call.args[0]
-        elif isinstance(call.func, ast.Attribute) and call.func.attr in ("cuda", "to") and call.args and q != "torch.cuda":
-            candidate = call.args[0]
-        else:
-            return None
-        is_int = isinstance(candidate, ast.Constant) and type(candidate.value) is int
-        return candidate if is_int else None  # type: ignore[return-value]
+            return call.args[1]
+        if q == "torch.cuda.set_device" and call.args:
+            return call.args[0]
+        if isinstance(call.func, ast.Attribute) and call.args and q != "torch.cuda":
+            if call.func.attr == "cuda" or (call.func.attr == "to" and ddp.holds_integer(self.anatomy, call.args[0])):
+                return call.args[0]
+        return None
 
     def _is_visible_devices(self, node: ast.Subscript) -> bool:
         key = node.slice

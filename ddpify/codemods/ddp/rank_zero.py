@@ -1,9 +1,17 @@
 """Transform 8: rank-0 duties. Logs, prints, saves and file writes happen once, not once per GPU.
 
 Statement-level `print`, `logging`/logger calls, SummaryWriter and wandb calls, `tqdm.write`,
-`torch.save` and `with open(..., "w")` blocks go under `if RANK == 0:`; progress bars get
-`disable=RANK != 0`; a SummaryWriter is built on rank 0 only; `torch.load` maps tensors onto this
-rank's device; and where the script later reads what rank 0 saved, a barrier waits for the file.
+`torch.save` and other file writers (`np.save`, `pickle.dump`, `savefig`, ...), and `with open(...,
+"w")` blocks go under `if RANK == 0:` (one that shares its line with other statements becomes
+`call(...) if RANK == 0 else None`); a `with open(..., "w")` block that also trains stays on every
+rank, the others writing to os.devnull; progress bars get `disable=RANK != 0`; a SummaryWriter is
+built on rank 0 only; directories are made with exist_ok=True (every rank makes them at once);
+`torch.load` maps tensors onto this rank's device; and where the script later reads what rank 0
+saved, a barrier waits for the file, outside any rank-0 block.
+
+Rank-0-only code never runs work that every rank must join: the DDP wrapper it would call or pass
+to a local function becomes `wrapper.module`, and a statement that also trains or calls a
+collective is left on every rank (with advice) rather than guarded into a deadlock.
 """
 
 from __future__ import annotations
@@ -12,13 +20,19 @@ import ast
 
 import libcst as cst
 
-from ddpify.anatomy import LOG_METHODS, ROLE_LOGGER, ROLE_PBAR, ROLE_WRITER, CallSite
-from ddpify.codemods.base import Transform, parse_expr
+from ddpify.anatomy import ROLE_PBAR, ROLE_WRITER, CallSite
+from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.vocabulary import (
+    DIRECTORY_CREATORS,
+    FILE_WRITE_CALLS,
+    FILE_WRITE_METHODS,
+    TQDM_CONSTRUCTORS,
+    WRITER_CONSTRUCTORS,
+    opens_for_writing,
+)
+from ddpify.codemods.base import Transform, add_keyword, parse_expr
 from ddpify.codemods.ddp.runtime import IS_RANK_ZERO, RANK_DEVICE
 
-_TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm"})
-_WRITERS = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter", "wandb.init"})
-_WRITE_MODES = frozenset("wax+")
 
 
 class RankZeroDuties(Transform):
@@ -31,18 +45,23 @@ class RankZeroDuties(Transform):
             kind = self._rank_zero_kind(call)
             if kind and self._guard_call(call, kind) and kind == "torch.save":
                 saves.append(call)
-            elif call.qualname in _TQDM:
+            elif call.qualname in TQDM_CONSTRUCTORS:
                 self._disable_on_other_ranks(call)
-            elif call.qualname in _WRITERS and isinstance(self.anatomy.parents.get(call.node), ast.Assign):
+            elif call.qualname in WRITER_CONSTRUCTORS and isinstance(self.anatomy.parents.get(call.node), ast.Assign):
                 self._build_on_rank_zero(call)
             elif call.qualname == "torch.load":
                 self._map_to_rank_device(call)
+            elif call.qualname in DIRECTORY_CREATORS:
+                self._tolerate_existing_directory(call)
         for stmt in ast.walk(self.anatomy.tree):
-            if isinstance(stmt, (ast.With, ast.AsyncWith)) and any(_opens_for_writing(self.anatomy, i.context_expr) for i in stmt.items):
-                self._guard(stmt, "file written")
-            elif isinstance(stmt, ast.Assign) and _opens_for_writing(self.anatomy, stmt.value):
+            if self._writes_file_in_block(stmt):
+                if self._needs_every_rank(stmt):
+                    self._open_on_rank_zero_only(stmt)
+                else:
+                    self._guard(stmt, "file written")
+            elif isinstance(stmt, ast.Assign) and opens_for_writing(self.anatomy, stmt.value):
                 self._guard_file_handle(stmt)
-            elif isinstance(stmt, ast.Expr) and any(_opens_for_writing(self.anatomy, n) for n in ast.walk(stmt)):
+            elif isinstance(stmt, ast.Expr) and any(opens_for_writing(self.anatomy, n) for n in ast.walk(stmt)):
                 self._guard(stmt, "file written")
         for save in saves:
             self._barrier_before_reads(save)
@@ -54,14 +73,14 @@ class RankZeroDuties(Transform):
         method = func.attr if isinstance(func, ast.Attribute) else None
         if q in ("print", "torch.save") or q.endswith("tqdm.write"):
             return q
-        if q.startswith("logging.") and method in LOG_METHODS:
+        if q in FILE_WRITE_CALLS or method in FILE_WRITE_METHODS:
+            return "file written"
+        if ddp.log_level(self.anatomy, call.node):
             return "logging"
         if q.startswith("wandb.") and method not in ("Table", "Image", "Histogram"):
             return "wandb"
         if method is None:
             return None
-        if method in LOG_METHODS and self.anatomy.has_role(func.value, ROLE_LOGGER):
-            return "logging"
         if self.anatomy.has_role(func.value, ROLE_WRITER):
             return "tensorboard/wandb"
         if method == "write" and self.anatomy.has_role(func.value, ROLE_PBAR):
@@ -75,15 +94,83 @@ class RankZeroDuties(Transform):
         return self._guard(stmt, kind)
 
     def _guard(self, stmt: ast.stmt, kind: str) -> bool:
-        """Put a statement under `if RANK == 0:` unless it already sits inside one this pass adds."""
-        if any(self._guarded_here(outer) for outer in self.anatomy.enclosing(stmt, ast.stmt)):
+        """Put a statement under `if RANK == 0:` unless a rank test already keeps it off some ranks
+        (judged as lint judges it) or it sits inside a block this pass guards."""
+        if not ddp.runs_on_every_rank(self.anatomy, stmt) or any(self._guarded_here(outer) for outer in self.anatomy.enclosing(stmt, ast.stmt)):
             return True
+        if self._needs_every_rank(stmt):
+            self.advise(stmt.lineno, f"{kind} left on every rank: the statement also trains or calls a collective, "
+                                     "which every rank must join; compute on every rank and output on rank 0 by hand")
+            return False
+        self._unwrap_for_rank_zero(stmt)
+        if _shares_its_line(self.anatomy, stmt):
+            return self._guard_expression(stmt, kind)
         self.guard_statement(stmt, IS_RANK_ZERO)
         self.changed(stmt.lineno, f"{kind} on rank 0 only")
         return True
 
+    def _guard_expression(self, stmt: ast.stmt, kind: str) -> bool:
+        """`a = 1; print(a)`, `if ok: print(a)`: the call itself becomes `print(a) if RANK == 0 else None`."""
+        if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+            self.advise(stmt.lineno, f"{kind} shares its line with other statements: put it under `if {IS_RANK_ZERO}:` by hand")
+            return False
+        self.rewrite_node(stmt.value, cst.Call, _only_on_rank_zero)
+        self.changed(stmt.lineno, f"{kind} on rank 0 only")
+        return True
+
     def _guarded_here(self, stmt: ast.stmt) -> bool:
-        return isinstance(stmt, (ast.With, ast.AsyncWith)) and any(_opens_for_writing(self.anatomy, i.context_expr) for i in stmt.items)
+        return self._writes_file_in_block(stmt) and not self._needs_every_rank(stmt)
+
+    def _writes_file_in_block(self, stmt: ast.AST) -> bool:
+        return isinstance(stmt, (ast.With, ast.AsyncWith)) and any(opens_for_writing(self.anatomy, i.context_expr) for i in stmt.items)
+
+    def _needs_every_rank(self, stmt: ast.stmt) -> bool:
+        """Does the statement (or a local function it calls) train or call a collective?"""
+        a = self.anatomy
+        return a.body_contains([stmt], lambda n: a.is_training_call(n) or (isinstance(n, ast.Call) and a.qualname(n.func) in ddp.COLLECTIVES))
+
+    def _unwrap_for_rank_zero(self, stmt: ast.stmt) -> None:
+        """Rank-0-only code calls the plain model: the DDP wrapper's forward syncs with every rank."""
+        a = self.anatomy
+        for node in ast.walk(stmt):
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, (ast.Name, ast.Attribute)) and ddp.is_wrapper(a, node.func):
+                self._use_module(node.func)
+            elif a.callee(node):
+                for arg in [*node.args, *(kw.value for kw in node.keywords)]:
+                    if isinstance(arg, (ast.Name, ast.Attribute)) and ddp.is_wrapper(a, arg):
+                        self._use_module(arg)
+
+    def _use_module(self, expr: ast.expr) -> None:
+        self.rewrite_node(expr, cst.Name if isinstance(expr, ast.Name) else cst.Attribute,
+                          lambda node: cst.Attribute(value=node, attr=cst.Name("module")))  # type: ignore[arg-type]
+        name = ast.unparse(expr)
+        self.changed(expr.lineno, f"{name} -> {name}.module in rank-0-only code (the DDP wrapper's forward syncs with every rank)")
+
+    def _open_on_rank_zero_only(self, block: ast.With | ast.AsyncWith) -> None:
+        """`with open(path, "w") as f:` around training: every rank runs the block, the others write to os.devnull."""
+        for item in block.items:
+            call = item.context_expr
+            if not opens_for_writing(self.anatomy, call):
+                continue
+            if not call.args:  # type: ignore[attr-defined]
+                self.advise(block.lineno, "a file written by every rank around training: write it on rank 0 only by hand")
+                continue
+            self.rewrite_node(call, cst.Call, _path_on_rank_zero)
+            self.add_import("os")
+            self.changed(block.lineno, "file written on rank 0 only (the block also trains: other ranks run it writing to os.devnull)")
+
+    def _tolerate_existing_directory(self, call: CallSite) -> None:
+        """`os.makedirs(d)` / `os.mkdir(d)`: every rank makes it at once, so none may fail because it exists."""
+        node: ast.Call = call.node  # type: ignore[assignment]
+        if any(kw.arg == "exist_ok" for kw in node.keywords) or len(node.args) > 2:
+            return
+        if call.qualname == "os.mkdir" and not isinstance(node.func, ast.Attribute):
+            self.advise(call.line, "every rank makes this directory at once: use os.makedirs(..., exist_ok=True) by hand")
+            return
+        self.rewrite_node(node, cst.Call, _makedirs_exist_ok)
+        self.changed(call.line, "os.makedirs(..., exist_ok=True): every rank makes the directory, none fails because another did first")
 
     def _disable_on_other_ranks(self, call: CallSite) -> None:
         self.rewrite_node(call.node, cst.Call, _with_disable)
@@ -91,8 +178,7 @@ class RankZeroDuties(Transform):
 
     def _build_on_rank_zero(self, call: CallSite) -> None:
         """`writer = SummaryWriter(...)` / `run = wandb.init(...)`: None on other ranks (its calls are guarded)."""
-        self.rewrite_node(call.node, cst.Call, lambda node: cst.IfExp(
-            test=parse_expr(IS_RANK_ZERO), body=node, orelse=cst.Name("None")))  # type: ignore[arg-type]
+        self.rewrite_node(call.node, cst.Call, _only_on_rank_zero)
         name = call.qualname.rsplit(".", 1)[-1]
         self.changed(call.line, f"{name} created on rank 0 only (None elsewhere; its calls are guarded)")
 
@@ -100,14 +186,21 @@ class RankZeroDuties(Transform):
         node: ast.Call = call.node  # type: ignore[assignment]
         if len(node.args) >= 2 or any(kw.arg == "map_location" for kw in node.keywords):
             return
-        self.rewrite_node(node, cst.Call, lambda c: _add_keyword(c, "map_location", RANK_DEVICE))
+        self.rewrite_node(node, cst.Call, lambda c: add_keyword(c, "map_location", RANK_DEVICE))
         self.changed(call.line, f"torch.load(..., map_location={RANK_DEVICE}): tensors land on this rank's device")
 
     def _guard_file_handle(self, assign: ast.Assign) -> None:
-        """`f = open(path, "a")`: open, write and close on rank 0 only."""
+        """`f = open(path, "a")`: open, write and close on rank 0 only. A handle kept on an object
+        (`self.file = open(...)`) is used where it can't be followed: every rank opens one, and the
+        other ranks' write to os.devnull."""
         handle = self.anatomy.ref(assign.targets[0])
+        if handle is not None and handle.name.startswith("self.") and assign.value.args:  # type: ignore[attr-defined]
+            self.rewrite_node(assign.value, cst.Call, _path_on_rank_zero)
+            self.add_import("os")
+            self.changed(assign.lineno, "file opened on every rank, written on rank 0 only (os.devnull elsewhere)")
+            return
         if handle is None:
-            self.advise(assign.lineno, "file opened for writing on every rank; write it on rank 0 only by hand")
+            self.missing(assign.lineno, "a file is opened for writing on every rank", "write it on rank 0 only by hand")
             return
         self._guard(assign, "file opened")
         for call in self.anatomy.calls:
@@ -118,17 +211,42 @@ class RankZeroDuties(Transform):
     def _barrier_before_reads(self, save: CallSite) -> None:
         """Other ranks wait for rank 0's file when the same function reads a checkpoint later."""
         later_loads = [c for c in self.anatomy.calls_to("torch.load") if c.scope == save.scope and c.line > save.line]
-        if later_loads:
-            self.insert_after(save.stmt, "dist.barrier()  # the file rank 0 saved is read below\n")
-            self.changed(save.line, "barrier after the save: other ranks read that checkpoint later")
+        if not later_loads:
+            return
+        guarded = [outer for outer in self.anatomy.enclosing(save.stmt, ast.stmt) if self._guarded_here(outer)]
+        anchor = guarded[-1] if guarded else save.stmt  # never inside a rank-0 block: every rank must reach it
+        if _shares_its_line(self.anatomy, anchor):
+            self.advise(save.line, "other ranks read this checkpoint later: add dist.barrier() after the save by hand")
+            return
+        self.insert_after(anchor, "dist.barrier()  # the file rank 0 saved is read below\n")
+        self.changed(save.line, "barrier after the save: other ranks read that checkpoint later")
 
 
-def _opens_for_writing(anatomy, call: ast.AST) -> bool:
-    """`open(path, "w")` (or "a", "x", "+")."""
-    if not (isinstance(call, ast.Call) and anatomy.qualname(call.func) in ("open", "io.open")):
-        return False
-    mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
-    return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and bool(_WRITE_MODES & set(mode.value))
+def _shares_its_line(anatomy, stmt: ast.stmt) -> bool:
+    """`x = 1; print(x)`, `if ok: print(x)`: the statement is not alone on its line(s)."""
+    before = anatomy.lines[stmt.lineno - 1].encode()[:stmt.col_offset]
+    if before.strip():
+        return True
+    return any(other is not stmt and other.lineno <= stmt.end_lineno and other.end_lineno >= stmt.lineno  # type: ignore[operator]
+               for other in anatomy.block_of(stmt))
+
+
+def _only_on_rank_zero(node: cst.CSTNode) -> cst.CSTNode:
+    return cst.IfExp(test=parse_expr(IS_RANK_ZERO), body=node, orelse=cst.Name("None"))  # type: ignore[arg-type]
+
+
+def _path_on_rank_zero(node: cst.CSTNode) -> cst.CSTNode:
+    """`open(path, ...)` -> `open(path if RANK == 0 else os.devnull, ...)`."""
+    assert isinstance(node, cst.Call)
+    first = node.args[0]
+    path = cst.IfExp(test=parse_expr(IS_RANK_ZERO), body=first.value, orelse=parse_expr("os.devnull"))
+    return node.with_changes(args=[first.with_changes(value=path), *node.args[1:]])
+
+
+def _makedirs_exist_ok(node: cst.CSTNode) -> cst.CSTNode:
+    """`os.mkdir(d)` / `os.makedirs(d)` -> `os.makedirs(d, exist_ok=True)`."""
+    assert isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+    return add_keyword(node.with_changes(func=node.func.with_changes(attr=cst.Name("makedirs"))), "exist_ok", "True")
 
 
 def _with_disable(node: cst.CSTNode) -> cst.CSTNode:
@@ -137,20 +255,4 @@ def _with_disable(node: cst.CSTNode) -> cst.CSTNode:
         if arg.keyword and arg.keyword.value == "disable":
             combined = parse_expr(f"({cst.Module([]).code_for_node(arg.value)}) or RANK != 0")
             return node.with_changes(args=[*node.args[:i], arg.with_changes(value=combined), *node.args[i + 1:]])
-    return _add_keyword(node, "disable", "RANK != 0")
-
-
-def _add_keyword(node: cst.CSTNode, keyword: str, value: str) -> cst.CSTNode:
-    assert isinstance(node, cst.Call)
-    new = cst.Arg(keyword=cst.Name(keyword), value=parse_expr(value),
-                  equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
-    if not node.args:
-        return node.with_changes(args=[new])
-    args = list(node.args)
-    last = args[-1]
-    if isinstance(last.comma, cst.Comma):  # trailing comma: keep the call's own layout
-        separator = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else last.comma
-        args[-1] = last.with_changes(comma=separator)
-        return node.with_changes(args=[*args, new.with_changes(comma=last.comma)])
-    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return node.with_changes(args=[*args, new])
+    return add_keyword(node, "disable", "RANK != 0")

@@ -5,8 +5,9 @@ LOCAL_RANK = "LOCAL_RANK"
 WORLD_SIZE = "WORLD_SIZE"
 RANK_DEVICE = "RANK_DEVICE"
 IS_RANK_ZERO = "RANK == 0"
+RUNTIME_NAMES = (RANK, LOCAL_RANK, WORLD_SIZE, RANK_DEVICE)
 
-HELPERS = '''
+RANK_CONSTANTS = '''
 # ddpify: distributed setup. torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; under plain
 # `python` the script runs as a single process (world size 1).
 RANK = int(os.environ.get("RANK", 0))
@@ -15,7 +16,9 @@ WORLD_SIZE = int(os.environ.get("WORLD_SIZE", 1))
 
 # "cuda" without an index means this process's GPU once setup_distributed() has run.
 RANK_DEVICE = torch.device("cuda", LOCAL_RANK) if torch.cuda.is_available() else torch.device("cpu")
+'''
 
+HELPERS = RANK_CONSTANTS + '''
 
 def setup_distributed():
     """Join the process group: NCCL on GPUs, gloo on CPU."""
@@ -38,3 +41,57 @@ def cleanup_distributed():
 
 SETUP_CALL = "setup_distributed()\n"
 CLEANUP_CALL = "cleanup_distributed()\n"
+
+SHARD_HELPER = '''
+
+def evaluation_shard(size, batch_size):
+    """This rank's part of an evaluation set: a contiguous run of whole batches, never padded, so each
+    batch, and each sum over batches, is the one a single process computes (ranks differ by a batch at most)."""
+    batches = -(-size // batch_size)
+    first, last = RANK * batches // WORLD_SIZE, (RANK + 1) * batches // WORLD_SIZE
+    return range(first * batch_size, min(last * batch_size, size))
+'''
+
+SUMS_HELPER = '''
+
+def all_reduce_sums(*values):
+    """Each number or tensor summed over the ranks; every rank gets the totals (ints stay ints)."""
+    numbers = [v for v in values if not torch.is_tensor(v)]
+    totals = torch.tensor([float(v) for v in numbers], dtype=torch.float64, device=RANK_DEVICE)
+    if numbers:
+        dist.all_reduce(totals)
+    totals = iter(totals.tolist())
+    return [_all_reduce_tensor(v) if torch.is_tensor(v) else type(v)(next(totals)) for v in values]
+
+
+def _all_reduce_tensor(tensor):
+    total = tensor.detach().to(RANK_DEVICE, copy=True)
+    dist.all_reduce(total)
+    return total.to(tensor.device)
+'''
+
+GATHER_HELPER = '''
+
+def all_gather_lists(items):
+    """Every rank's list joined in rank order: the single-process list, since the shards are contiguous."""
+    parts = [None] * WORLD_SIZE
+    dist.all_gather_object(parts, items)
+    return [x.to(RANK_DEVICE) if torch.is_tensor(x) and x.is_cuda else x for part in parts for x in part]
+'''
+
+MEAN_HELPER = '''
+
+def mean_over_ranks(value):
+    """A number's or tensor's mean over the ranks: the training loss of the whole global batch."""
+    (total,) = all_reduce_sums(value)
+    return total / WORLD_SIZE
+'''
+
+SHARD_CALL = "evaluation_shard"
+SUMS_CALL = "all_reduce_sums"
+GATHER_CALL = "all_gather_lists"
+MEAN_CALL = "mean_over_ranks"
+# each helper's code, in the order they are added to a script (after cleanup_distributed)
+EVALUATION_HELPERS = {SHARD_CALL: SHARD_HELPER, SUMS_CALL: SUMS_HELPER, GATHER_CALL: GATHER_HELPER, MEAN_CALL: MEAN_HELPER}
+# the functions ddpify adds at the top of a script: new helpers go after the last one present
+ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_all_reduce_tensor")

@@ -3,8 +3,7 @@
 Each training DataLoader gets `sampler=DistributedSampler(dataset, shuffle=..., seed=..., drop_last=...)`
 (its own `shuffle` moves into the sampler), and every epoch loop that trains on it calls
 `<loader>.sampler.set_epoch(epoch)` first, so each epoch shuffles differently and all ranks agree.
-Evaluation loaders are left whole: every rank evaluates the full set, so metrics equal the
-single-GPU ones and any decision taken on them is the same on all ranks.
+Evaluation loaders are sharded by the evaluation transform (evaluation.py), or left whole.
 """
 
 from __future__ import annotations
@@ -13,8 +12,9 @@ import ast
 
 import libcst as cst
 
-from ddpify.anatomy import ROLE_LOADER, ROLE_PBAR, LoaderSite, LoopSite
-from ddpify.codemods.base import Transform, parse_expr
+from ddpify.anatomy import ADAPTIVE_OPTIMIZERS, ROLE_LOADER, ROLE_OPTIMIZER, ROLE_PBAR, LoaderSite, LoopSite
+from ddpify.anatomy import distributed as ddp
+from ddpify.codemods.base import Duty, Transform, data_line, parse_expr
 from ddpify.codemods.ddp.runtime import WORLD_SIZE
 
 _TIGHT_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
@@ -22,72 +22,132 @@ _PER_GPU_NOTE = f"# ddpify: batch_size is per process; the global batch is batch
 _GLOBAL_NOTE = f"# ddpify: the global batch is split over {WORLD_SIZE} processes."
 
 
-class DistributedSamplers(Transform):
-    NAME = "sampler"
-    DESCRIPTION = "Shard training loaders with DistributedSampler and reshuffle every epoch."
+class SamplerTransform(Transform):
+    """What the transforms that hand a DataLoader a sampler share: naming its dataset, editing the call."""
 
     def plan(self) -> None:
         self._names_taken: set[str] = set()
+
+    def _dataset_code(self, dataset: ast.AST, base: str = "train_dataset") -> str:
+        """The dataset to hand the sampler: a dataset built inline is bound with `:=` so it is built once."""
+        if isinstance(dataset, (ast.Name, ast.Attribute)):
+            return ast.unparse(dataset)
+        name = self._fresh_name(base)
+        keyword = not isinstance(self.anatomy.parents.get(dataset), ast.Call) or dataset not in self.anatomy.parents[dataset].args  # type: ignore[attr-defined]
+        self.rewrite_node(dataset, _CST_TYPES.get(type(dataset), cst.Call), lambda node: _bind(node, name, keyword))
+        return name
+
+    def _fresh_name(self, base: str) -> str:
+        return fresh_name(self.anatomy, base, self._names_taken)
+
+    def _with_sampler(self, node: cst.CSTNode, sampler: str, divide_batch: bool = False) -> cst.CSTNode:
+        """The call with `sampler=...` where `shuffle=` was (or appended), keeping its layout."""
+        assert isinstance(node, cst.Call)
+        new_arg = cst.Arg(keyword=cst.Name("sampler"), value=parse_expr(sampler), equal=_TIGHT_EQUAL)
+        args = list(node.args)
+        shuffle = next((i for i, a in enumerate(args) if a.keyword and a.keyword.value == "shuffle"), None)
+        splat = next((i for i, a in enumerate(args) if a.star == "**"), None)
+        if shuffle is not None:
+            args[shuffle] = new_arg.with_changes(comma=args[shuffle].comma)
+        elif splat is not None:  # before the ** dict, so its shuffle is popped before it is unpacked
+            args.insert(splat, new_arg.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))))
+        else:
+            last = args[-1]
+            separator = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            args[-1] = last.with_changes(comma=separator)
+            args.append(new_arg.with_changes(comma=last.comma))
+        if divide_batch:
+            args = [_divided_batch(a) for a in args]
+        return node.with_changes(args=args)
+
+
+class DistributedSamplers(SamplerTransform):
+    NAME = "sampler"
+    DESCRIPTION = "Shard training loaders with DistributedSampler and reshuffle every epoch."
+    DUTY = Duty(
+        "the training data is not sharded (found no DataLoader that a training loop iterates): every rank trains on all of it",
+        "give the training DataLoader sampler=DistributedSampler(dataset) and call sampler.set_epoch(epoch) every epoch, or slice the data by rank",
+        data_line,
+    )
+
+    def plan(self) -> None:
+        super().plan()
         sharded = [ld for ld in self.anatomy.train_loaders if self._shard(ld)]
         if sharded:
             self.add_import("torch.utils.data", "DistributedSampler")
+            self.fulfil()
+            self._advise_learning_rate()
+        foreign = [ld for ld in self.anatomy.foreign_loaders if ld.is_train]  # the file that builds it shards it
+        if foreign:
+            self.fulfil()
+        sharded += foreign
         with_set_epoch = {ld for loop in self.anatomy.epoch_loops for ld in self._set_epoch(loop, sharded)}
         for loader in sharded:
-            if loader not in with_set_epoch:
-                self.advise(loader.line, "found no `for epoch in ...` loop around this loader: call <loader>.sampler.set_epoch(epoch) at the start of every epoch by hand")
-        iterated = {loop.loader for loop in self.anatomy.step_loops}
+            if loader not in with_set_epoch and not loader.handled_elsewhere:
+                self._missing_set_epoch(loader.line, "found no `for epoch in ...` loop around this loader")
+        iterated = {loop.loader for loop in (*self.anatomy.step_loops, *self.anatomy.delegated_steps)}
         for loader in self.anatomy.loaders:
+            if loader.handled_elsewhere:
+                continue  # advice about it belongs to the file that iterates it
             if loader not in iterated:
                 self.advise(loader.line, "loader not iterated by a for loop (next(iter(...))?); if it feeds training, shard it with DistributedSampler by hand")
-            elif not loader.is_train:
-                self.advise(loader.line, "evaluation loader left whole: every rank evaluates the full set (same metric as one GPU); shard it with DistributedSampler + all_reduce for speed")
+
+    def _advise_learning_rate(self) -> None:
+        """With the batch kept per GPU, the global batch grows WORLD_SIZE times: say how to scale the lr."""
+        if self.options.batch_size != "per-gpu":
+            return
+        for call in self.anatomy.calls:
+            if self.anatomy.has_role(call.node, ROLE_OPTIMIZER):
+                name = call.qualname.rpartition(".")[2]
+                factor = f"math.sqrt({WORLD_SIZE})" if name in ADAPTIVE_OPTIMIZERS else WORLD_SIZE
+                rule = "square-root rule for adaptive optimizers" if name in ADAPTIVE_OPTIMIZERS else "linear scaling rule"
+                self.advise(call.line, f"the global batch is {WORLD_SIZE} times the original (--batch-size per-gpu): to train alike, "
+                                       f"multiply {name}'s learning rate by {factor} ({rule}, with a few epochs of warm-up), "
+                                       "or convert with --batch-size global")
 
     # ----- the loader call ---------------------------------------------------------------------
     def _shard(self, loader: LoaderSite) -> bool:
         call = loader.call
         if self._also_evaluates(loader):
-            self.advise(loader.line, "this DataLoader call builds training and evaluation loaders alike; shard only the training one (DistributedSampler) by hand")
+            self._missing_sampler(loader.line, "this DataLoader call builds training and evaluation loaders alike",
+                                  "shard only the training one (DistributedSampler) by hand")
             return False
         keywords = {kw.arg: kw.value for kw in call.keywords if kw.arg}
         if "sampler" in keywords or "batch_sampler" in keywords:
-            self.advise(loader.line, "training loader has its own sampler; shard it across ranks by hand")
+            self._missing_sampler(loader.line, "the training loader has its own sampler", "shard it across ranks by hand")
             return False
         dataset = call.args[0] if call.args else keywords.get("dataset")
         if dataset is None:
-            self.advise(loader.line, "can't tell the training loader's dataset; add a DistributedSampler by hand")
+            self._missing_sampler(loader.line, "can't tell the training loader's dataset", "add a DistributedSampler by hand")
+            return False
+        if ddp.is_iterable_dataset(self.anatomy, dataset):
+            self._missing_sampler(loader.line, "the training data is an IterableDataset, and a DataLoader takes no sampler for it",
+                                  "shard it in its __iter__ by hand (every WORLD_SIZE-th sample, starting at RANK)")
             return False
         splats = [kw.value for kw in call.keywords if kw.arg is None]
         sampler = f"DistributedSampler({self._dataset_code(dataset)}{self._sampler_options(keywords, splats)})"
-        self.rewrite_node(call, cst.Call, lambda node: self._with_sampler(node, sampler))
+        self.rewrite_node(call, cst.Call, lambda node: self._with_sampler(node, sampler, self.options.batch_size == "global"))
         self.rewrite_statement(loader.stmt, self._with_batch_note)
         self.changed(loader.line, "training loader sharded with DistributedSampler (its shuffle moved into the sampler)")
         if self.options.batch_size == "global" and "batch_size" in keywords:
             self.changed(loader.line, f"batch_size -> batch_size // {WORLD_SIZE} (the global batch stays as in the original)")
         return True
 
+    def _missing_sampler(self, line: int, why: str, todo: str) -> None:
+        self.missing(line, f"training loader not sharded ({why}): every rank trains on all of its data", todo)
+
+    def _missing_set_epoch(self, line: int, why: str) -> None:
+        self.missing(line, f"the training sampler is never told the epoch ({why}): every epoch shuffles the same way",
+                     "call <loader>.sampler.set_epoch(epoch) at the start of every epoch by hand")
+
     def _also_evaluates(self, loader: LoaderSite) -> bool:
         """Does this DataLoader call also build loaders that are only evaluated (loops, comprehensions)?"""
-        if any(not loop.trains and loop.loader is loader for loop in self.anatomy.step_loops):
+        if any(not loop.trains and loop.loader is loader for loop in (*self.anatomy.step_loops, *self.anatomy.delegated_steps)):
             return True
         return any(
             isinstance(node, ast.comprehension) and loader in self.anatomy.origins(node.iter, ROLE_LOADER)
             for node in ast.walk(self.anatomy.tree)
         )
-
-    def _dataset_code(self, dataset: ast.AST) -> str:
-        """The dataset to hand the sampler: a dataset built inline is bound with `:=` so it is built once."""
-        if isinstance(dataset, (ast.Name, ast.Attribute)):
-            return ast.unparse(dataset)
-        name = self._fresh_name("train_dataset")
-        keyword = not isinstance(self.anatomy.parents.get(dataset), ast.Call) or dataset not in self.anatomy.parents[dataset].args  # type: ignore[attr-defined]
-        self.rewrite_node(dataset, _CST_TYPES.get(type(dataset), cst.Call), lambda node: _bind(node, name, keyword))
-        return name
-
-    def _fresh_name(self, base: str) -> str:
-        taken = {n.id for n in ast.walk(self.anatomy.tree) if isinstance(n, ast.Name)} | self._names_taken
-        name = next(f"{base}{i or ''}" for i in range(len(taken) + 1) if f"{base}{i or ''}" not in taken)
-        self._names_taken.add(name)
-        return name
 
     def _sampler_options(self, keywords: dict[str, ast.AST], splats: list[ast.AST]) -> str:
         options = [f"shuffle={self._shuffle_code(keywords, splats)}"]
@@ -108,26 +168,6 @@ class DistributedSamplers(Transform):
             self.advise(splats[0].lineno, "loader options come from several ** dicts; remove any shuffle from them (the sampler shuffles)")
         return "False"
 
-    def _with_sampler(self, node: cst.CSTNode, sampler: str) -> cst.CSTNode:
-        """The call with `sampler=...` where `shuffle=` was (or appended), keeping its layout."""
-        assert isinstance(node, cst.Call)
-        new_arg = cst.Arg(keyword=cst.Name("sampler"), value=parse_expr(sampler), equal=_TIGHT_EQUAL)
-        args = list(node.args)
-        shuffle = next((i for i, a in enumerate(args) if a.keyword and a.keyword.value == "shuffle"), None)
-        splat = next((i for i, a in enumerate(args) if a.star == "**"), None)
-        if shuffle is not None:
-            args[shuffle] = new_arg.with_changes(comma=args[shuffle].comma)
-        elif splat is not None:  # before the ** dict, so its shuffle is popped before it is unpacked
-            args.insert(splat, new_arg.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))))
-        else:
-            last = args[-1]
-            separator = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-            args[-1] = last.with_changes(comma=separator)
-            args.append(new_arg.with_changes(comma=last.comma))
-        if self.options.batch_size == "global":
-            args = [_divided_batch(a) for a in args]
-        return node.with_changes(args=args)
-
     def _with_batch_note(self, stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
         note = _GLOBAL_NOTE if self.options.batch_size == "global" else _PER_GPU_NOTE
         line = cst.EmptyLine(comment=cst.Comment(note))
@@ -142,7 +182,7 @@ class DistributedSamplers(Transform):
                 continue
             handled.append(loader)
             if loop.loop_var is None:
-                self.advise(loop.line, "epoch loop has no epoch variable; call <loader>.sampler.set_epoch(epoch) by hand")
+                self._missing_set_epoch(loop.line, "the epoch loop has no epoch variable")
                 continue
             call = f"{{}}.sampler.set_epoch({loop.loop_var})\n"
             built_inside = self._binding_inside(loop, loader)
@@ -152,15 +192,14 @@ class DistributedSamplers(Transform):
             else:
                 name = self._visible_name(loop, loader)
                 if name is None:
-                    self.advise(loop.line, "can't name the training loader here; call set_epoch(epoch) on its sampler by hand")
+                    self._missing_set_epoch(loop.line, "can't name the training loader in the epoch loop")
                     continue
                 self.insert_at_body_start(loop.node, call.format(name))  # type: ignore[arg-type]
             self.changed(loop.line, f"{name}.sampler.set_epoch({loop.loop_var}) at the start of every epoch")
         return handled
 
     def _trains_inside(self, loop: LoopSite, loader: LoaderSite) -> bool:
-        steps = {s.node for s in self.anatomy.step_loops if s.trains and s.loader is loader}
-        return self.anatomy.body_contains(loop.node.body, lambda n: n in steps)  # type: ignore[attr-defined]
+        return loop in self.anatomy.epoch_loops_around(loader)
 
     def _binding_inside(self, loop: LoopSite, loader: LoaderSite) -> tuple[ast.stmt, str] | None:
         """An assignment in the epoch loop's own block that (re)builds the loader each epoch."""
@@ -184,6 +223,14 @@ class DistributedSamplers(Transform):
 
 
 _CST_TYPES = {ast.Call: cst.Call, ast.Subscript: cst.Subscript, ast.BinOp: cst.BinaryOperation, ast.ListComp: cst.ListComp}
+
+
+def fresh_name(anatomy, base: str, taken: set[str]) -> str:
+    """`base`, or `base1`, `base2`, ...: a name the script doesn't use yet (added to `taken`)."""
+    used = {n.id for n in ast.walk(anatomy.tree) if isinstance(n, ast.Name)} | taken
+    name = next(f"{base}{i or ''}" for i in range(len(used) + 1) if f"{base}{i or ''}" not in used)
+    taken.add(name)
+    return name
 
 
 def _bind(node: cst.CSTNode, name: str, parenthesize: bool) -> cst.CSTNode:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 
+from ddpify.anatomy import Anatomy
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import CLEANUP_CALL, HELPERS, SETUP_CALL
 
@@ -16,7 +17,8 @@ class DistributedSetup(Transform):
         tree = self.anatomy.tree
         anchor = _last_leading_import(tree)
         if anchor is None:
-            self.advise(1, "no top-level `import torch` found; add the distributed setup by hand")
+            self.missing(1, "no process group is joined (no top-level `import torch` to put the setup after)",
+                         "add the distributed setup (init_process_group) by hand")
             return
         self.add_import("os")
         self.add_import("torch")
@@ -24,14 +26,27 @@ class DistributedSetup(Transform):
         self.insert_after(anchor, HELPERS)
         self.changed(anchor.lineno, "added distributed helpers (RANK, LOCAL_RANK, WORLD_SIZE, RANK_DEVICE, setup/cleanup)")
         guard = self.anatomy.main_guard
-        if guard is not None:
+        if guard is not None and not _needs_group_at_import(self.anatomy):
             self.insert_at_body_start(guard, SETUP_CALL)
             self.insert_after(guard.body[-1], CLEANUP_CALL)
             self.changed(guard.lineno, "join the process group at start-up and leave it at exit, in the __main__ block")
+            return
+        self.insert_after(anchor, SETUP_CALL)
+        if guard is not None:
+            self.insert_after(guard.body[-1], CLEANUP_CALL)
+            self.changed(anchor.lineno, "join the process group after the imports (module-level code wraps or shards with it); leave it at the end of the __main__ block")
         else:
-            self.insert_after(anchor, SETUP_CALL)
             self.append_to_module("\n" + CLEANUP_CALL)
             self.changed(anchor.lineno, "join the process group after the imports; leave it at the end of the script")
+
+
+def _needs_group_at_import(anatomy: Anatomy) -> bool:
+    """Is a trained model or a training loader built at module level, outside the `__main__` block?
+
+    Its DDP wrap or DistributedSampler runs at import, so the group must be joined before it.
+    """
+    sites = [*anatomy.trained_models, *anatomy.train_loaders]
+    return any(anatomy.runs_at_import(site.stmt) for site in sites)
 
 
 def _last_leading_import(tree: ast.Module) -> ast.stmt | None:

@@ -1,53 +1,115 @@
-"""Transforms 3 and 4: SyncBatchNorm where the model has BatchNorm, then the DDP wrapper.
+"""Transforms 3 and 4: nn.DataParallel out; SyncBatchNorm where the model has BatchNorm, then the DDP wrapper.
 
-The wrapper goes right after the model reaches its device: after the statement that binds it,
-or after the last statement of that block that moves it (`model.to(device)`, `if ...: model.cuda()`).
+A DataParallel wrap is removed first (DDP never wraps DataParallel: each rank would spread over
+every visible GPU). The wrapper goes right after the model reaches its device: after the statement
+that binds it, or after the last statement of that block that moves it (`model.to(device)`,
+`if ...: model.cuda()`), or inside the class it is handed to when that class moves it.
 """
 
 from __future__ import annotations
 
 import ast
 
+import libcst as cst
+
 from ddpify.anatomy import DP_WRAPPER, ModelSite
-from ddpify.codemods.base import Transform
+from ddpify.anatomy import syntax
+from ddpify.codemods.base import Duty, Transform, training_line
+from ddpify.codemods.containers import wrap_each
 from ddpify.codemods.ddp.runtime import LOCAL_RANK
+
+
+class RemoveDataParallel(Transform):
+    NAME = "dataparallel"
+    DESCRIPTION = "Take nn.DataParallel out: DDP replaces it (one process per GPU)."
+
+    def plan(self) -> None:
+        for site in self.anatomy.calls_to(DP_WRAPPER):
+            call: ast.Call = site.node  # type: ignore[assignment]
+            module = syntax.argument(call, 0, "module")
+            if module is None:
+                continue
+            if self._rebinds_itself(site.stmt, call, module):
+                self._remove(site.stmt)
+            else:
+                self.rewrite_node(call, cst.Call, lambda _, code=ast.unparse(module): cst.parse_expression(code))
+            self.changed(site.line, f"nn.DataParallel({ast.unparse(module)}) removed: DistributedDataParallel replaces it")
+
+    def _rebinds_itself(self, stmt: ast.stmt, call: ast.Call, module: ast.AST) -> bool:
+        """`model = nn.DataParallel(model)`: without the wrapper the statement does nothing."""
+        return (
+            isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1
+            and self.anatomy.ref(stmt.targets[0]) is not None and self.anatomy.ref(stmt.targets[0]) == self.anatomy.ref(module)
+        )
+
+    def _remove(self, stmt: ast.stmt) -> None:
+        alone = len(self.anatomy.block_of(stmt)) == 1
+        self.rewrite_statement(stmt, lambda _: [cst.SimpleStatementLine([cst.Pass()])] if alone else [])
 
 
 class WrapModel(Transform):
     NAME = "wrap"
     DESCRIPTION = "Wrap each trained model in DistributedDataParallel once it is on its device."
+    DUTY = Duty(
+        "no model was wrapped in DistributedDataParallel (found no model that an optimizer trains)",
+        "wrap the trained model by hand once it is on its device: model = DDP(model, device_ids=[local_rank])",
+        training_line,
+    )
 
     def plan(self) -> None:
+        self.missing_unwrapped_models("DistributedDataParallel")
         models = self.anatomy.trained_models
         if not models:
-            self.advise(1, "found no model that an optimizer trains; wrap it in DistributedDataParallel by hand")
+            if self.anatomy.facts.models_trained_elsewhere:  # another file of the project wraps it
+                self.fulfil()
             return
-        self.add_import("torch.nn.parallel", "DistributedDataParallel", "DDP")
+        self.add_wrapper_import()
         for dp in self.anatomy.calls_to(DP_WRAPPER):
-            self.advise(dp.line, "nn.DataParallel is still here: under DDP each rank would spread over every visible GPU; remove it (convert the single-GPU script)")
+            self.missing(dp.line, "nn.DataParallel is still here: under DDP each rank would spread over every visible GPU",
+                         "remove it (convert the single-GPU script)")
         for model in models:
             self._wrap(model)
+        self.fulfil()
 
     def _wrap(self, model: ModelSite) -> None:
         name = model.target.name
         anchor = model.placements[-1] if model.placements else model.stmt
-        code = []
-        if model.has_batchnorm is not False:
-            code.append(
-                f"if next({name}.parameters()).is_cuda:  # SyncBatchNorm runs on GPUs only\n"
-                f"    {name} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({name})\n"
-            )
-            which = "BatchNorm layers" if model.has_batchnorm else "any BatchNorm layers"
-            self.changed(anchor.lineno, f"{which} in {name} -> SyncBatchNorm when on GPU")
-        code.append(f"{name} = DDP({name}, device_ids=[{LOCAL_RANK}] if next({name}.parameters()).is_cuda else None)\n")
-        self.insert_after(anchor, "".join(code))
-        self.changed(anchor.lineno, f"wrapped {name} in DistributedDataParallel")
-        if not model.placements and not _moved_in_binding(model):
+        if model.container:
+            self.insert_after(anchor, self._wrap_each(model, name))
+            self.changed(anchor.lineno, self.wrapped_message(f"each model in {name}"))
+        else:
+            self.insert_after(anchor, self._sync_batchnorm(model, name, anchor.lineno) + self.wrapper_code(model, name))
+            self.changed(anchor.lineno, self.wrapped_message(name))
+        if not self.anatomy.moved_where_bound(model):
             self.advise(model.line, f"{name} is never moved to a GPU; the DDP script will train it on CPU (gloo)")
 
+    def _sync_batchnorm(self, model: ModelSite, name: str, line: int) -> str:
+        if model.has_batchnorm is False:
+            return ""
+        which = "BatchNorm layers" if model.has_batchnorm else "any BatchNorm layers"
+        self.changed(line, f"{which} in {name} -> SyncBatchNorm when on GPU")
+        return (
+            f"if next({name}.parameters()).is_cuda:  # SyncBatchNorm runs on GPUs only\n"
+            f"    {name} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({name})\n"
+        )
 
-def _moved_in_binding(model: ModelSite) -> bool:
-    return any(
-        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("to", "cuda")
-        for n in ast.walk(model.node)
-    )
+    def _wrap_each(self, model: ModelSite, name: str) -> str:
+        """`nets = {key: DDP(net, ...) for key, net in nets.items()}` (or a list comprehension)."""
+        if model.has_batchnorm is not False:
+            self.advise(model.line, f"the models in {name} may have BatchNorm layers: convert them with SyncBatchNorm by hand for GPUs")
+        return wrap_each(name, model.container, self.wrap_expression)  # type: ignore[arg-type]
+
+
+    def add_wrapper_import(self) -> None:
+        self.add_import("torch.nn.parallel", "DistributedDataParallel", "DDP")
+
+    def wrap_expression(self, name: str) -> str:
+        """The expression that wraps the model `name` (its value replaces the model)."""
+        return f"DDP({name}, device_ids=[{LOCAL_RANK}] if next({name}.parameters()).is_cuda else None)"
+
+    def wrapper_code(self, model: ModelSite, name: str) -> str:
+        """The statements that wrap `name` once it is on its device."""
+        return f"{name} = {self.wrap_expression(name)}\n"
+
+    def wrapped_message(self, name: str) -> str:
+        return f"wrapped {name} in DistributedDataParallel"

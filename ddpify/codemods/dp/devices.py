@@ -31,7 +31,7 @@ class ForwardDevices(Transform):
         source = input_name(forward)
         if source is None:
             where = function_of(self.anatomy, forward).scope  # type: ignore[union-attr]
-            self.advise(use.node.lineno, f"{spelled} in {where} puts every replica on one device; use the input tensor's .device")
+            self.missing(use.node.lineno, f"{spelled} in {where} puts every replica on one device", "use the input tensor's .device")
             return
         device = f"{source}.device"
         if use.kind == "redundant":

@@ -1,8 +1,9 @@
-"""Transform 5 (advice only): state that `forward` keeps on the module is lost under DataParallel.
+"""Transform 5 (reports only): state that `forward` keeps on the module is lost under DataParallel.
 
 Each call copies the model onto every GPU and runs `forward` on the copies; `self.calls += 1` or
 `self.cache = out` happen on copies that are thrown away afterwards, and in-place changes to a
-shared list race between the replicas' threads. The code stays as it is; the user decides.
+shared list race between the replicas' threads. The code stays as it is and the conversion is
+incomplete: the user moves that state out of the model.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ class ForwardState(Transform):
     def plan(self) -> None:
         for forward in replica_forward_methods(self.anatomy, self.anatomy.trained_models):
             for mutation in state_mutations(self.anatomy, forward):
-                self.advise(mutation.lineno, _message(mutation))
+                self.missing(mutation.lineno, _what(mutation), "keep this state outside the model")
 
 
-def _message(mutation: ast.AST) -> str:
+def _what(mutation: ast.AST) -> str:
     code = ast.unparse(mutation)
     code = code if len(code) <= _LIMIT else code[: _LIMIT - 3] + "..."
     return (
         f"`{code}` changes the model inside forward(); under DataParallel it runs on per-GPU copies "
-        "that are discarded after each call, so the change is lost (on GPUs); keep this state outside the model"
+        "that are discarded after each call, so the change is lost (on GPUs)"
     )

@@ -15,7 +15,8 @@ import ast
 from ddpify.anatomy import Anatomy, ModelSite
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy.forward import model_gpu_index, model_moves
-from ddpify.codemods.base import Transform
+from ddpify.codemods.base import Duty, Transform, training_line
+from ddpify.codemods.containers import wrap_each
 
 _ENCLOSING_BLOCKS = (ast.If, ast.With, ast.Try)
 
@@ -23,15 +24,23 @@ _ENCLOSING_BLOCKS = (ast.If, ast.With, ast.Try)
 class WrapDataParallel(Transform):
     NAME = "wrap"
     DESCRIPTION = "Wrap each trained model in nn.DataParallel once its parameters are on the primary GPU."
+    DUTY = Duty(
+        "no model was wrapped in nn.DataParallel (found no model that an optimizer trains)",
+        "wrap the trained model by hand once it is on cuda:0: model = nn.DataParallel(model)",
+        training_line,
+    )
 
     def plan(self) -> None:
+        self.missing_unwrapped_models("nn.DataParallel")
         models = self.anatomy.trained_models
         if not models:
-            self.advise(1, "found no model that an optimizer trains; wrap it in nn.DataParallel by hand")
+            if self.anatomy.facts.models_trained_elsewhere:  # another file of the project wraps it
+                self.fulfil()
             return
         torch_nn = self._torch_nn()
         for model in models:
             self._wrap(model, torch_nn)
+        self.fulfil()
         for write in ddp.env_writes(self.anatomy, "CUDA_VISIBLE_DEVICES"):
             self.advise(write.lineno, "the script sets CUDA_VISIBLE_DEVICES: DataParallel only uses the GPUs it lists; list them all, or remove it")  # type: ignore[attr-defined]
 
@@ -50,6 +59,10 @@ class WrapDataParallel(Transform):
     def _wrap(self, model: ModelSite, torch_nn: str) -> None:
         name = model.target.name
         anchor = _outside_conditionals(self.anatomy, model.placements[-1] if model.placements else model.stmt)
+        if model.container:
+            self.insert_after(anchor, wrap_each(name, model.container, lambda net: f"{torch_nn}.DataParallel({net})"))
+            self.changed(anchor.lineno, f"wrapped each model in {name} in nn.DataParallel")
+            return
         self.insert_after(anchor, f"{name} = {torch_nn}.DataParallel({name}{self._device_ids(model)})\n")
         self.changed(anchor.lineno, f"wrapped {name} in nn.DataParallel (one replica per visible GPU; on CPU it calls the model directly)")
         if not model_moves(model):

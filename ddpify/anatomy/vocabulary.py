@@ -1,0 +1,150 @@
+"""What ddpify knows about PyTorch and the libraries around it: each name set and test, once.
+
+The analysis, the codemods and the lint rules all ask here, so `convert` and `lint` agree on what
+a progress bar, a writer, an optimizer, a model-keeping method or a wrapper's own attribute is.
+Names are qualified names as `ImportTable.qualname` spells them (`torch.nn.parallel.DataParallel`).
+Facts about ranks, collectives and seeding live in `ddpify.anatomy.distributed`.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ddpify.anatomy.analyzer import Anatomy
+
+# ----- wrappers ----------------------------------------------------------------------------------
+DDP_WRAPPER = "torch.nn.parallel.DistributedDataParallel"
+DP_WRAPPER = "torch.nn.parallel.DataParallel"
+
+# Everything an `nn.Module` answers itself (torch 2.x); a wrapper answers these too.
+MODULE_ATTRIBUTES = frozenset({
+    "T_destination", "add_module", "apply", "bfloat16", "buffers", "call_super_init", "children", "compile",
+    "cpu", "cuda", "double", "dump_patches", "eval", "extra_repr", "float", "forward", "get_buffer",
+    "get_extra_state", "get_parameter", "get_submodule", "half", "ipu", "load_state_dict", "modules", "mtia",
+    "named_buffers", "named_children", "named_modules", "named_parameters", "parameters",
+    "register_backward_hook", "register_buffer", "register_forward_hook", "register_forward_pre_hook",
+    "register_full_backward_hook", "register_full_backward_pre_hook", "register_load_state_dict_post_hook",
+    "register_load_state_dict_pre_hook", "register_module", "register_parameter", "register_state_dict_post_hook",
+    "register_state_dict_pre_hook", "requires_grad_", "set_extra_state", "set_submodule", "share_memory",
+    "state_dict", "to", "to_empty", "train", "training", "type", "xpu", "zero_grad",
+})
+# What each wrapper answers itself besides what every nn.Module has (torch 2.x).
+_OWN_ATTRIBUTES = {
+    DDP_WRAPPER: frozenset({
+        "broadcast_bucket_size", "broadcast_buffers", "bucket_bytes_cap", "device", "device_ids", "device_type",
+        "dim", "find_unused_parameters", "gather", "gradient_as_bucket_view", "is_multi_device_module", "join",
+        "join_device", "join_hook", "join_process_group", "logger", "mixed_precision", "module", "modules_buffers",
+        "no_sync", "output_device", "parameters_to_ignore", "process_group", "reducer", "register_comm_hook",
+        "require_backward_grad_sync", "require_forward_param_sync", "scatter", "static_graph", "to_kwargs",
+        "will_sync_module_buffers",
+    }),
+    DP_WRAPPER: frozenset({
+        "module", "device_ids", "output_device", "dim", "src_device_obj", "device_type", "replicate", "scatter",
+        "parallel_apply", "gather",
+    }),
+}
+WRAPPER_ATTRIBUTES = {wrapper: MODULE_ATTRIBUTES | own for wrapper, own in _OWN_ATTRIBUTES.items()}
+
+# Read on a wrapper, these give what they give on the wrapped model: the rest of a converted
+# script's reads of the model go through `.module` to keep their single-GPU meaning.
+SAME_ON_WRAPPER = frozenset({
+    "train", "eval", "parameters", "named_parameters", "zero_grad", "requires_grad_", "no_sync",
+    "module", "training", "forward", "to", "cuda", "cpu",
+})
+
+
+def wrapper_lacks(wrapper: str, attr: str) -> bool:
+    """Does reading `attr` on this wrapper raise AttributeError (it lives on `.module`)?"""
+    return not attr.startswith("_") and attr not in WRAPPER_ATTRIBUTES[wrapper]
+
+
+def reads_through_module(attr: str) -> bool:
+    """Does a converted script read `attr` of the wrapped model through `.module` (its own methods
+    and attributes, and `state_dict()` whose keys the wrapper prefixes with `module.`)?"""
+    return not attr.startswith("__") and attr not in SAME_ON_WRAPPER
+
+
+# ----- models ------------------------------------------------------------------------------------
+# nn.Module methods that return the module itself: `model.to(dev)` is still `model`.
+MODULE_RETURNING_SELF = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "requires_grad_"})
+DEVICE_MOVES = frozenset({"to", "cuda"})
+NOT_MODELS = frozenset({"torch.nn.Parameter", "torch.nn.ParameterList", "torch.nn.ParameterDict", "torch.nn.Module"})
+MODEL_CONTAINERS = frozenset({"torch.nn.ModuleList", "torch.nn.ModuleDict"})
+BLOCK_SEQUENCES = frozenset({"torch.nn.ModuleList", "torch.nn.Sequential"})  # what FSDP shards block by block
+PARAMETER_CONSTRUCTOR = "torch.nn.Parameter"
+MODEL_FACTORIES = ("torchvision.models.", "timm.create_model", "transformers.")
+BATCHNORM = re.compile(r"^torch\.nn\.(BatchNorm[123]d|LazyBatchNorm[123]d)$")
+
+
+def is_builtin_layer(qualname: str) -> bool:
+    """A `torch.nn` module class (`torch.nn.Linear`), not a loss, a parameter or `nn.Module` itself."""
+    if not qualname.startswith("torch.nn.") or qualname.count(".") != 2 or qualname in NOT_MODELS:
+        return False
+    last = qualname.rsplit(".", 1)[1]
+    return last[:1].isupper() and not last.endswith("Loss")
+
+
+def is_model_factory(qualname: str) -> bool:
+    """`torchvision.models.resnet18`, `timm.create_model`, `transformers.AutoModel.from_pretrained`."""
+    return qualname.startswith(MODEL_FACTORIES) and (
+        qualname.startswith("torchvision.models.") or "create_model" in qualname or qualname.endswith("from_pretrained")
+    )
+
+
+# ----- optimizers --------------------------------------------------------------------------------
+def is_optimizer_constructor(qualname: str) -> bool:
+    """`torch.optim.SGD`, `torch.optim.AdamW` (not `torch.optim.lr_scheduler.StepLR`)."""
+    return qualname.startswith("torch.optim.") and qualname.count(".") == 2
+
+
+def is_scheduler_constructor(qualname: str) -> bool:
+    return qualname.startswith("torch.optim.lr_scheduler.")
+
+
+# ----- progress bars, logs and writers -----------------------------------------------------------
+TQDM_CONSTRUCTORS = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm"})
+# Calls that iterate their first argument: `for i, batch in enumerate(tqdm(loader))` iterates `loader`.
+ITERATION_WRAPPERS = frozenset({"enumerate", "iter", "zip", "tqdm"}) | TQDM_CONSTRUCTORS
+LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "log"})
+INFO_LOG_METHODS = frozenset({"debug", "info", "log"})  # below WARNING: progress that one rank can report
+WRITER_CONSTRUCTORS = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter", "wandb.init"})
+
+# ----- files -------------------------------------------------------------------------------------
+SAVE_CALLS = frozenset({"torch.save", "numpy.save", "numpy.savez", "numpy.savetxt"})
+# Calls that write a file named by an argument: a rank-0 duty under DDP, like `open(path, "w")`.
+FILE_WRITE_CALLS = SAVE_CALLS | frozenset({
+    "numpy.savez_compressed", "pickle.dump", "torchvision.utils.save_image", "matplotlib.pyplot.savefig",
+    "shutil.copyfile", "shutil.copy", "shutil.copy2",
+})
+# Methods that write a file whatever they are called on (a figure, a DataFrame, a Hugging Face model).
+FILE_WRITE_METHODS = frozenset({"savefig", "to_csv", "to_parquet", "save_pretrained"})
+# Calls that create a directory: run by every rank at once, all but the first fail unless exist_ok=True.
+DIRECTORY_CREATORS = frozenset({"os.makedirs", "os.mkdir"})
+ITERABLE_DATASETS = frozenset({"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"})
+OPEN_CALLS = frozenset({"open", "io.open"})
+_WRITE_MODES = frozenset("wax+")
+
+
+def opens_for_writing(a: Anatomy, call: ast.AST) -> bool:
+    """`open(path, "w")` (or "a", "x", "+")."""
+    if not (isinstance(call, ast.Call) and a.qualname(call.func) in OPEN_CALLS):
+        return False
+    mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+    return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and bool(_WRITE_MODES & set(mode.value))
+
+# Libraries that launch and distribute training themselves: scripts built on them are left alone.
+DISTRIBUTING_FRAMEWORKS = {
+    "accelerate.Accelerator": "Accelerate",
+    "lightning.Trainer": "Lightning", "lightning.pytorch.Trainer": "Lightning", "pytorch_lightning.Trainer": "Lightning",
+    "lightning.Fabric": "Lightning Fabric", "lightning.fabric.Fabric": "Lightning Fabric",
+    "transformers.Trainer": "the Hugging Face Trainer", "transformers.Seq2SeqTrainer": "the Hugging Face Trainer",
+    "trl.SFTTrainer": "the Hugging Face Trainer",
+    "deepspeed.initialize": "DeepSpeed",
+}
+
+# Optimizers that scale each step by running gradient statistics: a larger batch calls for about
+# sqrt(k) times their learning rate, where SGD's linear scaling rule asks for k times.
+ADAPTIVE_OPTIMIZERS = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "SparseAdam"})

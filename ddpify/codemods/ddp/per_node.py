@@ -1,0 +1,45 @@
+"""Per-node duties: a download runs once per node, on its local rank 0, before the others read it.
+
+Every rank downloading the same dataset into the same directory races (half-written archives,
+corrupt extractions). The statement that downloads runs first on each node's local rank 0 while
+the node's other ranks wait at a barrier, then on them (they find the files and skip the
+download). On several nodes each node fetches its own copy, since local disks are not shared.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import MODULE_SCOPE
+from ddpify.anatomy import distributed as dist_facts
+from ddpify.codemods.base import Transform
+from ddpify.codemods.ddp.runtime import LOCAL_RANK, SETUP_CALL
+
+WAIT = f"if {LOCAL_RANK} != 0:\n    dist.barrier()  # local rank 0 downloads first, once per node\n"
+RELEASE = f"if {LOCAL_RANK} == 0:\n    dist.barrier()  # the node's other ranks now find the files\n"
+
+
+class PerNodeDownloads(Transform):
+    NAME = "per-node"
+    DESCRIPTION = "Downloads run on each node's local rank 0 first; the node's other ranks wait for them."
+
+    def plan(self) -> None:
+        done: set[ast.stmt] = set()
+        for call in dist_facts.downloads(self.anatomy):
+            stmt = call.stmt
+            if stmt in done or dist_facts.rank_guarded(self.anatomy, call.node):
+                continue
+            done.add(stmt)
+            if not self._group_joined_before(stmt):
+                self.advise(call.line, "download on every rank before the process group exists: run it once per node (local rank 0) by hand")
+                continue
+            self.insert_before(stmt, WAIT)
+            self.insert_after(stmt, RELEASE)
+            self.changed(call.line, "download on local rank 0 first (once per node); the node's other ranks wait, then reuse it")
+
+    def _group_joined_before(self, stmt: ast.stmt) -> bool:
+        """Code in functions runs after the __main__ block joins; module-level code after a setup call."""
+        if self.anatomy.scope_of.get(stmt, MODULE_SCOPE) != MODULE_SCOPE:
+            return True
+        setup = SETUP_CALL.strip().rstrip("()")
+        return any(c.qualname == setup and c.scope == MODULE_SCOPE and c.line < stmt.lineno for c in self.anatomy.calls)

@@ -1,0 +1,33 @@
+"""Transform: every rank draws the same `random_split`.
+
+Each rank runs the split; unseeded, each draws its own, and one rank's validation samples become
+another's training samples. A `random_split` with no generator and no seed before it gets
+`generator=torch.Generator().manual_seed(0)` (lint rule DDP011 finds the same calls).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.anatomy import syntax
+from ddpify.anatomy import distributed as ddp
+from ddpify.codemods.base import Transform, add_keyword
+
+SEEDED_GENERATOR = "Generator().manual_seed(0)"
+
+
+class SameSplitOnEveryRank(Transform):
+    NAME = "split"
+    DESCRIPTION = "Give random_split a seeded generator, so that every rank draws the same split."
+
+    def plan(self) -> None:
+        splits = ddp.unseeded_random_splits(self.anatomy)
+        if not splits:
+            return
+        torch = syntax.spelling(self.anatomy, "torch")
+        if torch is None:
+            self.add_import("torch")
+        generator = f"{torch or 'torch'}.{SEEDED_GENERATOR}"
+        for site in splits:
+            self.rewrite_node(site.node, cst.Call, lambda call: add_keyword(call, "generator", generator))
+            self.changed(site.line, f"random_split(..., generator={generator}): every rank draws the same split")

@@ -1,0 +1,229 @@
+"""Convert projects, not files: an entry script and the local modules it imports, each written where imports work.
+
+`ddpify convert train.py` treats train.py as an entry point and follows its local imports
+(ddpify.anatomy.project); a directory is searched for entry points (a `__main__` block, or training
+at module level), and its other modules are converted only as part of the projects that import them.
+Only entry scripts join the process group; an imported module gets just the edits it needs.
+
+Where the converted files go (write mode):
+- When only the entry script changes, as for a lone script: `<name>_<to>.py` beside it (or `-o FILE`).
+- When imported modules change too, the whole project is mirrored into `<project dir>_<to>/` beside
+  the project directory (or `-o DIR`): converted files replace their originals there, every other
+  Python file of the project is copied unchanged, so the converted entry imports converted modules.
+  The user's files are never touched; the launch line names the mirrored entry script.
+`--in-place`, `--diff` and `--check` handle every changed file of the project where it is.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from ddpify.anatomy import analyze
+from ddpify.anatomy.project import Project, import_roots, is_entry_point, within
+from ddpify.codemods.pipeline import ConversionResult
+from ddpify.sources import Source, SourceError, check_syntax, iter_python_files, mentions_torch, read_source, write_atomic
+
+
+class LayoutError(Exception):
+    """The requested output can't hold a project conversion (e.g. several files to stdout)."""
+
+
+@dataclass
+class FileJob:
+    """One file of a project: its source, its conversion (or the error it raised), where it goes."""
+
+    path: Path
+    source: Source
+    entry: bool
+    result: ConversionResult | None = None
+    error: Exception | None = None
+    output: str | None = None  # write mode: the mirrored path; None: the command's own choice
+
+    def convert(self) -> ConversionResult:
+        if self.error is not None:
+            raise self.error
+        return self.result  # type: ignore[return-value]
+
+    @property
+    def changed(self) -> bool:
+        return self.result is not None and self.result.changed
+
+
+@dataclass
+class ProjectConversion:
+    """The converted files of one project and, when its imported modules change, the mirror directory."""
+
+    project: Project
+    jobs: list[FileJob]
+    mirror: Path | None = None
+
+    @property
+    def modules_changed(self) -> bool:
+        """Do modules the entry scripts import need edits too (so the entries need the converted copies)?"""
+        return any(job.changed for job in self.jobs if not job.entry)
+
+    def job(self, path: Path) -> FileJob | None:
+        return next((job for job in self.jobs if job.path == path), None)
+
+
+@dataclass
+class ConversionPlan:
+    """What one `convert` run does: `items` in order, each a path (maybe with a job) or an error to report."""
+
+    items: list[Path | SourceError] = field(default_factory=list)
+    jobs: dict[Path, FileJob] = field(default_factory=dict)
+    projects: list[ProjectConversion] = field(default_factory=list)
+
+    def job(self, item) -> FileJob | None:
+        return self.jobs.get(item) if isinstance(item, Path) else None
+
+    def output_for(self, item, output: str | None) -> str | None:
+        job = self.job(item)
+        return job.output if job is not None and job.output else output
+
+    def copy_unchanged_modules(self) -> list[SourceError]:
+        """Write mode: complete each mirror with the project's Python files that needed no change."""
+        errors: list[SourceError] = []
+        for conversion in self.projects:
+            if conversion.mirror is not None:
+                errors += _complete_mirror(conversion)
+        return errors
+
+
+def plan_conversion(paths: Iterable, files: list, target: str, options: dict, mode: str, output: str | None) -> ConversionPlan:
+    """Find the projects among `files` (named files are entry points; walked ones are searched) and convert them."""
+    named = {Path(p) for p in paths}
+    plan = ConversionPlan()
+    entries: dict[Path, list[Path]] = {}  # by the directory their imports resolve from
+    for item in files:
+        kind = "other" if isinstance(item, SourceError) or item.suffix != ".py" else _script_kind(item, item in named)
+        if kind != "library":  # walked modules are converted only with the entry scripts that import them
+            plan.items.append(item)
+        if kind == "entry":
+            entries.setdefault(import_roots(item)[0], []).append(item)
+    sources: dict[Path, Source] = {}
+    for group in entries.values():
+        project = Project(group, lambda path: _read(path, sources))
+        project.entries = [e for e in group if e in named or not _imported_by_another(project, e)] or group
+        conversion = _convert_project(project, sources, target, options)
+        _lay_out(conversion, target, mode, output)
+        _add_project(plan, conversion, group)
+    return plan
+
+
+def _add_project(plan: ConversionPlan, conversion: ProjectConversion, group: list[Path]) -> None:
+    """The project's jobs; its changed (or failing) modules listed after its last entry script, demoted
+    entries (imported by another entry) among them, and the modules it could not read as errors."""
+    plan.projects.append(conversion)
+    plan.jobs.update((job.path, job) for job in conversion.jobs)
+    project = conversion.project
+    demoted = set(group) - set(project.entries)
+    plan.items = [i for i in plan.items if not (isinstance(i, Path) and i in demoted)]
+    at = plan.items.index(project.entries[-1]) + 1
+    plan.items[at:at] = [job.path for job in conversion.jobs if not job.entry and (job.changed or job.error)]
+    plan.items += [error if isinstance(error, SourceError) else SourceError(path, str(error))
+                   for path, error in project.unreadable.items() if path not in group]
+
+
+def _script_kind(path: Path, named: bool) -> str:
+    """'entry' for a script to convert (a named file, or a walked one with a __main__ block or top-level
+    training), 'library' for other walked modules, 'other' for what the command handles alone."""
+    try:
+        source = read_source(path)
+        if not mentions_torch(source.text):
+            return "other" if named else "library"
+        return "entry" if named or is_entry_point(analyze(source.text, str(path))) else "library"
+    except (SourceError, SyntaxError, ValueError):
+        return "other"  # the command reports it
+
+
+def _read(path: Path, sources: dict[Path, Source]) -> str:
+    source = read_source(path)
+    check_syntax(source)
+    sources[path] = source
+    return source.text
+
+
+def _imported_by_another(project: Project, entry: Path) -> bool:
+    """A module other entry points import is their library, even with a `__main__` block of its own."""
+    return any(entry in project.imports_of(m) for m in project.files() if m.path != entry and m.path in project.entries)
+
+
+def convert_entry(entry: Path, target: str, options: dict) -> ProjectConversion:
+    """Convert one entry script and the project modules it imports (what `ddpify verify` runs)."""
+    sources: dict[Path, Source] = {}
+    return _convert_project(Project([entry], lambda path: _read(path, sources)), sources, target, options)
+
+
+def write_mirror(conversion: ProjectConversion, mirror: Path) -> Path:
+    """Write the converted project into `mirror` (changed files converted, the others copied); return the entry's path there."""
+    conversion.mirror = mirror
+    root = conversion.project.root
+    for job in conversion.jobs:
+        if job.changed or job.entry:
+            destination = mirror / within(job.path, root)
+            os.makedirs(destination.parent, exist_ok=True)
+            write_atomic(destination, job.source.encode(job.result.output))  # type: ignore[union-attr]
+    errors = _complete_mirror(conversion)
+    if errors:
+        raise errors[0]
+    return mirror / within(conversion.project.entries[0], root)
+
+
+def _convert_project(project: Project, sources: dict[Path, Source], target: str, options: dict) -> ProjectConversion:
+    """`options` are convert_source's (batch_size, eval, log_loss)."""
+    from ddpify.convert import convert_source
+
+    jobs = []
+    for module in project.files():
+        job = FileJob(module.path, sources[module.path], entry=project.is_entry(module))
+        try:
+            job.result = convert_source(module.text, target, path=str(module.path), **options,
+                                        facts=module.facts, library=not job.entry)
+        except Exception as error:  # reported against this file by the command; the others go on
+            job.error = error
+        jobs.append(job)
+    return ProjectConversion(project, jobs)
+
+
+def _lay_out(conversion: ProjectConversion, target: str, mode: str, output: str | None) -> None:
+    """Keep the one-file layout when only entry scripts change; mirror the project when modules change too."""
+    if not conversion.modules_changed or mode != "write":
+        return
+    if output == "-":
+        raise LayoutError("the conversion changes several files of the project; write them with -o DIR, not to stdout")
+    root = conversion.project.root
+    mirror = Path(output) if output else Path(os.path.normpath(root / os.pardir / f"{root.resolve().name}_{target}"))
+    if mirror.resolve() == root.resolve():
+        raise LayoutError(f"{mirror}: is the project itself; use --in-place to edit its files")
+    if mirror.exists() and not mirror.is_dir():
+        raise LayoutError(f"{mirror}: the conversion changes several files of the project; -o must name a directory")
+    conversion.mirror = mirror
+    for job in conversion.jobs:
+        destination = mirror / within(job.path, root)
+        os.makedirs(destination.parent, exist_ok=True)
+        job.output = str(destination)
+
+
+def _complete_mirror(conversion: ProjectConversion) -> list[SourceError]:
+    """Copy the project's other Python files into the mirror, byte for byte, so its imports resolve."""
+    root, mirror = conversion.project.root, conversion.mirror
+    written = {job.path.resolve() for job in conversion.jobs if job.changed or job.entry}
+    errors = []
+    for item in iter_python_files([root]):
+        if isinstance(item, SourceError) or item.suffix != ".py" or item.resolve() in written or _inside(item, mirror):  # type: ignore[arg-type]
+            continue
+        destination = mirror / within(item, root)  # type: ignore[arg-type]
+        try:
+            os.makedirs(destination.parent, exist_ok=True)
+            write_atomic(destination, item.read_bytes())
+        except (SourceError, OSError) as error:
+            errors.append(error if isinstance(error, SourceError) else SourceError(destination, str(error)))
+    return errors
+
+
+def _inside(path: Path, directory: Path | None) -> bool:
+    return directory is not None and directory.resolve() in path.resolve().parents

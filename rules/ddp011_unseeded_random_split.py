@@ -1,0 +1,102 @@
+"""DDP011: `random_split` without a generator or a seed, in a script that runs a process per GPU."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import syntax
+from ddpify.anatomy import distributed as ddp
+from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS
+
+
+class UnseededRandomSplit(Rule):
+    """## What it does
+    Flags `random_split(...)` in a DDP script when it has no `generator=` and no
+    `torch.manual_seed(...)` (or `seed_everything`/`set_seed`, or a local function that calls
+    one) has run before it.
+
+    ## Why is this bad?
+    Every rank runs the split, and an unseeded process draws its own: one rank's validation
+    samples are another rank's training samples (leaked, optimistic validation scores), and the
+    DistributedSampler shards a different dataset on each rank, so samples are seen twice or never.
+
+    An unseeded model is *not* a problem: DDP broadcasts rank 0's parameters and buffers when it
+    wraps the model, and DistributedSampler shuffles with its own fixed seed.
+
+    ## Example
+    ```python
+    dist.init_process_group("nccl")
+    train_set, val_set = random_split(dataset, [0.9, 0.1])
+    ```
+
+    ## Use instead
+    ```python
+    dist.init_process_group("nccl")
+    train_set, val_set = random_split(dataset, [0.9, 0.1], generator=torch.Generator().manual_seed(0))
+    ```
+
+    ## Fix safety
+    Unsafe: adds `generator=torch.Generator().manual_seed(0)`, which picks a different split
+    than the one a single-GPU run drew.
+    """
+
+    code = "DDP011"
+    name = "unseeded-random-split"
+    message = ("random_split without a generator or seed: each rank draws a different split, so one rank's "
+               "validation samples are another rank's training samples")
+    severity = "warning"
+    applies_to = DDP_KINDS
+
+    def check(self, anatomy):
+        for site in ddp.unseeded_random_splits(anatomy):
+            yield Finding(site.pos, fix=_fix(anatomy, site.node))
+
+
+def _fix(a, call: ast.Call) -> Fix | None:
+    generator = syntax.spelling(a, "torch.Generator")
+    if generator is None or not call.args:
+        return None
+    last = max((*call.args, *(kw.value for kw in call.keywords)), key=lambda n: (n.end_lineno, n.end_col_offset))
+    end = a.pos(last)
+    edit = Edit.insert(end.end_line, end.end_col, f", generator={generator}().manual_seed(0)")
+    return Fix((edit,), safe=False, description="draw the split from a seeded generator")
+
+
+_HEAD = """import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import TensorDataset, random_split
+
+dist.init_process_group("gloo")
+data = TensorDataset(torch.arange(10))
+"""
+
+UnseededRandomSplit.VALID = (
+    _HEAD + "train, val = random_split(data, [8, 2], generator=torch.Generator().manual_seed(0))\n",
+    _HEAD + "torch.manual_seed(0)\ntrain, val = random_split(data, [8, 2])\n",
+    _HEAD + """
+
+def seed_everything(seed):
+    torch.manual_seed(seed)
+
+
+def main():
+    seed_everything(0)
+    train, val = random_split(data, [8, 2])
+""",
+    # an unseeded model is fine: DDP broadcasts rank 0's parameters when it wraps it
+    _HEAD + "model = DDP(torch.nn.Linear(4, 1))\n",
+)
+UnseededRandomSplit.INVALID = (
+    Invalid(
+        _HEAD + "train, val = random_split(data, [8, 2])\n",
+        line=8,
+        fixed=_HEAD + "train, val = random_split(data, [8, 2], generator=torch.Generator().manual_seed(0))\n",
+    ),
+    Invalid(
+        _HEAD + "model = DDP(torch.nn.Linear(4, 1))\ntrain, val = random_split(\n    data,\n    [8, 2],\n)\ntorch.manual_seed(0)\n",
+        line=9,
+        fixed=_HEAD + "model = DDP(torch.nn.Linear(4, 1))\ntrain, val = random_split(\n    data,\n    [8, 2], generator=torch.Generator().manual_seed(0),\n)\ntorch.manual_seed(0)\n",
+    ),
+)

@@ -1,0 +1,82 @@
+"""FSDP003: `.module` on a model sharded with FSDP2's `fully_shard`."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import distributed as dist_facts
+from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS
+
+
+class ModuleOnFullyShardedModel(Rule):
+    """## What it does
+    Flags `model.module` where `model` was sharded with `fully_shard` (FSDP2), typically left
+    over from a DDP or legacy-FSDP version of the script.
+
+    ## Why is this bad?
+    `fully_shard` does not wrap the model: it changes the model's class in place, so the model
+    keeps its own methods and attributes and has no `.module`. The access raises
+    `AttributeError`, usually at the first checkpoint or evaluation, after training has run.
+
+    ## Example
+    ```python
+    fully_shard(model)
+    ...
+    model.module.generate(prompt)
+    ```
+
+    ## Use instead
+    ```python
+    fully_shard(model)
+    ...
+    model.generate(prompt)
+    ```
+
+    ## Fix safety
+    Safe: the fix drops `.module`, which is what the access meant.
+    """
+
+    code = "FSDP003"
+    name = "module-on-fully-sharded-model"
+    message = "fully_shard keeps the model's class: it has no .module (AttributeError)"
+    severity = "error"
+    applies_to = DDP_KINDS
+
+    def check(self, anatomy):
+        a = anatomy
+        if not dist_facts.shard_calls(a):
+            return
+        for node in ast.walk(a.tree):
+            if isinstance(node, ast.Attribute) and node.attr == "module" and dist_facts.is_sharded_model(a, node.value):
+                if not dist_facts.wrap_calls(a) or not dist_facts.is_wrapper(a, node.value):
+                    inner = a.pos(node.value)
+                    whole = a.pos(node)
+                    fix = Fix((Edit(inner.end_line, inner.end_col, whole.end_line, whole.end_col, ""),), safe=True,
+                              description="drop .module")
+                    yield Finding(whole, fix=fix)
+
+
+_HEAD = """import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+dist.init_process_group("gloo")
+model = torch.nn.Linear(4, 1)
+fully_shard(model)
+"""
+
+ModuleOnFullyShardedModel.VALID = (
+    _HEAD + "print(model.weight)\n",
+    """import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+model = DDP(torch.nn.Linear(4, 1))
+print(model.module.weight)
+""",
+)
+ModuleOnFullyShardedModel.INVALID = (
+    Invalid(_HEAD + "print(model.module.weight)\n", line=8, fixed=_HEAD + "print(model.weight)\n"),
+)
