@@ -1,20 +1,25 @@
 """Count gloo teardown aborts over many 2-rank torchrun runs of a converted script on CPU.
 
-    OMP_NUM_THREADS=1 python bench/bench_teardown.py [--runs 200] [--jobs 1] [--script PATH]
+    python bench/bench_teardown.py [--runs 200] [--jobs 4] [--gil-switch 0.2] [--script PATH]
 
 A run aborts when a rank dies in interpreter shutdown with "terminate called without an active
-exception" after training finished (torch's gloo worker threads outliving the process group). The
-script defaults to the converted snapshot fixtures/expected/ddp/basic_main.py, so the figure is about
-the teardown ddpify writes today; GPUs are hidden, so the ranks use gloo. --jobs runs that many
-torchruns at once: more load makes the race likelier, which makes a zero count stronger.
+exception" after training finished. The script defaults to the converted snapshot
+fixtures/expected/ddp/basic_main.py, so the figure is about the teardown ddpify writes today; GPUs
+are hidden, so the ranks use gloo. --jobs runs that many torchruns at once, and --gil-switch sets
+every rank's sys.setswitchinterval (through a sitecustomize): a gloo worker waiting for the GIL then
+waits longer, which widens the race, so a zero count under it is a much stronger figure.
 
 Cause (core dump of an aborted rank, torch 2.13 CPU): every backward stashes a contextvars.Context
-in thread-local state; each gloo all-reduce work captures it, and the gloo worker thread that drops
-the last such work after Python began finalizing needs the GIL, is pthread_exit'ed inside a
-noexcept destructor, and std::terminate aborts the rank. torch 2.11 does not stash the Context.
-Figures (2-core machine at load 15-23, 2026-11-23): the current teardown, 1 abort in 30 runs;
-with dist.barrier() before destroy_process_group, 2 aborts in 58 runs (--jobs 4), so no fix;
-torch 2.11 on a 16-core machine, 0 aborts in 200 runs (--jobs 8).
+in thread-local state and each gloo all-reduce work DDP launches during backward captures it. A
+DDP wrapper sits in reference cycles, so after `main()` returns it (and the process group it holds)
+lives on: destroy_process_group only unregisters the group, and its gloo worker threads survive into
+interpreter finalization. A worker still releasing its last work's Context then needs the GIL, is
+pthread_exit'ed inside a noexcept destructor, and std::terminate aborts the rank.
+
+Fix (the generated cleanup_distributed): gc.collect() before destroy_process_group, and `del` of
+module-level wrappers before the call, so the group is freed there; its destructor releases the GIL
+and joins the workers. A barrier before destroy_process_group does not help (the workers may still
+be unscheduled when it returns). Figures are in the closing note of issue 14 and in docs/teardown.md.
 """
 
 from __future__ import annotations
@@ -35,12 +40,14 @@ TEARDOWN_ABORT = "terminate called without an active exception"
 TIMEOUT_S = 900
 
 
-def one_run(script: Path, workdir: Path) -> str:
+def one_run(script: Path, workdir: Path, site: Path | None) -> str:
     """'ok', 'abort' (the teardown abort) or 'failed: <last stderr line>' for one torchrun."""
     workdir.mkdir()
     local = workdir / script.name
     shutil.copy(script, local)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", local.name]
     try:
         result = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -58,13 +65,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--gil-switch", type=float, help="seconds for sys.setswitchinterval in every rank (widens the race)")
     parser.add_argument("--script", type=Path, default=DEFAULT_SCRIPT)
     args = parser.parse_args()
     script = args.script.resolve()
     started = time.perf_counter()
     counts = {"ok": 0, "abort": 0, "failed": 0}
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
-        outcomes = pool.map(lambda i: one_run(script, Path(tmp) / f"run{i:04d}"), range(args.runs))
+        site = _switch_interval_site(Path(tmp), args.gil_switch)
+        outcomes = pool.map(lambda i: one_run(script, Path(tmp) / f"run{i:04d}", site), range(args.runs))
         for i, outcome in enumerate(outcomes, 1):
             counts[outcome.split(":")[0]] += 1
             if outcome != "ok":
@@ -72,7 +81,17 @@ def main() -> None:
             if i % 25 == 0:
                 print(f"... {i} runs: {counts}", flush=True)
     print(f"{script.name}: runs={args.runs} aborts={counts['abort']} other failures={counts['failed']} "
-          f"jobs={args.jobs} torch={_torch_version()} wall={time.perf_counter() - started:.0f} s", flush=True)
+          f"jobs={args.jobs} gil_switch={args.gil_switch} torch={_torch_version()} wall={time.perf_counter() - started:.0f} s", flush=True)
+
+
+def _switch_interval_site(tmp: Path, seconds: float | None) -> Path | None:
+    """A folder with a sitecustomize.py that sets the switch interval, for PYTHONPATH (None: leave it)."""
+    if seconds is None:
+        return None
+    site = tmp / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(f"import sys\nsys.setswitchinterval({seconds!r})\n")
+    return site
 
 
 def _torch_version() -> str:

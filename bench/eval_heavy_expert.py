@@ -3,7 +3,6 @@
 Training: DistributedSampler + set_epoch, DDP. Evaluation: each rank takes every WORLD-th sample
 (a strided Subset, no padding) and one all_reduce of [loss_sum, correct, seen] in float64.
 """
-import os
 import time
 
 import torch

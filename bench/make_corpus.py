@@ -13,7 +13,6 @@ import argparse
 import ast
 import builtins
 import io
-import keyword
 import random
 import tokenize
 from pathlib import Path

@@ -114,14 +114,3 @@ def failure_report(result: subprocess.CompletedProcess) -> str:
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES_DIR = REPO_ROOT / "fixtures"
 
-
-# torch 2.13's gloo backend sometimes aborts a rank at interpreter exit, after the script finished
-# and left the process group (a worker thread drops the last all-reduce's Python context during
-# finalization; see bench/bench_teardown.py). A run that ended so, with no Python traceback, counts.
-TEARDOWN_ABORT = "terminate called without an active exception"
-
-
-def ran_to_the_end(result: subprocess.CompletedProcess) -> bool:
-    """Exit 0, or only the known gloo teardown abort (no traceback) after the script was done."""
-    stderr = result.stderr or ""
-    return result.returncode == 0 or (TEARDOWN_ABORT in stderr and "Traceback" not in stderr)

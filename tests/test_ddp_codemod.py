@@ -28,7 +28,6 @@ import shutil
 import sys
 import textwrap
 import tokenize
-import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -447,26 +446,6 @@ class Run:
     probes: dict[int, dict]
 
 
-# torch's gloo backend sometimes aborts a rank while the interpreter shuts down, after the script
-# is done and has left the process group. Under torch 2.13 every backward stashes a
-# contextvars.Context in thread-local state, which each gloo all-reduce work captures; a gloo worker
-# thread that drops the last such work after finalization began needs the GIL, gets
-# pthread_exit'ed inside a noexcept destructor, and std::terminate aborts the rank (core dump
-# backtrace). A barrier before destroy_process_group does not prevent it (bench/bench_teardown.py:
-# 2 aborts in 58 runs with one, 1 in 30 without). Such a run counts as exit 0 only when the probe
-# saw every rank reach destroy_process_group.
-TEARDOWN_ABORT = "terminate called without an active exception"
-
-
-def _upstream_teardown_abort(returncode: int, stderr: str, probes: dict[int, dict]) -> bool:
-    return (
-        returncode != 0
-        and TEARDOWN_ABORT in stderr
-        and sorted(probes) == list(range(NPROC))
-        and all(p["when"] == "destroy_process_group" for p in probes.values())
-    )
-
-
 class Runs:
     """Runs of the original fixtures (once per module) and of converted scripts, each in its own cwd."""
 
@@ -514,20 +493,8 @@ class Runs:
         stdout = {int(p.parent.name): p.read_text() for p in logs.glob("*/attempt_*/*/stdout.log")}
         report = failure_report(result) + "".join(f"\n--- rank {r} stdout ---\n{out[-3000:]}" for r, out in sorted(stdout.items()))
         probes = self._probes(probe_dir)
-        returncode = result.returncode
-        if _upstream_teardown_abort(returncode, result.stderr, probes):
-            warnings.warn(f"{script.name}: a rank aborted in gloo teardown after destroy_process_group (torch, not ddpify)")
-            returncode = 0
-        return Run(cwd, returncode, stdout.get(0, ""), {r: o for r, o in stdout.items() if r}, report, probes)
+        return Run(cwd, result.returncode, stdout.get(0, ""), {r: o for r, o in stdout.items() if r}, report, probes)
 
-
-def test_only_the_known_gloo_teardown_abort_after_cleanup_counts_as_success():
-    done = {r: {"when": "destroy_process_group"} for r in range(NPROC)}
-    assert _upstream_teardown_abort(1, f"...\n{TEARDOWN_ABORT}\nFatal Python error: Aborted", done)
-    assert not _upstream_teardown_abort(0, TEARDOWN_ABORT, done)  # nothing to excuse
-    assert not _upstream_teardown_abort(1, "Traceback ... AttributeError", done)  # a real crash
-    assert not _upstream_teardown_abort(1, TEARDOWN_ABORT, {0: done[0]})  # a rank never got to cleanup
-    assert not _upstream_teardown_abort(1, TEARDOWN_ABORT, {**done, 1: {"when": "exit"}})
 
 
 @pytest.fixture(scope="module")

@@ -77,14 +77,6 @@ def test_known_failures_name_real_entries():
     assert set(NOT_HONEST_YET) | set(TORCHRUN_FAILURES) <= {e.name for e in corpus.entries()}
 
 
-def test_only_gloos_abort_at_exit_counts_as_a_successful_run():
-    aborted = f"{corpus.TEARDOWN_ABORT}\n... failed (exitcode: -6) local_rank: 1 (pid: 7)\nTraceback (most recent call last):\n"
-    assert corpus.teardown_abort_only(aborted)
-    assert not corpus.teardown_abort_only(aborted + "... failed (exitcode: 1) local_rank: 0 (pid: 6)\n")
-    assert not corpus.teardown_abort_only(aborted + "[rank0]: KeyError: 'module.0.weight'\n")
-    assert not corpus.teardown_abort_only("... failed (exitcode: 1) local_rank: 0 (pid: 6)\n")
-
-
 def test_a_silent_half_conversion_is_told_apart_from_an_honest_one():
     before = {"train.py": "model = Net()\n"}
     wrapped_only = {"train.py": "model = DDP(Net())\n"}

@@ -34,13 +34,19 @@ def setup_distributed():
 
 
 def cleanup_distributed():
-    """Leave the process group."""
+    """Leave the process group, once the DDP wrappers that hold it are collected.
+
+    The group then shuts down here, waiting for its worker threads; left to Python's exit, a gloo
+    worker still releasing its last work can abort the process.
+    """
+    gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
 '''
 
 SETUP_CALL = "setup_distributed()\n"
 CLEANUP_CALL = "cleanup_distributed()\n"
+RELEASE_COMMENT = "# ddpify: drop the wrappers first, so the process group shuts down inside cleanup_distributed().\n"
 
 SHARD_HELPER = '''
 

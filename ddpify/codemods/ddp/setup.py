@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import Anatomy
+from ddpify.anatomy import MODULE_SCOPE, Anatomy
 from ddpify.codemods.base import Transform
-from ddpify.codemods.ddp.runtime import CLEANUP_CALL, HELPERS, SETUP_CALL
+from ddpify.codemods.ddp.runtime import CLEANUP_CALL, HELPERS, RELEASE_COMMENT, SETUP_CALL
 
 
 class DistributedSetup(Transform):
@@ -20,6 +20,7 @@ class DistributedSetup(Transform):
             self.missing(1, "no process group is joined (no top-level `import torch` to put the setup after)",
                          "add the distributed setup (init_process_group) by hand")
             return
+        self.add_import("gc")
         self.add_import("os")
         self.add_import("torch")
         self.add_import("torch.distributed", asname="dist")
@@ -28,16 +29,33 @@ class DistributedSetup(Transform):
         guard = self.anatomy.main_guard
         if guard is not None and not _needs_group_at_import(self.anatomy):
             self.insert_at_body_start(guard, SETUP_CALL)
-            self.insert_after(guard.body[-1], CLEANUP_CALL)
+            self.insert_after(guard.body[-1], self._cleanup())
             self.changed(guard.lineno, "join the process group at start-up and leave it at exit, in the __main__ block")
             return
         self.insert_after(anchor, SETUP_CALL)
         if guard is not None:
-            self.insert_after(guard.body[-1], CLEANUP_CALL)
+            self.insert_after(guard.body[-1], self._cleanup())
             self.changed(anchor.lineno, "join the process group after the imports (module-level code wraps or shards with it); leave it at the end of the __main__ block")
         else:
-            self.append_to_module("\n" + CLEANUP_CALL)
+            self.append_to_module("\n" + self._cleanup())
             self.changed(anchor.lineno, "join the process group after the imports; leave it at the end of the script")
+
+    def _cleanup(self) -> str:
+        """The teardown call, after releasing the wrappers module-level code keeps in globals."""
+        names = _global_models(self.anatomy)
+        if not names:
+            return CLEANUP_CALL
+        return f"{RELEASE_COMMENT}del {', '.join(names)}\n{CLEANUP_CALL}"
+
+
+def _global_models(anatomy: Anatomy) -> list[str]:
+    """Trained models bound by statements of the module's own body (or its `__main__` block)."""
+    bodies = [anatomy.tree.body] + ([anatomy.main_guard.body] if anatomy.main_guard is not None else [])
+    names = [
+        model.target.name for model in anatomy.trained_models
+        if model.target.scope == MODULE_SCOPE and any(model.stmt in body for body in bodies)
+    ]
+    return list(dict.fromkeys(names))
 
 
 def _needs_group_at_import(anatomy: Anatomy) -> bool:
