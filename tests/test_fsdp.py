@@ -176,11 +176,20 @@ def test_sharded_transformer_trains_on_two_ranks_and_its_checkpoint_loads_into_t
 
 
 # tiny_transformer (AdamW) is left out: verify flags its float noise as divergence under DDP too (issue 12).
-@pytest.mark.parametrize("script", [ROOT / "fixtures" / "checkpoint_resume.py", ROOT / "fixtures" / "trainer_class.py"], ids=lambda p: p.stem)
+@pytest.mark.parametrize("script", [ROOT / "fixtures" / name for name in ("checkpoint_resume.py", "trainer_class.py", "grad_accumulation.py")],
+                         ids=lambda p: p.stem)
 def test_verify_proves_the_fsdp_conversion_trains_like_the_original(script, tmp_path):
     run = _run([sys.executable, "-m", "ddpify", "verify", str(script), "--to", "fsdp", "--json"], tmp_path)
     verdict = json.loads(run.stdout)
     assert run.returncode == 0 and verdict["verdict"].startswith("equivalent"), run.stdout[-3000:] + run.stderr[-3000:]
+
+
+def test_accumulation_micro_steps_skip_the_reduce_scatter():
+    output = convert_source((ROOT / "fixtures" / "grad_accumulation.py").read_text(), "fsdp", path="grad_accumulation.py").output
+    tree = ast.parse(output)
+    flags = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "set_requires_gradient_sync"]
+    assert [ast.unparse(n) for n in flags] == ["model.set_requires_gradient_sync((i + 1) % accum_steps == 0)"]
+    assert "no_sync" not in output  # FSDP2 modules have no no_sync()
 
 
 def test_parameter_reads_after_the_shard_gather_the_whole_tensor_or_are_reported():

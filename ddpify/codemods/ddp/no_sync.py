@@ -39,9 +39,12 @@ class NoSyncAccumulation(Transform):
         if assigned & {n.id for n in ast.walk(condition) if isinstance(n, ast.Name)}:
             self.advise(loop.line, "gradient accumulation: the step condition depends on the micro-step's own results; add no_sync by hand")
             return
+        self.skip_sync(loop, body[first:last + 1], model, condition)
+
+    def skip_sync(self, loop: LoopSite, statements: list[ast.stmt], model: str, condition: ast.expr) -> None:
+        """Run the forward-to-backward statements without gradient sync unless the condition holds."""
         context = f"{model}.no_sync() if not ({ast.unparse(condition)}) else contextlib.nullcontext()"
         self.add_import("contextlib")
-        statements = body[first:last + 1]
         for stmt in statements:
             self.group_statement(stmt, ("no_sync", loop.line), lambda run: _with_block(run, context))
         self.changed(statements[0].lineno, f"accumulation micro-steps run under {model}.no_sync() (one all-reduce per optimizer step)")

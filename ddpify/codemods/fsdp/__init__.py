@@ -12,10 +12,11 @@ from ddpify.codemods.ddp.rank_zero import RankZeroDuties
 from ddpify.codemods.ddp.samplers import DistributedSamplers
 from ddpify.codemods.ddp.setup import DistributedSetup
 from ddpify.codemods.ddp.wrap import RemoveDataParallel
+from ddpify.codemods.fsdp.accumulation import GradientSyncAccumulation
 from ddpify.codemods.fsdp.parameters import FullParameters
 from ddpify.codemods.fsdp.shard import ShardModel
 from ddpify.codemods.fsdp.state_dicts import FullStateDicts
 
 FSDP_TRANSFORMS = (DistributedSetup, RankDevices, RemoveDataParallel, ShardModel, FullStateDicts, FullParameters, DistributedSamplers, RankZeroDuties,
-                   PerNodeDownloads)
+                   GradientSyncAccumulation, PerNodeDownloads)
 FSDP_LIBRARY_TRANSFORMS = library_transforms(FSDP_TRANSFORMS)
