@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-
 from ddpify.anatomy import distributed as dist_facts
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
@@ -55,13 +53,7 @@ class StateDictGatherUnderRankGuard(Rule):
 def _gathers_state(a, call) -> bool:
     if call.qualname in dist_facts.STATE_DICT_GATHERS:
         return True
-    return syntax.method_name(call.node) == "state_dict" and _is_legacy_fsdp(a, call.node.func.value)
-
-
-def _is_legacy_fsdp(a, expr: ast.AST) -> bool:
-    """Does `expr` hold a legacy `FullyShardedDataParallel(...)` wrapper?"""
-    values = dist_facts.reaching_values(a, expr) if isinstance(expr, (ast.Name, ast.Attribute)) else [expr]
-    return any(isinstance(v, ast.Call) and a.qualname(v.func) == dist_facts.LEGACY_FSDP for v in values)
+    return syntax.method_name(call.node) == "state_dict" and dist_facts.is_legacy_fsdp(a, call.node.func.value)
 
 
 _HEAD = """import torch

@@ -38,6 +38,7 @@ from ddpify.anatomy.vocabulary import (
     DEVICE_MOVES,
     DP_WRAPPER,
     ITERATION_WRAPPERS,
+    MODEL_WRAPPERS,
     MODULE_RETURNING_SELF,
     TQDM_CONSTRUCTORS,
     WRITER_CONSTRUCTORS,
@@ -232,7 +233,7 @@ class Anatomy:
             return ROLE_LOADER, self._loader_sites.get(call)
         if self.is_model_constructor(q):
             return ROLE_MODEL, self._model_sites.get(call)
-        if q in (DDP_WRAPPER, DP_WRAPPER) and call.args:
+        if q in MODEL_WRAPPERS and call.args:
             return next(iter(r for r in self.roles(call.args[0]) if r[0] == ROLE_MODEL), (ROLE_MODEL, None))
         if is_scheduler_constructor(q):
             return ROLE_SCHEDULER, None
@@ -617,6 +618,18 @@ class Anatomy:
     def has_top_level_training(self) -> bool:
         """Does module-level code (or a local function it calls) run training steps?"""
         return self.body_contains(self.tree.body, self.is_training_call)
+
+    def forward_to_backward(self, body: list[ast.stmt]) -> tuple[int, int, ast.Call] | None:
+        """In a step's statements: the index of the first one calling a model, of the one calling
+        `backward()` after it, and that model call."""
+        first = forward = None
+        for i, stmt in enumerate(body):
+            for node in ast.walk(stmt):
+                if forward is None and isinstance(node, ast.Call) and self.has_role(node.func, ROLE_MODEL):
+                    first, forward = i, node
+                if forward is not None and isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
+                    return first, i, forward  # type: ignore[return-value]
+        return None
 
     def is_training_call(self, node: ast.AST) -> bool:
         """`loss.backward()`, `optimizer.step()` or `scaler.step(optimizer)`."""

@@ -23,7 +23,7 @@ from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.sites import MODULE_SCOPE, CallSite, LoaderSite, Ref, ScriptKind
 from ddpify.anatomy.syntax import ancestors, argument, constant, contains, enclosing_function, identifier, keyword, method_name
-from ddpify.anatomy.vocabulary import ITERABLE_DATASETS, DDP_WRAPPER, LOG_METHODS, MODULE_RETURNING_SELF
+from ddpify.anatomy.vocabulary import ITERABLE_DATASETS, DDP_WRAPPER, LEGACY_FSDP, LOG_METHODS, MODULE_RETURNING_SELF
 
 DIST = "torch.distributed"
 COLLECTIVES = frozenset(
@@ -37,7 +37,11 @@ COLLECTIVES = frozenset(
 )
 # FSDP2's per-module sharding (public since torch 2.6; `_composable` before), and legacy FSDP.
 FULLY_SHARD = frozenset({f"{DIST}.fsdp.fully_shard", f"{DIST}._composable.fsdp.fully_shard"})
-LEGACY_FSDP = f"{DIST}.fsdp.FullyShardedDataParallel"
+# Legacy FSDP's state-dict modes whose `state_dict()` holds this rank's shards only (entered with
+# `FSDP.state_dict_type(model, StateDictType.<mode>)` or set with `FSDP.set_state_dict_type`).
+LEGACY_STATE_DICT_MODES = frozenset({f"{LEGACY_FSDP}.state_dict_type", f"{LEGACY_FSDP}.set_state_dict_type"})
+SHARDED_STATE_DICT_TYPES = frozenset({"SHARDED_STATE_DICT", "LOCAL_STATE_DICT"})
+LEGACY_SUMMON = f"{LEGACY_FSDP}.summon_full_params"
 # Whole-state gathers of a sharded model: collectives, whatever rank writes the result.
 STATE_DICT_GATHERS = frozenset(
     f"{DIST}.checkpoint.state_dict.{name}" for name in ("get_model_state_dict", "get_optimizer_state_dict", "get_state_dict")
@@ -527,6 +531,37 @@ def after_shard(a: Anatomy, node: ast.AST) -> bool:
         if not _only_called_before(a, scope, shard.stmt):
             return True
     return False
+
+
+def is_legacy_fsdp(a: Anatomy, expr: ast.AST) -> bool:
+    """Does `expr` hold a legacy `FullyShardedDataParallel(...)` wrapper?"""
+    values = reaching_values(a, expr) if isinstance(expr, (ast.Name, ast.Attribute)) else [expr]
+    return any(isinstance(v, ast.Call) and a.qualname(v.func) == LEGACY_FSDP for v in values)
+
+
+@per_anatomy
+def sharded_legacy_state_dicts(a: Anatomy) -> list[CallSite]:
+    """`FSDP.state_dict_type(...)` / `FSDP.set_state_dict_type(...)` calls that pick a per-rank mode."""
+    return [
+        c for c in a.calls
+        if c.qualname in LEGACY_STATE_DICT_MODES
+        and any(isinstance(n, ast.Attribute) and n.attr in SHARDED_STATE_DICT_TYPES for n in ast.walk(c.node))
+    ]
+
+
+def in_sharded_legacy_mode(a: Anatomy, node: ast.AST) -> bool:
+    """Does `node` run where legacy FSDP's `state_dict()` returns this rank's shards: inside a
+    `with FSDP.state_dict_type(m, StateDictType.SHARDED_STATE_DICT)` block, or after a
+    `set_state_dict_type` to such a mode in the same function?"""
+    modes = sharded_legacy_state_dicts(a)
+    for block in a.enclosing(node, (ast.With, ast.AsyncWith)):
+        if any(item.context_expr is mode.node for item in block.items for mode in modes):  # type: ignore[attr-defined]
+            return True
+    scope = a.scope_of.get(node, MODULE_SCOPE)
+    return any(
+        mode.scope == scope and isinstance(mode.stmt, ast.Expr) and mode.stmt.end_lineno < node.lineno  # type: ignore[attr-defined, operator]
+        for mode in modes
+    )
 
 
 def is_sharded_model(a: Anatomy, expr: ast.AST) -> bool:

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 # ----- wrappers ----------------------------------------------------------------------------------
 DDP_WRAPPER = "torch.nn.parallel.DistributedDataParallel"
 DP_WRAPPER = "torch.nn.parallel.DataParallel"
+LEGACY_FSDP = "torch.distributed.fsdp.FullyShardedDataParallel"
+# Modules that wrap a model and run its forward when called.
+MODEL_WRAPPERS = frozenset({DDP_WRAPPER, DP_WRAPPER, LEGACY_FSDP})
 
 # Everything an `nn.Module` answers itself (torch 2.x); a wrapper answers these too.
 MODULE_ATTRIBUTES = frozenset({
@@ -54,6 +57,10 @@ SAME_ON_WRAPPER = frozenset({
     "train", "eval", "parameters", "named_parameters", "zero_grad", "requires_grad_", "no_sync",
     "module", "training", "forward", "to", "cuda", "cpu",
 })
+
+# Reads of a module's parameters: the methods that yield them, and the attributes layers keep them in.
+PARAMETER_METHODS = frozenset({"parameters", "named_parameters"})
+PARAMETER_ATTRIBUTES = frozenset({"weight", "bias"})
 
 
 def wrapper_lacks(wrapper: str, attr: str) -> bool:

@@ -12,7 +12,7 @@ import ast
 
 import libcst as cst
 
-from ddpify.anatomy import ROLE_MODEL, LoopSite
+from ddpify.anatomy import LoopSite
 from ddpify.codemods.base import Transform, parse_statements
 
 
@@ -30,11 +30,12 @@ class NoSyncAccumulation(Transform):
         condition = self._step_condition(body)
         if condition is None:
             return
-        span = self._forward_to_backward(body)
+        span = self.anatomy.forward_to_backward(body)
         if span is None:
             self.advise(loop.line, "gradient accumulation: wrap forward and backward in model.no_sync() on micro-steps by hand")
             return
-        first, last, model = span
+        first, last, forward = span
+        model = ast.unparse(forward.func)
         assigned = {n.id for s in body[first:last + 1] for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         if assigned & {n.id for n in ast.walk(condition) if isinstance(n, ast.Name)}:
             self.advise(loop.line, "gradient accumulation: the step condition depends on the micro-step's own results; add no_sync by hand")
@@ -55,17 +56,6 @@ class NoSyncAccumulation(Transform):
             if isinstance(stmt, ast.If) and not stmt.orelse and self.anatomy.body_contains(stmt.body, self.anatomy.is_training_call):
                 if not any(self.anatomy.is_training_call(n) and n.func.attr == "backward" for n in ast.walk(stmt)):  # type: ignore[attr-defined]
                     return stmt.test
-        return None
-
-    def _forward_to_backward(self, body: list[ast.stmt]) -> tuple[int, int, str] | None:
-        """Indices of the first statement calling the model and of the `backward()` statement."""
-        first = model = None
-        for i, stmt in enumerate(body):
-            for node in ast.walk(stmt):
-                if first is None and isinstance(node, ast.Call) and self.anatomy.has_role(node.func, ROLE_MODEL):
-                    first, model = i, ast.unparse(node.func)
-                if first is not None and isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
-                    return first, i, model  # type: ignore[return-value]
         return None
 
 
