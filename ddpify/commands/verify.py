@@ -46,8 +46,9 @@ def verify(ctx: click.Context, script: str, target: str, against: str | None, np
     and nothing the scripts write lands in your tree; `sys.argv[0]` is the path you typed.
     The scripts see your environment plus OMP_NUM_THREADS=1, MKL_NUM_THREADS=1,
     PYTHONHASHSEED=0, CUBLAS_WORKSPACE_CONFIG=:4096:8 (and CUDA_VISIBLE_DEVICES='' for
-    --device cpu); the candidate's ranks also get RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR
-    and MASTER_PORT.
+    --device cpu); the candidate's ranks also get what torchrun sets: RANK, LOCAL_RANK,
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_USE_AGENT_STORE=True (the
+    launcher serves the rendezvous store, on a port the OS picks as it binds).
 
     Both runs are deterministic, with dropout switched off; the single-process run's
     batches are re-cut so that each of its steps sees exactly what the N ranks see
