@@ -86,6 +86,18 @@ def test_json_output_has_per_step_entries():
     assert row["loss_reference"] == pytest.approx(row["loss_candidate"], rel=1e-5)
 
 
+def test_plot_draws_the_per_step_figures_that_json_reports(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "curves.png"
+    code, result = verify_json("train.py", "--to", "ddp", "--against", "train_ddp.py", "--steps", "3", "--plot", str(path))
+    assert code == 0, result["message"]
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["curves.png"]
+    drawn = ("loss_reference", "loss_candidate", "update_rel_param", "max_rel_param")
+    assert all(isinstance(row[key], float) for row in result["steps"] for key in drawn)
+    assert result["tolerances"] == {"rel_loss": 1e-5, "max_rel_param": 1e-5, "update_rel_param": 1e-2}
+
+
 def test_port_without_distributed_sampler_diverges_at_step_1():
     code, result = verify_json("train.py", "--to", "ddp", "--against", "ddp_no_sampler.py")
     assert (code, result["diverged_at"]) == (1, 1), result["message"]
