@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -68,12 +67,6 @@ def test_slurm_script_is_valid_bash_with_requeue_and_rendezvous_on_the_first_nod
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_agent(argv: list[str], cwd: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -97,14 +90,22 @@ def _finish(agent: subprocess.Popen) -> tuple[int, str]:
 def test_two_nodes_of_two_processes_train_one_model_log_once_and_download_per_node(tmp_path):
     """Two torchrun agents rendezvous over c10d on 127.0.0.1, as the printed commands say.
 
+    The test serves the rendezvous store itself, on a port it holds from the moment it is chosen (a
+    port picked free and bound later by node 0's agent could be taken meanwhile by a test running
+    beside this one); both agents then find it in use and join it as clients, as torchrun's c10d
+    backend does when a store already listens at the endpoint.
+
     The script downloads its data (`download=True`): only each node's local rank 0 may fetch it.
     """
+    from ddpify.verify.rendezvous import HOST, serve_store  # imports torch
+
     work = tmp_path / "job"
     work.mkdir()
     shutil.copy(MULTINODE / "fakevision.py", work)
     script = work / "train_ddp.py"
     script.write_text(convert_source((MULTINODE / "train.py").read_text(), "ddp").output)
-    endpoint = f"127.0.0.1:{_free_port()}"
+    store = serve_store(4)
+    endpoint = f"{HOST}:{store.port}"
     agents = []
     for node in range(2):
         argv = torchrun_argv([str(script)], 2, 2, endpoint, "ddpify-test", str(node))

@@ -76,3 +76,4 @@ def test_torch_is_an_extra_not_a_dependency():
     extras = project["optional-dependencies"]
     assert any(dep.startswith("torch") for dep in extras["verify"])
     assert "ddpify[verify]" in extras["test"]
+    assert any(dep.startswith("matplotlib") for dep in extras["plot"]) and "ddpify[plot]" in extras["test"]

@@ -6,13 +6,16 @@ runs the scripts, so these tests take seconds each.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -83,6 +86,18 @@ def test_json_output_has_per_step_entries():
     assert row["loss_reference"] == pytest.approx(row["loss_candidate"], rel=1e-5)
 
 
+def test_plot_draws_the_per_step_figures_that_json_reports(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "curves.png"
+    code, result = verify_json("train.py", "--to", "ddp", "--against", "train_ddp.py", "--steps", "3", "--plot", str(path))
+    assert code == 0, result["message"]
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["curves.png"]
+    drawn = ("loss_reference", "loss_candidate", "update_rel_param", "max_rel_param")
+    assert all(isinstance(row[key], float) for row in result["steps"] for key in drawn)
+    assert result["tolerances"] == {"rel_loss": 1e-5, "max_rel_param": 1e-5, "update_rel_param": 1e-2}
+
+
 def test_port_without_distributed_sampler_diverges_at_step_1():
     code, result = verify_json("train.py", "--to", "ddp", "--against", "ddp_no_sampler.py")
     assert (code, result["diverged_at"]) == (1, 1), result["message"]
@@ -128,6 +143,27 @@ def test_crashing_rank_is_named_with_its_error():
     code, result = verify_json("train.py", "--to", "ddp", "--against", "ddp_rank1_crash.py")
     assert (code, result["verdict"]) == (2, "error")
     assert result["message"] == "could not run: rank 1 failed: RuntimeError: planted failure on rank 1"
+
+
+def test_the_rendezvous_port_cannot_be_taken_once_chosen():
+    """The launcher's store binds as the OS picks its port: nothing can occupy it before the ranks connect."""
+    pytest.importorskip("torch")
+    from ddpify.verify.rendezvous import HOST, serve_store
+
+    store = serve_store(2)
+    with socket.socket() as squatter, pytest.raises(OSError) as refused:
+        squatter.bind((HOST, store.port))
+    assert refused.value.errno == errno.EADDRINUSE
+
+
+def test_concurrent_verifies_each_rendezvous_on_their_own_port():
+    """Verifies started together (as parallel test runs start them) all run: no candidate's ranks lose
+    their port to another's, or join another's store."""
+    args = ("train.py", "--to", "ddp", "--against", "train_ddp.py", "--steps", "2")
+    with ThreadPoolExecutor(3) as pool:
+        outcomes = list(pool.map(lambda _: verify_json(*args), range(3)))
+    assert [(code, result["verdict"]) for code, result in outcomes] == [(0, "equivalent")] * 3, \
+        [result["message"] for _, result in outcomes]
 
 
 @pytest.mark.parametrize("launcher", ["fork", "torchrun"])

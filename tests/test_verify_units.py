@@ -1,8 +1,9 @@
-"""Unit tests of verify's pieces that need no subprocess: alignment, comparison, diagnosis, report."""
+"""Unit tests of verify's pieces that need no subprocess: alignment, comparison, diagnosis, report, plot."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -292,3 +293,76 @@ def test_a_whole_update_that_differs_still_diverges():
     result = judge(make_plan(), base, [Record([1.0, 1.0, 1.0], doubled, {}, [])] * 2)
     assert (result["verdict"], result["diverged_at"]) == ("diverged", 1)
     assert "of the update" in result["message"]
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def diverged_result():
+    return judge(make_plan(), record([3.0, 2.0, 1.0], STEPS), [record([3.0, 2.0, 1.0], [STEPS[0], [1.0, 0.0], STEPS[2]])] * 2)
+
+
+def statistical_result():
+    flags = {"plain_batchnorm": "BatchNorm2d"}
+    ranks = [record([1.0, 1.01, 1.0], [[1.0, 2.0], [1.1, 2.15], [1.2, 2.2]], flags)] * 2
+    return judge(make_plan(), record([1.0, 1.0, 1.0], STEPS, flags), ranks)
+
+
+@pytest.mark.parametrize("make_result", [diverged_result, statistical_result])
+def test_plot_replaces_the_file_with_a_whole_png_and_leaves_no_temporary(tmp_path, make_result):
+    pytest.importorskip("matplotlib")
+    from ddpify.verify.plot import write_plot
+
+    path = tmp_path / "curves.png"
+    path.write_text("an older plot")
+    write_plot(make_result(), str(path), "verify train.py against t.py")
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    assert [p.name for p in tmp_path.iterdir()] == ["curves.png"]
+
+
+def test_the_verdict_names_the_tolerance_of_each_column_it_checked():
+    assert diverged_result()["tolerances"] == {"rel_loss": 1e-5, "max_rel_param": 1e-5, "update_rel_param": 1e-2}
+    assert statistical_result()["tolerances"] == {"rel_loss": 5e-2, "max_rel_param": None, "update_rel_param": None}
+
+
+def invoke_verify(monkeypatch, *args, result=None):
+    """`ddpify verify train.py --to ddp ARGS` in this process; the pair is not run (verify_pair returns `result`,
+    or fails the test if called when `result` is None)."""
+    from click.testing import CliRunner
+
+    from ddpify.cli import cli
+
+    def verify_pair(request):
+        assert result is not None, "verify ran the scripts"
+        return result
+
+    monkeypatch.setattr("ddpify.commands.verify.verify_pair", verify_pair)
+    script = os.path.join(os.path.dirname(__file__), "verify_cases", "train.py")
+    return CliRunner().invoke(cli, ["verify", script, "--to", "ddp", *args])
+
+
+def test_plot_without_matplotlib_is_a_one_line_error_before_anything_runs(monkeypatch, tmp_path):
+    for name in ("matplotlib", "matplotlib.figure"):
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
+    outcome = invoke_verify(monkeypatch, "--plot", str(tmp_path / "curves.png"))
+    assert outcome.exit_code == 2
+    assert outcome.stderr == 'error: --plot draws with matplotlib, which is not installed: pip install "ddpify[plot]"\n'
+    assert outcome.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_plot_in_a_format_matplotlib_lacks_is_refused_before_anything_runs(monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+    outcome = invoke_verify(monkeypatch, "--plot", str(tmp_path / "curves.xyz"))
+    assert outcome.exit_code == 2
+    assert outcome.stderr.startswith("error: --plot cannot write .xyz files; use one of:")
+
+
+def test_no_plot_is_written_for_a_pair_that_could_not_run(monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+    from ddpify.verify.result import error_result
+
+    path = tmp_path / "curves.png"
+    outcome = invoke_verify(monkeypatch, "--plot", str(path), result=error_result("rank 1 failed: boom"))
+    assert outcome.exit_code == 2
+    assert f"no plot written to {path}: no step was compared" in outcome.stderr
+    assert not path.exists()

@@ -8,7 +8,8 @@ import json
 import click
 
 from ddpify.commands import EXIT_ERROR
-from ddpify.verify.report import render
+from ddpify.verify.plot import plot_problem, write_plot
+from ddpify.verify.report import header, render
 from ddpify.verify.result import exit_code
 from ddpify.verify.runner import Request, verify as verify_pair
 
@@ -32,10 +33,14 @@ from ddpify.verify.runner import Request, verify as verify_pair
                    "real `torchrun --standalone`.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--keep", is_flag=True, help="Keep the run directories and logs (they are removed unless a run fails).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="Also draw the loss and the parameter error per step into this image (png, svg, pdf; "
+                   'needs matplotlib: pip install "ddpify[plot]").')
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def verify(ctx: click.Context, script: str, target: str, against: str | None, nproc: int, steps: int, device: str,
-           batch_mode: str, timeout: float, launcher: str, as_json: bool, keep: bool, script_args: tuple[str, ...]) -> None:
+           batch_mode: str, timeout: float, launcher: str, as_json: bool, keep: bool, plot_path: str | None,
+           script_args: tuple[str, ...]) -> None:
     """EXECUTE SCRIPT and its multi-GPU version and check that they train the same.
 
     Unlike ddpify's other commands, which only read code, verify RUNS your scripts:
@@ -46,22 +51,42 @@ def verify(ctx: click.Context, script: str, target: str, against: str | None, np
     and nothing the scripts write lands in your tree; `sys.argv[0]` is the path you typed.
     The scripts see your environment plus OMP_NUM_THREADS=1, MKL_NUM_THREADS=1,
     PYTHONHASHSEED=0, CUBLAS_WORKSPACE_CONFIG=:4096:8 (and CUDA_VISIBLE_DEVICES='' for
-    --device cpu); the candidate's ranks also get RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR
-    and MASTER_PORT.
+    --device cpu); the candidate's ranks also get what torchrun sets: RANK, LOCAL_RANK,
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_USE_AGENT_STORE=True (the
+    launcher serves the rendezvous store, on a port the OS picks as it binds).
 
     Both runs are deterministic, with dropout switched off; the single-process run's
     batches are re-cut so that each of its steps sees exactly what the N ranks see
     together. verify then compares the loss and parameters after every optimizer step.
+
+    --plot out.png draws the reference's and the candidate's loss per step over the parameter
+    error per step (the table's Δparam/update and max rel Δparam, with their tolerances);
+    --json carries the same per-step figures.
 
     Exit status: 0 equivalent, 1 diverged (the first step is named), 2 could not run.
     """
     if not _torch_installed():
         click.echo('error: ddpify verify runs your scripts and needs torch, which is not installed: pip install "ddpify[verify]"', err=True)
         ctx.exit(EXIT_ERROR)
+    problem = plot_problem(plot_path) if plot_path else None
+    if problem:
+        click.echo(f"error: {problem}", err=True)
+        ctx.exit(EXIT_ERROR)
     request = Request(script, target, against, nproc, steps, device, batch_mode, timeout, launcher, script_args, keep)
     result = verify_pair(request)
     click.echo(json.dumps(result, indent=1) if as_json else render(request, result))
+    if plot_path:
+        _plot(result, plot_path, header(request))
     ctx.exit(exit_code(result))
+
+
+def _plot(result: dict, path: str, title: str) -> None:
+    """Write the plot, or say on stderr why there is none (no step was compared)."""
+    if not result["steps"]:
+        click.echo(f"no plot written to {path}: no step was compared", err=True)
+        return
+    write_plot(result, path, title)
+    click.echo(f"plot written to {path}", err=True)
 
 
 def _torch_installed() -> bool:

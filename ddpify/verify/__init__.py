@@ -12,7 +12,10 @@ Modules, from the command line down to the training process:
   unmodified script with runpy;
 - alignment: makes the reference's training DataLoaders see, step by step, the
   union of what the DistributedSampler ranks see;
-- compare / diagnose / report: turn records, tracebacks and stack dumps into a verdict.
+- rendezvous: the TCPStore the launcher serves for the forked ranks, on a port held
+  from the moment it is chosen;
+- compare / diagnose / report: turn records, tracebacks and stack dumps into a verdict;
+  plot draws its per-step rows (`--plot`, matplotlib).
 
 Nothing is imported here, so `python -m ddpify.verify.harness` starts cheaply.
 """

@@ -68,6 +68,14 @@ def mean_loss(losses: list[float | None]) -> float | None:
     return sum(known) / len(known) if known else None
 
 
+def tolerances(statistical: bool) -> dict[str, float | None]:
+    """The bound each per-step column is held to (None: not checked). A step's parameters pass when either
+    max_rel_param or update_rel_param is within its bound."""
+    return {"rel_loss": STATISTICAL_LOSS_TOLERANCE if statistical else EXACT_TOLERANCE,
+            "max_rel_param": None if statistical else EXACT_TOLERANCE,
+            "update_rel_param": None if statistical else UPDATE_TOLERANCE}
+
+
 def compare_step(k: int, reference: Record, ranks: list[Record], statistical: bool) -> StepRow:
     """One table row, with the reasons this step fails (empty when it matches)."""
     ref_loss = reference.losses[k]
@@ -76,7 +84,7 @@ def compare_step(k: int, reference: Record, ranks: list[Record], statistical: bo
     rel_param = relative_difference(ranks[0].params[k], reference.params[k])
     update_rel = update_relative_difference(ranks[0].params[k], reference.params[k], reference.initial)
     agree = all(relative_difference(rank.params[k], ranks[0].params[k]) <= EXACT_TOLERANCE for rank in ranks[1:])
-    loss_tolerance = STATISTICAL_LOSS_TOLERANCE if statistical else EXACT_TOLERANCE
+    loss_tolerance = tolerances(statistical)["rel_loss"]
     problems = []
     if rel_loss is not None and rel_loss > loss_tolerance:
         problems.append(f"loss {cand_loss:.6g} vs reference {ref_loss:.6g} (rel diff {rel_loss:.1e} > {loss_tolerance:g})")
@@ -134,7 +142,7 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
     counts = [len(reference.params), *(len(rank.params) for rank in ranks)]
     rows = [compare_step(k, reference, ranks, statistical) for k in range(min(counts))]
     result = {"mode": "statistical" if statistical else "exact", "steps": [asdict(row) for row in rows],
-              "notes": notes, "preconditions": found}
+              "tolerances": tolerances(statistical), "notes": notes, "preconditions": found}
     if not counts[0]:
         return {**error_result("the reference made no optimizer step"), **result}
     divergence = first_divergence(rows, counts)

@@ -5,8 +5,10 @@ own as early as possible: it imports torch while the command converts the script
 reads the plan's path from stdin. torch is imported here once; the reference and every candidate
 rank are then os.fork()ed from this process (torch's thread pools have not started:
 no tensor math happens before the forks), each sets its torchrun-style environment
-and runs its script through the harness. With `launcher == "torchrun"` the candidate
-runs under real `torchrun --standalone` instead.
+and runs its script through the harness. The forked ranks rendezvous on a TCPStore this
+process serves (see rendezvous.py; its server thread is the one thread running when they
+are forked, and they only talk to it over TCP). With `launcher == "torchrun"` the candidate
+runs under real `torchrun --standalone` instead, whose agent serves the store the same way.
 
 A rank that fails cuts the wait short; a run still going after the plan's timeout
 is reported as hung, at the place its faulthandler dump shows. The verdict goes to
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -32,13 +33,14 @@ from ddpify.verify import harness
 from ddpify.verify.compare import Record, judge
 from ddpify.verify.diagnose import hang_location, last_line
 from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan
+from ddpify.verify.rendezvous import AGENT_STORE_VARIABLE, client_environment, serve_store
 from ddpify.verify.result import error_result
 
 HANG_DUMP_GRACE_S = 1.0
 FAILURE_GRACE_S = 2.0
 POLL_S = 0.02
 DISTRIBUTED_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                         "MASTER_ADDR", "MASTER_PORT")
+                         "MASTER_ADDR", "MASTER_PORT", AGENT_STORE_VARIABLE)
 
 
 class ForkedRun:
@@ -56,16 +58,10 @@ class ForkedRun:
         return self.returncode
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rank_environment(rank: int, world: int, port: int) -> dict[str, str]:
-    """What torchrun would set for one rank on a single node."""
+def rank_environment(rank: int, world: int, store: torch.distributed.TCPStore) -> dict[str, str]:
+    """What torchrun would set for one rank on a single node, its agent serving `store`."""
     return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-            "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            "GROUP_RANK": "0", **client_environment(store)}
 
 
 def fork_role(plan: Plan, role: str, environment: dict[str, str]) -> ForkedRun:
@@ -92,15 +88,17 @@ def start_torchrun(plan: Plan, plan_path: str) -> subprocess.Popen:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=plan.candidate.workdir)
 
 
-def start_runs(plan: Plan, plan_path: str) -> list:
-    """The reference, then the candidate: one process per rank (one in all for dp) or one torchrun."""
+def start_runs(plan: Plan, plan_path: str) -> tuple[list, torch.distributed.TCPStore | None]:
+    """The reference, then the candidate: one process per rank (one in all for dp) or one torchrun;
+    and the store that forked ranks rendezvous on, to keep while they run."""
     runs = [fork_role(plan, REFERENCE, {})]
     if plan.target == "dp":
-        return runs + [fork_role(plan, CANDIDATE, {})]
+        return runs + [fork_role(plan, CANDIDATE, {})], None
     if plan.launcher == "torchrun":
-        return runs + [start_torchrun(plan, plan_path)]
-    port = free_port()
-    return runs + [fork_role(plan, CANDIDATE, rank_environment(rank, plan.nproc, port)) for rank in range(plan.nproc)]
+        return runs + [start_torchrun(plan, plan_path)], None
+    store = serve_store(plan.nproc)
+    ranks = [fork_role(plan, CANDIDATE, rank_environment(rank, plan.nproc, store)) for rank in range(plan.nproc)]
+    return runs + ranks, store
 
 
 def wait_for(runs: list, deadline: float) -> None:
@@ -174,7 +172,8 @@ def main() -> None:
     else:
         deadline = time.time() + plan.timeout
         os.environ[harness.DEADLINE_ENV] = repr(deadline)
-        wait_for(start_runs(plan, plan_path), deadline)
+        runs, _store = start_runs(plan, plan_path)  # the store serves until this process exits
+        wait_for(runs, deadline)
         result = result_of(plan)
     with open(plan.result_path, "w") as f:
         json.dump(result, f, indent=1)

@@ -25,12 +25,17 @@ def step_lines(result: dict) -> list[str]:
     return lines
 
 
-def render(request: Request, result: dict) -> str:
-    """The whole text report, ending with the verdict line."""
+def header(request: Request) -> str:
+    """What was compared with what: the report's first line, and the plot's title."""
     candidate = request.against or f"{request.script} converted by ddpify"
     processes = f"{request.nproc} ranks" if request.target != "dp" else "1 process"
-    lines = [f"verify {request.script} (1 process) against {candidate} ({request.target}, {processes}), "
-             f"{request.steps} steps on {request.device}"]
+    return (f"verify {request.script} (1 process) against {candidate} ({request.target}, {processes}), "
+            f"{request.steps} steps on {request.device}")
+
+
+def render(request: Request, result: dict) -> str:
+    """The whole text report, ending with the verdict line."""
+    lines = [header(request)]
     lines += [f"note: {note}" for note in result["notes"]]
     if result["steps"]:
         lines += step_lines(result)

@@ -1,7 +1,8 @@
 """The verdict dict shared by the launcher (which writes it) and the command (which prints it).
 
 Keys: verdict ("equivalent" | "diverged" | "error"), diverged_at, message (the verdict
-line), mode ("exact" | "statistical" | None), steps (per-step rows), notes, preconditions.
+line), mode ("exact" | "statistical" | None), steps (per-step rows), tolerances (the bound
+each per-step column was held to, once the runs were compared), notes, preconditions.
 Imports the standard library only.
 """
 
