@@ -2,7 +2,8 @@
 
 Each command runs in a fresh interpreter whose import system refuses torch (a meta-path finder
 raises ModuleNotFoundError for `torch` and its submodules), so any import of torch on their paths
-fails the command; the child also reports whether torch ended up in `sys.modules`.
+fails the command; the child also reports whether torch ended up in `sys.modules`. The finder
+refuses pygls and lsprotocol too (the `server` extra): only `ddpify server` may need them.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ BAD_DDP_SCRIPT = 'import torch\nimport torch.distributed as dist\n\ndist.init_pr
 _WITHOUT_TORCH = """
 import sys
 
-class NoTorch:
+class Refuse:
     def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
+        if name.split(".")[0] in ("torch", "pygls", "lsprotocol"):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 
-sys.meta_path.insert(0, NoTorch())
+sys.meta_path.insert(0, Refuse())
 from ddpify.cli import cli
 try:
     cli.main(args=sys.argv[1:], prog_name="ddpify")
@@ -68,6 +69,13 @@ def test_verify_without_torch_names_the_extra_in_one_line():
     assert len(lines) == 1 and 'pip install "ddpify[verify]"' in lines[0], run.stderr
 
 
+def test_server_without_pygls_names_the_extra_in_one_line():
+    run = _run_without_torch("server")
+    assert run.returncode == 2
+    lines = [line for line in run.stderr.splitlines() if line != "TORCH-ABSENT"]
+    assert len(lines) == 1 and 'pip install "ddpify[server]"' in lines[0], run.stderr
+
+
 def test_torch_is_an_extra_not_a_dependency():
     import tomllib
 
@@ -77,3 +85,5 @@ def test_torch_is_an_extra_not_a_dependency():
     assert any(dep.startswith("torch") for dep in extras["verify"])
     assert "ddpify[verify]" in extras["test"]
     assert any(dep.startswith("matplotlib") for dep in extras["plot"]) and "ddpify[plot]" in extras["test"]
+    assert not any(dep.startswith("pygls") for dep in project["dependencies"])
+    assert any(dep.startswith("pygls") for dep in extras["server"]) and "ddpify[server]" in extras["test"]

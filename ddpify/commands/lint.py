@@ -5,13 +5,12 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Sequence
 
 import click
 
 from ddpify.commands import EXIT_ERROR, EXIT_FOUND, EXIT_OK
-from ddpify.lint.config import Config, ConfigError, find_config, load_config, upper_all
+from ddpify.lint.config import ConfigError, config_for, upper_all
 from ddpify.lint.docs import fix_availability, kinds_text, render_rule
 from ddpify.lint.engine import NOTEBOOK_SUFFIX, FileReport, Options, collect_files, lint_files, lint_text
 from ddpify.lint.output import FORMATS, TEXT_FORMATS, diagnostic_parts, render
@@ -58,7 +57,7 @@ def lint_command(paths: Sequence[str], select, ignore, extend_select, config_pat
     paths = tuple(paths) or (".",)
     reading_stdin = paths == ("-",)
     try:
-        config = _config(config_path, stdin_filename or "." if reading_stdin else paths[0])
+        config = config_for(stdin_filename or "." if reading_stdin else paths[0], config_path)
         config = config.with_overrides(select, ignore, extend_select)
         config.validate(all_rules())
     except ConfigError as e:
@@ -111,11 +110,6 @@ def _echo_diff(diff: str, color: str) -> None:
         terminal.echo_parts(terminal.diff_parts(diff))
     else:
         click.echo(diff, nl=False)
-
-
-def _config(config_path: str | None, first_path: str) -> Config:
-    """The config named on the command line, else the nearest above the first path, else defaults."""
-    return load_config(config_path or find_config(first_path if Path(first_path).exists() else "."))
 
 
 def _exit_code(reports: Sequence[FileReport], errors: Sequence[str], diff: bool, exit_zero: bool) -> int:

@@ -120,6 +120,12 @@ def find_config(start: str | os.PathLike) -> Path | None:
     return None
 
 
+def config_for(start: str, config_path: str | os.PathLike | None = None) -> Config:
+    """The config at `config_path` when given, else the nearest above `start` (the current
+    directory when `start` does not exist), else defaults: what `ddpify lint` and `ddpify server` use."""
+    return load_config(config_path or find_config(start if Path(start).exists() else "."))
+
+
 def load_config(path: str | os.PathLike | None) -> Config:
     """The settings in `path`'s [tool.ddpify] table (defaults when `path` is None)."""
     if path is None:

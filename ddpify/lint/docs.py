@@ -13,11 +13,13 @@ import inspect
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from ddpify.anatomy import ScriptKind, analyze
 from ddpify.lint.registry import all_rules
 from ddpify.lint.rule import Rule
 
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "rules.md"
 SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Fix safety")
 _HEADING = re.compile(
     r"^\s*#*\s*(?P<title>" + "|".join(re.escape(s).replace(r"\?", r"\??") for s in SECTIONS) + r")\s*:?\s*$",
@@ -94,7 +96,7 @@ def render_reference() -> str:
     """The whole docs/rules.md: an index table, then every rule."""
     rules = all_rules()
     rows = [
-        f"| [{r.code}](#{_anchor(r)}) | {r.name} | {kinds_text(r)} | {fix_availability(r)} | "
+        f"| [{r.code}](#{anchor(r)}) | {r.name} | {kinds_text(r)} | {fix_availability(r)} | "
         f"{'on' if r.default_enabled else 'off'} |"
         for r in rules
     ]
@@ -109,9 +111,15 @@ def render_reference() -> str:
     return "\n\n".join(header) + "\n\n" + "\n".join(render_rule(r) for r in rules)
 
 
-def _anchor(rule: type[Rule]) -> str:
+def anchor(rule: type[Rule]) -> str:
     """GitHub's anchor for the heading `## CODE: name`."""
     return re.sub(r"[^a-z0-9 -]", "", f"{rule.code}: {rule.name}".lower()).replace(" ", "-")
+
+
+def reference_link(rule: type[Rule]) -> str | None:
+    """A file:// link to the rule in docs/rules.md when the reference is there (a source checkout
+    or an editable install; a wheel does not ship docs/), else None."""
+    return f"{REFERENCE.as_uri()}#{anchor(rule)}" if REFERENCE.is_file() else None
 
 
 def main() -> None:
