@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,8 @@ from ddpify.codemods.ddp.per_node import PerNodeDownloads
 from ddpify.codemods.ddp.runtime import HELPERS
 from ddpify.codemods.pipeline import ConversionResult, Status, run_pipeline
 from ddpify.convert import convert_source
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def assert_codemod(transforms, before: str, after: str, *, batch_size: str = "per-gpu") -> ConversionResult:
@@ -80,6 +83,7 @@ class TestSetup:
                 '''\
                 """Doc."""
                 import torch
+                import gc
                 import os
                 import torch.distributed as dist
                 ''',
@@ -114,6 +118,7 @@ class TestSetup:
                 """\
                 import os
                 import torch
+                import gc
                 import torch.distributed as dist
                 """,
                 HELPERS,
@@ -147,6 +152,31 @@ class TestSetup:
         assert lines.index("setup_distributed()") > lines.index("def cleanup_distributed():")
         assert lines[-1] == "cleanup_distributed()"
         assert result.output.count("import os") == 1
+
+    def test_cleanup_collects_the_wrappers_before_leaving_the_group(self):
+        cleanup = next(f for f in ast.parse(HELPERS).body if isinstance(f, ast.FunctionDef) and f.name == "cleanup_distributed")
+        calls = [ast.unparse(n.func) for n in ast.walk(cleanup) if isinstance(n, ast.Call)]
+        assert calls.index("gc.collect") < calls.index("dist.destroy_process_group")
+
+    def test_module_level_wrappers_are_deleted_before_cleanup(self):
+        script = textwrap.dedent("""\
+            import torch
+            from torch.utils.data import DataLoader, TensorDataset
+
+            model = torch.nn.Linear(4, 1)
+            critic = torch.nn.Linear(4, 1)
+            optimizer = torch.optim.SGD([*model.parameters(), *critic.parameters()], lr=0.1)
+            for x, y in DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4):
+                optimizer.zero_grad()
+                (model(x) - critic(x) - y).pow(2).mean().backward()
+                optimizer.step()
+            """)
+        lines = convert_source(script, "ddp", path="train.py").output.splitlines()
+        assert lines[-2:] == ["del model, critic", "cleanup_distributed()"]
+
+    def test_wrappers_local_to_a_function_are_left_to_the_collection(self):
+        output = convert_source((FIXTURES / "basic_main.py").read_text(), "ddp", path="basic_main.py").output
+        assert "del model" not in output and output.rstrip().endswith("cleanup_distributed()")
 
     def test_a_script_without_imports_is_left_incomplete(self):
         result = assert_codemod([DistributedSetup], "x = 1\n", "x = 1\n")

@@ -34,10 +34,10 @@ def setup_distributed():
 
 
 def cleanup_distributed():
-    """Leave the process group, once the DDP wrappers that hold it are collected.
+    """Leave the process group, after collecting the DDP wrappers (they sit in reference cycles).
 
-    The group then shuts down here, waiting for its worker threads; left to Python's exit, a gloo
-    worker still releasing its last work can abort the process.
+    Their gradient all-reduces hold Python state that must be released while Python still runs:
+    released during interpreter exit, gloo can abort the process.
     """
     gc.collect()
     if dist.is_initialized():
@@ -46,7 +46,7 @@ def cleanup_distributed():
 
 SETUP_CALL = "setup_distributed()\n"
 CLEANUP_CALL = "cleanup_distributed()\n"
-RELEASE_COMMENT = "# ddpify: drop the wrappers first, so the process group shuts down inside cleanup_distributed().\n"
+RELEASE_COMMENT = "# ddpify: drop the wrappers first, so cleanup_distributed() releases them before Python exits.\n"
 
 SHARD_HELPER = '''
 
