@@ -118,6 +118,14 @@ def test_identical_records_are_equivalent():
     assert result["message"].startswith("equivalent: 3 steps match")
 
 
+def test_ranks_that_saw_the_same_data_are_named():
+    same = judge(make_plan(), record([3.0, 2.0, 1.0], STEPS), [record([3.0, 2.0, 1.0], STEPS)] * 2)
+    sharded = judge(make_plan(), record([3.0, 2.0, 1.0], STEPS), [record([2.9, 2.1, 1.0], STEPS), record([3.1, 1.9, 1.0], STEPS)])
+    assert any("train on the same data" in note for note in same["notes"])
+    assert not any("same data" in note for note in sharded["notes"])
+    assert same["verdict"] == sharded["verdict"] == "equivalent"  # the training matches; the note says what it cost
+
+
 def test_first_step_beyond_tolerance_is_named():
     drifted = [STEPS[0], STEPS[1], [1.2, 2.3]]
     ranks = [record([3.0, 2.0, 1.0], drifted)] * 2

@@ -129,6 +129,14 @@ def preconditions(plan: Plan, flags: dict[str, str]) -> list[str]:
     return found
 
 
+def same_data_on_every_rank(ranks: list[Record]) -> bool:
+    """Did every rank compute bit-identical losses at every step (more than one step)? With the
+    data sharded, the ranks' batches, and so their local losses, differ."""
+    steps = list(zip(*(rank.losses for rank in ranks)))
+    compared = [losses for losses in steps if None not in losses]
+    return len(ranks) > 1 and len(compared) > 1 and all(len(set(losses)) == 1 for losses in compared)
+
+
 def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
     """The verdict, per-step rows, notes and preconditions, as a JSON-ready dict."""
     flags = _all_flags([reference, *ranks])
@@ -139,6 +147,9 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
         notes.append(f"{_statistical_reason(flags)}, so the runs are compared in statistical mode: "
                      f"losses within {STATISTICAL_LOSS_TOLERANCE:g} and ranks agree")
     found = preconditions(plan, flags)
+    if plan.averages_across_ranks() and same_data_on_every_rank(ranks):
+        notes.append(f"every rank computed the same loss at every step: the {plan.nproc} ranks train on the same data "
+                     f"(it is not sharded), so they do the work of one process; shard the data by rank")
     counts = [len(reference.params), *(len(rank.params) for rank in ranks)]
     rows = [compare_step(k, reference, ranks, statistical) for k in range(min(counts))]
     result = {"mode": "statistical" if statistical else "exact", "steps": [asdict(row) for row in rows],
