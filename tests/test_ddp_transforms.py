@@ -97,8 +97,10 @@ class TestSetup:
 
                 if __name__ == "__main__":
                     setup_distributed()
-                    main()
-                    cleanup_distributed()
+                    try:
+                        main()
+                    finally:
+                        cleanup_distributed()
                 """,
             ),
         )

@@ -201,17 +201,17 @@ class Transform(VisitorBasedCodemodCommand):
 
     # ----- queuing edits ---------------------------------------------------------------------
     def insert_before(self, stmt: ast.stmt, code: str | Sequence[cst.BaseStatement]) -> None:
-        self._before.setdefault(key_of(stmt), []).extend(_statements(code))
+        self._before.setdefault(key_of(stmt), []).extend(self._statements(code))
 
     def insert_after(self, stmt: ast.stmt, code: str | Sequence[cst.BaseStatement]) -> None:
-        self._after.setdefault(key_of(stmt), []).extend(_statements(code))
+        self._after.setdefault(key_of(stmt), []).extend(self._statements(code))
 
     def insert_at_body_start(self, compound: ast.stmt, code: str | Sequence[cst.BaseStatement]) -> None:
         """Insert as the first statements of a def/for/while/with/if body (after a docstring)."""
-        self._body_start.setdefault(key_of(compound), []).extend(_statements(code))
+        self._body_start.setdefault(key_of(compound), []).extend(self._statements(code))
 
     def append_to_module(self, code: str | Sequence[cst.BaseStatement]) -> None:
-        self._module_end.extend(_statements(code))
+        self._module_end.extend(self._statements(code))
 
     def rewrite_statement(self, stmt: ast.stmt, rewrite: StatementRewrite) -> None:
         """Replace a statement by what `rewrite(updated_cst_statement)` returns."""
@@ -231,6 +231,12 @@ class Transform(VisitorBasedCodemodCommand):
     def group_statement(self, stmt: ast.stmt, group: object, build: GroupBuilder) -> None:
         """Consecutive statements of the same `group` are replaced by `build(their CST statements)`."""
         self._grouped[key_of(stmt)] = (group, build)
+
+    def _statements(self, code: str | Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """Inserted code as CST statements, its line breaks (docstrings included) the file's own."""
+        if not isinstance(code, str):
+            return list(code)
+        return parse_statements(code.replace("\n", "\r\n") if "\r\n" in self.anatomy.text else code)
 
     def add_import(self, module: str, obj: str | None = None, asname: str | None = None) -> None:
         self.report.imports.append(Import(module, obj, asname))
@@ -326,8 +332,6 @@ class Transform(VisitorBasedCodemodCommand):
         return stmt.with_changes(body=block.with_changes(body=[*block.body[:head], *extra, *block.body[head:]]))  # type: ignore[attr-defined]
 
 
-def _statements(code: str | Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
-    return parse_statements(code) if isinstance(code, str) else list(code)
 
 
 def _chain(first: StatementRewrite, second: StatementRewrite, stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
@@ -356,7 +360,14 @@ def _is_docstring(stmt: cst.BaseStatement) -> bool:
 
 def guard(stmts: Sequence[cst.BaseStatement], condition: str) -> cst.If:
     """`if <condition>:` around statements, keeping the first one's comments above the `if`."""
+    return enclose(stmts, f"if {condition}:\n    pass\n")  # type: ignore[return-value]
+
+
+def enclose(stmts: Sequence[cst.BaseStatement], compound: str) -> cst.BaseCompoundStatement:
+    """The compound statement `compound` (whose first body is `pass`) with `stmts` as that body,
+    keeping the first statement's comments above the compound."""
     first = stmts[0]
     leading = getattr(first, "leading_lines", ())
     body = [first.with_changes(leading_lines=()) if leading else first, *stmts[1:]]  # type: ignore[attr-defined]
-    return cst.If(test=parse_expr(condition), body=cst.IndentedBlock(body=body), leading_lines=leading)
+    header = parse_statements(compound)[0]
+    return header.with_changes(body=cst.IndentedBlock(body=body), leading_lines=leading)  # type: ignore[return-value]

@@ -160,8 +160,9 @@ def _origin_line(origin: list[int], line: int) -> int:
 
 
 def _carry_origins(origin: list[int], old: str, new: str) -> list[int]:
-    """Original line numbers for each line of `new`, given those of `old`."""
-    old_lines, new_lines = old.splitlines(), new.splitlines()
+    """Original line numbers for each line of `new`, given those of `old` (a line moved into a new
+    block, re-indented, is still the same line)."""
+    old_lines, new_lines = [line.strip() for line in old.splitlines()], [line.strip() for line in new.splitlines()]
     carried: list[int] = []
     matcher = difflib.SequenceMatcher(a=old_lines, b=new_lines, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import ast
 
-import libcst as cst
-
 from ddpify.anatomy import LoopSite
-from ddpify.codemods.base import Transform, parse_statements
+from ddpify.codemods.base import Transform, enclose
 
 
 class NoSyncAccumulation(Transform):
@@ -47,7 +45,7 @@ class NoSyncAccumulation(Transform):
         context = f"{model}.no_sync() if not ({ast.unparse(condition)}) else contextlib.nullcontext()"
         self.add_import("contextlib")
         for stmt in statements:
-            self.group_statement(stmt, ("no_sync", loop.line), lambda run: _with_block(run, context))
+            self.group_statement(stmt, ("no_sync", loop.line), lambda run: enclose(run, f"with {context}:\n    pass\n"))
         self.changed(statements[0].lineno, f"accumulation micro-steps run under {model}.no_sync() (one all-reduce per optimizer step)")
 
     def _step_condition(self, body: list[ast.stmt]) -> ast.expr | None:
@@ -57,12 +55,3 @@ class NoSyncAccumulation(Transform):
                 if not any(self.anatomy.is_training_call(n) and n.func.attr == "backward" for n in ast.walk(stmt)):  # type: ignore[attr-defined]
                     return stmt.test
         return None
-
-
-def _with_block(run: list[cst.BaseStatement], context: str) -> cst.With:
-    """`with <context>:` around the statements, keeping the first one's comments above it."""
-    first = run[0]
-    leading = getattr(first, "leading_lines", ())
-    body = [first.with_changes(leading_lines=()), *run[1:]]  # type: ignore[attr-defined]
-    header = parse_statements(f"with {context}:\n    pass\n")[0]
-    return header.with_changes(body=cst.IndentedBlock(body=body), leading_lines=leading)  # type: ignore[return-value]

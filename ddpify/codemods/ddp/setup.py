@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import MODULE_SCOPE, Anatomy
-from ddpify.codemods.base import Transform
+from ddpify.codemods.base import Transform, enclose
 from ddpify.codemods.ddp.runtime import CLEANUP_CALL, HELPERS, RELEASE_COMMENT, SETUP_CALL
 
 
@@ -29,12 +29,12 @@ class DistributedSetup(Transform):
         guard = self.anatomy.main_guard
         if guard is not None and not _needs_group_at_import(self.anatomy):
             self.insert_at_body_start(guard, SETUP_CALL)
-            self.insert_after(guard.body[-1], self._cleanup())
+            self._leave_in_finally(guard)
             self.changed(guard.lineno, "join the process group at start-up and leave it at exit, in the __main__ block")
             return
         self.insert_after(anchor, SETUP_CALL)
         if guard is not None:
-            self.insert_after(guard.body[-1], self._cleanup())
+            self._leave_in_finally(guard)
             self.changed(anchor.lineno, "join the process group after the imports (module-level code wraps or shards with it); leave it at the end of the __main__ block")
         else:
             self.append_to_module("\n" + self._cleanup())
@@ -42,10 +42,19 @@ class DistributedSetup(Transform):
 
     def _cleanup(self) -> str:
         """The teardown call, after releasing the wrappers module-level code keeps in globals."""
+        return self._release() + CLEANUP_CALL
+
+    def _release(self) -> str:
         names = _global_models(self.anatomy)
-        if not names:
-            return CLEANUP_CALL
-        return f"{RELEASE_COMMENT}del {', '.join(names)}\n{CLEANUP_CALL}"
+        return f"{RELEASE_COMMENT}del {', '.join(names)}\n" if names else ""
+
+    def _leave_in_finally(self, guard: ast.If) -> None:
+        """The `__main__` block's statements run in `try:`, the teardown in `finally:`, so a crash
+        still leaves the process group."""
+        compound = f"try:\n    pass\nfinally:\n    {CLEANUP_CALL}"
+        release = self._statements(self._release())
+        for stmt in guard.body:
+            self.group_statement(stmt, ("cleanup", guard.lineno), lambda run: enclose([*run, *release], compound))
 
 
 def _global_models(anatomy: Anatomy) -> list[str]:
