@@ -206,3 +206,90 @@ def test_parameter_reads_after_the_shard_gather_the_whole_tensor_or_are_reported
     """)
     assert "w = model.weight.full_tensor().detach().tolist()" in result.output
     assert any("model.bias is this rank's shard" in a.message for a in result.advice)
+
+
+# ----- --checkpoint sharded: torch.distributed.checkpoint on every rank ------------------------
+RESUME = ROOT / "fixtures" / "checkpoint_resume.py"
+
+
+def test_sharded_checkpoints_save_and_load_with_dcp_on_every_rank():
+    result = convert_source(RESUME.read_text(), "fsdp", path="checkpoint_resume.py", checkpoint="sharded")
+    tree = ast.parse(result.output)
+    saves = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "dcp.save"]
+    assert len(saves) == 1 and ast.unparse(saves[0].keywords[0]) == "checkpoint_id=CKPT_PATH"
+    assert ast.unparse(saves[0].args[0]) == ("{'model': get_model_state_dict(model), "
+                                             "'optimizer': get_optimizer_state_dict(model, optimizer), 'epoch': epoch}")
+    for guard in (n for n in ast.walk(tree) if isinstance(n, ast.If) and ast.unparse(n.test) == "RANK == 0"):
+        assert "dcp." not in ast.unparse(guard) and "state_dict" not in ast.unparse(guard), "a collective under a rank-0 guard hangs"
+    out = ast.unparse(tree)
+    assert "checkpoint = {'model': get_model_state_dict(model), 'optimizer': get_optimizer_state_dict(model, optimizer), 'epoch': None}" in out
+    assert "dcp.load(checkpoint, checkpoint_id=CKPT_PATH)" in out
+    assert "set_model_state_dict(model, checkpoint['model'])" in out
+    assert "set_optimizer_state_dict(model, optimizer, checkpoint['optimizer'])" in out
+    assert "torch.save" not in out and "torch.load" not in out and "full_state_dict" not in out
+    assert "import torch.distributed.checkpoint as dcp" in out
+
+
+def test_a_checkpoint_that_cannot_be_saved_sharded_stays_full_and_says_why():
+    result = convert_source(textwrap.dedent("""
+        import torch
+
+        def save(state, path):
+            torch.save(state, path)
+
+        model = torch.nn.Linear(2, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            optimizer.zero_grad()
+            model(torch.randn(1, 2)).sum().backward()
+            optimizer.step()
+        save({"model": model.state_dict()}, "helper.pt")
+        torch.save(model.state_dict(), "bare.pt")
+        torch.save({"model": model.state_dict(), "config": {"lr": 0.1}}, "nested.pt")
+        torch.save({"model": model.state_dict(), "step": 2}, "inline_load.pt")
+        model.load_state_dict(torch.load("inline_load.pt")["model"])
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "sharded.pt")
+    """), "fsdp", path="train.py", checkpoint="sharded")
+    kept = {a.line: a.message for a in result.advice if "this checkpoint stays full" in a.message}
+    assert sorted(kept) == [5, 14, 15, 16]
+    assert "not a dict written in the torch.save call" in kept[5] and "not a dict" in kept[14]
+    assert "'config' may hold a dict" in kept[15] and "torch.load('inline_load.pt')" in kept[16]
+    out = result.output
+    assert "dcp.save({'model': get_model_state_dict(model), 'optimizer': get_optimizer_state_dict(model, optimizer)}, checkpoint_id='sharded.pt')" in out.replace('"', "'")
+    assert out.count("full_state_dict=True, cpu_offload=True") == 4  # the four kept full are gathered whole
+
+
+def _torchrun(script: Path, cwd: Path) -> subprocess.CompletedProcess:
+    run = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)], cwd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+def test_sharded_checkpoint_is_written_per_rank_and_resumes(tmp_path):
+    script = tmp_path / "train_fsdp.py"
+    script.write_text(convert_source(RESUME.read_text(), "fsdp", checkpoint="sharded").output)
+    first = _torchrun(script, tmp_path)
+    assert sorted(p.name for p in (tmp_path / "checkpoint.pt").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    second = _torchrun(script, tmp_path)
+    assert "resumed from epoch 1" in second.stdout, second.stdout
+    final = [line for line in first.stdout.splitlines() if line.startswith("final loss")]
+    assert final and final == [line for line in second.stdout.splitlines() if line.startswith("final loss")]  # the weights came back
+
+
+def test_sharded_transformer_checkpoint_converts_to_a_state_dict_of_the_original_model(tmp_path):
+    script = tmp_path / "train_fsdp.py"
+    script.write_text(convert_source(TRANSFORMER.read_text(), "fsdp", checkpoint="sharded").output)
+    _torchrun(script, tmp_path)
+    assert {p.suffix for p in (tmp_path / "best.pt").iterdir()} == {".distcp", ""}  # per-rank shards and .metadata
+    check = _run([sys.executable, "-c", textwrap.dedent(f"""
+        import importlib.util, torch
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        spec = importlib.util.spec_from_file_location("original", {str(TRANSFORMER)!r})
+        original = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(original)
+        dcp_to_torch_save("best.pt", "best_full.pt")
+        checkpoint = torch.load("best_full.pt")
+        original.TinyLM().load_state_dict(checkpoint["model"])  # strict: same keys, same shapes
+        assert checkpoint["optimizer"]["state"], "optimizer state was saved"
+    """)], tmp_path)
+    assert check.returncode == 0, check.stderr[-3000:]

@@ -34,10 +34,16 @@ COLLECTIVES = frozenset(
         "broadcast", "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor",
         "gather", "gather_object", "scatter", "scatter_object_list", "new_group",
     )
-)
+) | frozenset({  # distributed checkpoints (DCP): every rank writes, or reads, its own shards together
+    f"{DIST}.checkpoint.save", f"{DIST}.checkpoint.load",
+    f"{DIST}.checkpoint.state_dict_saver.save", f"{DIST}.checkpoint.state_dict_loader.load",
+})
+DCP_MODULE = f"{DIST}.checkpoint"
 # FSDP2's per-module sharding (public since torch 2.6; `_composable` before), and legacy FSDP.
 FULLY_SHARD = frozenset({f"{DIST}.fsdp.fully_shard", f"{DIST}._composable.fsdp.fully_shard"})
 LEGACY_FSDP = f"{DIST}.fsdp.FullyShardedDataParallel"
+# FSDP2's mixed precision: the dtype of the unsharded parameters (forward/backward) and of the gradient reduction.
+MIXED_PRECISION_POLICY = f"{DIST}.fsdp.MixedPrecisionPolicy"
 # Whole-state gathers of a sharded model: collectives, whatever rank writes the result.
 STATE_DICT_GATHERS = frozenset(
     f"{DIST}.checkpoint.state_dict.{name}" for name in ("get_model_state_dict", "get_optimizer_state_dict", "get_state_dict")
