@@ -293,3 +293,59 @@ def test_sharded_transformer_checkpoint_converts_to_a_state_dict_of_the_original
         assert checkpoint["optimizer"]["state"], "optimizer state was saved"
     """)], tmp_path)
     assert check.returncode == 0, check.stderr[-3000:]
+
+
+# ----- --mixed-precision policy: MixedPrecisionPolicy on every fully_shard ---------------------
+AMP_BF16, AMP_FP16 = ROOT / "fixtures" / "amp_bf16_autocast.py", ROOT / "fixtures" / "amp_gradscaler.py"
+
+
+def _shard_calls(output: str) -> list[ast.Call]:
+    return [n for n in ast.walk(ast.parse(output)) if isinstance(n, ast.Call) and ast.unparse(n.func) == "fully_shard"]
+
+
+def test_policy_goes_on_every_fully_shard_with_autocasts_dtype():
+    blocks = TRAIN.replace("loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))",
+                           "with torch.autocast(device.type):\n                loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))")
+    for code, dtype in ((blocks, "torch.bfloat16"), (AMP_BF16.read_text(), "torch.bfloat16"), (AMP_FP16.read_text(), "torch.float16")):
+        result = convert_source(textwrap.dedent(code), "fsdp", path="train.py", mixed_precision="policy")
+        calls = _shard_calls(result.output)
+        assert calls and all(ast.unparse(c.keywords[0]) == f"mp_policy=MixedPrecisionPolicy(param_dtype={dtype}, reduce_dtype=torch.float32)"
+                             for c in calls), result.output
+        assert "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard" in result.output
+        assert "torch.autocast(" in result.output  # autocast still casts op by op
+        assert any("parameters are cast to" in c.message and "reduced in fp32" in c.message for c in result.changes)
+    assert len(_shard_calls(convert_source(textwrap.dedent(blocks), "fsdp", mixed_precision="policy").output)) == 2  # blocks, then root
+    scaler = [a.message for a in convert_source(AMP_FP16.read_text(), "fsdp", mixed_precision="policy").advice if "GradScaler" in a.message]
+    assert scaler == ["GradScaler: keep it, fp16 gradients need loss scaling to avoid underflow"]
+    bf16_scaler = AMP_FP16.read_text().replace("dtype=torch.float16", "dtype=torch.bfloat16")
+    assert any("loss scaling is not needed" in a.message for a in convert_source(bf16_scaler, "fsdp", mixed_precision="policy").advice)
+
+
+def test_keep_leaves_the_parameters_fp32_and_says_how_to_get_the_policy():
+    result = convert_source(AMP_BF16.read_text(), "fsdp")
+    assert "MixedPrecisionPolicy" not in result.output
+    assert all(not c.keywords for c in _shard_calls(result.output))
+    assert any("--mixed-precision policy" in a.message for a in result.advice)
+
+
+def test_a_bf16_policy_trains_on_two_ranks(tmp_path):
+    script = tmp_path / "train_fsdp.py"
+    script.write_text(convert_source(AMP_BF16.read_text(), "fsdp", mixed_precision="policy").output)
+    run = _torchrun(script, tmp_path)
+    steps = [line for line in run.stdout.splitlines() if line.startswith("epoch")]
+    assert len(steps) == 8 and "done" in run.stdout, run.stdout  # 128 samples, batch 16, 2 ranks, 2 epochs
+
+
+@pytest.mark.parametrize("script", [AMP_BF16, AMP_FP16], ids=lambda p: p.stem)
+def test_verify_compares_a_low_precision_policy_statistically(script, tmp_path):
+    run = _run([sys.executable, "-m", "ddpify", "verify", str(script), "--to", "fsdp", "--mixed-precision", "policy", "--json"], tmp_path)
+    verdict = json.loads(run.stdout)
+    assert run.returncode == 0 and verdict["verdict"] == "equivalent" and verdict["mode"] == "statistical", run.stdout[-3000:] + run.stderr[-3000:]
+    assert any("rounds the parameters for forward and backward" in note for note in verdict["notes"])
+
+
+@pytest.mark.parametrize("script", FIXTURES, ids=lambda p: p.stem)
+def test_fsdp_output_with_sharded_checkpoints_and_a_policy_lints_clean(script):
+    result = convert_source(script.read_text(), "fsdp", path=str(script), checkpoint="sharded", mixed_precision="policy")
+    findings, errors = check_text(result.output, f"{script.stem}_fsdp.py", RuleSet(r for r in all_rules() if r.default_enabled))
+    assert not errors and not findings, [f"{d.code} line {d.pos.line}: {d.message}" for d in findings] + errors
