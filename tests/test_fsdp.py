@@ -238,24 +238,31 @@ def test_a_checkpoint_that_cannot_be_saved_sharded_stays_full_and_says_why():
             torch.save(state, path)
 
         model = torch.nn.Linear(2, 2)
+        teacher = torch.nn.Linear(2, 2)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(2):
             optimizer.zero_grad()
             model(torch.randn(1, 2)).sum().backward()
             optimizer.step()
         save({"model": model.state_dict()}, "helper.pt")
-        torch.save(model.state_dict(), "bare.pt")
         torch.save({"model": model.state_dict(), "config": {"lr": 0.1}}, "nested.pt")
         torch.save({"model": model.state_dict(), "step": 2}, "inline_load.pt")
         model.load_state_dict(torch.load("inline_load.pt")["model"])
+        torch.save(model.state_dict(), "other.pt")
+        teacher.load_state_dict(torch.load("other.pt"))
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "sharded.pt")
+        torch.save(model.state_dict(), "bare.pt")
+        model.load_state_dict(torch.load("bare.pt"))
     """), "fsdp", path="train.py", checkpoint="sharded")
     kept = {a.line: a.message for a in result.advice if "this checkpoint stays full" in a.message}
-    assert sorted(kept) == [5, 14, 15, 16]
-    assert "not a dict written in the torch.save call" in kept[5] and "not a dict" in kept[14]
+    assert sorted(kept) == [5, 15, 16, 18]
+    assert "neither a state dict nor a dict written in the torch.save call" in kept[5]
     assert "'config' may hold a dict" in kept[15] and "torch.load('inline_load.pt')" in kept[16]
-    out = result.output
-    assert "dcp.save({'model': get_model_state_dict(model), 'optimizer': get_optimizer_state_dict(model, optimizer)}, checkpoint_id='sharded.pt')" in out.replace('"', "'")
+    assert "teacher.load_state_dict(torch.load('other.pt')) does not load one saved state into the object it was saved from" in kept[18]
+    out = ast.unparse(ast.parse(result.output))
+    assert "dcp.save({'model': get_model_state_dict(model), 'optimizer': get_optimizer_state_dict(model, optimizer)}, checkpoint_id='sharded.pt')" in out
+    assert ("dcp.save(get_model_state_dict(model), checkpoint_id='bare.pt')\nloaded_state = get_model_state_dict(model)\n"
+            "dcp.load(loaded_state, checkpoint_id='bare.pt')\nset_model_state_dict(model, loaded_state)") in out
     assert out.count("full_state_dict=True, cpu_offload=True") == 4  # the four kept full are gathered whole
 
 
@@ -291,6 +298,21 @@ def test_sharded_transformer_checkpoint_converts_to_a_state_dict_of_the_original
         checkpoint = torch.load("best_full.pt")
         original.TinyLM().load_state_dict(checkpoint["model"])  # strict: same keys, same shapes
         assert checkpoint["optimizer"]["state"], "optimizer state was saved"
+    """)], tmp_path)
+    assert check.returncode == 0, check.stderr[-3000:]
+
+
+def test_a_bare_sharded_state_dict_reloads_in_the_script_and_converts_to_the_models_state_dict(tmp_path):
+    source = ROOT / "fixtures" / "real" / "best_checkpoint_reload.py"
+    script = tmp_path / "train_fsdp.py"
+    script.write_text(convert_source(source.read_text(), "fsdp", checkpoint="sharded").output)
+    run = _torchrun(script, tmp_path)  # saves the best epoch's shards, loads them back, scores the test set
+    assert "test loss" in run.stdout and sorted(p.name for p in (tmp_path / "best_model.pt").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    check = _run([sys.executable, "-c", textwrap.dedent("""
+        import torch, torch.nn as nn
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        dcp_to_torch_save("best_model.pt", "best_full.pt")
+        nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 2)).load_state_dict(torch.load("best_full.pt"))
     """)], tmp_path)
     assert check.returncode == 0, check.stderr[-3000:]
 

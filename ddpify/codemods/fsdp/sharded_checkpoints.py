@@ -10,11 +10,14 @@ rank and a `.metadata`), so the script's `os.path.exists(path)` still finds it.
 `ckpt = torch.load(path)` of the same path becomes the saved dict as a template (the sharded state
 of the model and optimizer; None for the other entries, which DCP fills in) and `dcp.load(ckpt,
 checkpoint_id=path)`; `model.load_state_dict(ckpt[...])` becomes `set_model_state_dict(...)`.
+A bare `torch.save(model.state_dict(), path)` is saved the same way (the state dict is the whole
+checkpoint), and `model.load_state_dict(torch.load(path))` loads it back in three statements.
 
 A checkpoint this cannot rewrite whole stays full (FullStateDicts gathers it) and is reported: a
 payload that is not a dict literal of the save (built elsewhere, or saved by a helper), an entry
 that is itself a container (DCP flattens it, and a template cannot name its keys), a save under a
-rank test, a load of the same path other than `name = torch.load(path)` in the save's function.
+rank test, a load of the same path other than `name = torch.load(path)` (or, for a bare state dict,
+`model.load_state_dict(torch.load(path))`) in the save's function, into the object saved.
 """
 
 from __future__ import annotations
@@ -33,16 +36,22 @@ from ddpify.codemods.fsdp.state_dicts import STATE_DICT_MODULE, CollectiveStateD
 
 CONTAINER_NODES = (ast.Dict, ast.List, ast.Tuple, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
 CONTAINER_CALLS = frozenset({"dict", "list", "tuple", "set", "vars", "collections.OrderedDict"})
+LOADED = "loaded_state"  # the template a bare state dict is loaded into
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One `"key": value` of a saved dict."""
+    """One `"key": value` of a saved dict (key None: the state dict saved bare)."""
 
-    key: str
+    key: str | None
     value: ast.expr
     state: str | None = None  # "model" or "optimizer": a state dict of the sharded model; None: any other value
     owner: str = ""  # the arguments get_/set_<state>_state_dict take: `model` or `model, optimizer`
+    obj: str = ""  # the model or optimizer whose state it is
+
+    @property
+    def gather(self) -> str:
+        return f"get_{self.state}_state_dict({self.owner})"
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,16 @@ class Save:
     call: ast.Call
     path: ast.expr
     entries: tuple[Entry, ...]
+
+    @property
+    def bare(self) -> bool:
+        return self.entries[0].key is None
+
+    def template(self) -> str:
+        """What dcp.load reads into: the saved layout, with the sharded state and None for other values."""
+        if self.bare:
+            return self.entries[0].gather
+        return "{" + ", ".join(f"{json.dumps(e.key)}: {e.gather if e.state else 'None'}" for e in self.entries) + "}"
 
 
 class ShardedCheckpoints(CollectiveStateDicts):
@@ -104,7 +123,10 @@ class ShardedCheckpoints(CollectiveStateDicts):
         if rank_guarded(self.anatomy, call):
             return "it runs on some ranks only, and dcp.save needs every rank"
         if not isinstance(payload, ast.Dict):
-            return "what it saves is not a dict written in the torch.save call, so the layout that dcp.load needs is not known here"
+            bare = self._entry(None, payload, sharded) if payload is not None else None
+            if isinstance(bare, Entry) and bare.state:
+                return Save(call, path, (bare,))
+            return "what it saves is neither a state dict nor a dict written in the torch.save call, so the layout that dcp.load needs is not known here"
         entries = []
         for key, value in zip(payload.keys, payload.values):
             if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
@@ -115,15 +137,15 @@ class ShardedCheckpoints(CollectiveStateDicts):
             entries.append(entry)
         return Save(call, path, tuple(entries))  # type: ignore[arg-type]
 
-    def _entry(self, key: str, value: ast.expr, sharded: set) -> Entry | str:
+    def _entry(self, key: str | None, value: ast.expr, sharded: set) -> Entry | str:
         if method_name(value) == "state_dict" and not (value.args or value.keywords):  # type: ignore[attr-defined]
             owner = value.func.value  # type: ignore[attr-defined]
             state = self._state_of(owner, sharded)
             if state == "model":
-                return Entry(key, value, state, ast.unparse(owner))
+                return Entry(key, value, state, ast.unparse(owner), ast.unparse(owner))
             roots = self.shard_roots()
             if state == "optimizer" and len(roots) == 1:
-                return Entry(key, value, state, f"{roots.pop()}, {ast.unparse(owner)}")
+                return Entry(key, value, state, f"{roots.pop()}, {ast.unparse(owner)}", ast.unparse(owner))
             if state == "optimizer":
                 return f"the optimizer saved as {key!r} trains one of several sharded models"
         if contains(value, lambda n: method_name(n) == "state_dict"):
@@ -155,16 +177,35 @@ class ShardedCheckpoints(CollectiveStateDicts):
 
     def _load_problem(self, call: ast.Call, save: Save) -> str:
         stmt = self.anatomy.stmt_of.get(call)
-        if not (isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
-            return "it is not `name = torch.load(path)`"
+        inline = save.bare and self._loaded_inline(call)
+        if not inline and not (isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+            return "it is not `name = torch.load(path)`" + (" nor `model.load_state_dict(torch.load(path))`" if save.bare else "")
         if self.anatomy.scope_of.get(call) != self.anatomy.scope_of.get(save.call):
             return "it is loaded in another function than the one that saves it"
         if not after_shard(self.anatomy, call):
             return "it is loaded before fully_shard"
-        for use in self._state_loads(stmt):
-            if len(use.args) + len(use.keywords) != 1 or not isinstance(use.args[0], ast.Subscript):
-                return f"{ast.unparse(use)} passes more than one entry of the checkpoint"
+        for use in [inline] if inline else self._state_loads(stmt):  # type: ignore[arg-type, list-item]
+            if len(use.args) + len(use.keywords) != 1 or (self._entry_read(use, save) is None):
+                return f"{ast.unparse(use)} does not load one saved state into the object it was saved from"
         return ""
+
+    def _loaded_inline(self, call: ast.Call) -> ast.Call | None:
+        """The `x.load_state_dict(torch.load(path))` statement's call, when `call` is that torch.load."""
+        use = self.anatomy.parents.get(call)
+        stmt = self.anatomy.stmt_of.get(call)
+        if method_name(use) == "load_state_dict" and isinstance(stmt, ast.Expr) and stmt.value is use and use.args == [call]:  # type: ignore[union-attr]
+            return use  # type: ignore[return-value]
+        return None
+
+    def _entry_read(self, use: ast.Call, save: Save) -> Entry | None:
+        """The saved entry `x.load_state_dict(arg)` loads (ckpt["model"], or the whole bare state), if into its own object."""
+        arg = use.args[0]
+        if save.bare:
+            entry: Entry | None = save.entries[0]
+        else:
+            key = arg.slice if isinstance(arg, ast.Subscript) else None
+            entry = next((e for e in save.entries if e.state and isinstance(key, ast.Constant) and e.key == key.value), None)
+        return entry if entry is not None and ast.unparse(use.func.value) == entry.obj else None  # type: ignore[attr-defined]
 
     def _state_loads(self, stmt: ast.Assign) -> list[ast.Call]:
         """The `x.load_state_dict(...)` calls that read the variable `stmt` loads into."""
@@ -179,32 +220,31 @@ class ShardedCheckpoints(CollectiveStateDicts):
         for entry in save.entries:
             if entry.state:
                 self.add_import(STATE_DICT_MODULE, f"get_{entry.state}_state_dict")
-                self.rewrite_node(entry.value, cst.Call, lambda _node, e=entry: parse_expr(f"get_{e.state}_state_dict({e.owner})"))
+                self.rewrite_node(entry.value, cst.Call, lambda _node, e=entry: parse_expr(e.gather))
         self.rewrite_node(save.call, cst.Call, _dcp_save)
         self.changed(save.call.lineno, f"torch.save -> dcp.save(..., checkpoint_id={ast.unparse(save.path)}) on every rank: "
                                        "a directory of this path's name, each rank writing its shards (.distcp)")
         self.collective_at(save.call)
 
     def _load_sharded(self, call: ast.Call, save: Save) -> None:
-        stmt: ast.Assign = self.anatomy.stmt_of[call]  # type: ignore[assignment]
-        name = stmt.targets[0].id  # type: ignore[attr-defined]
-        template = ", ".join(f"{json.dumps(e.key)}: {f'get_{e.state}_state_dict({e.owner})' if e.state else 'None'}" for e in save.entries)
-        path = ast.unparse(argument(call, 0, "f"))  # type: ignore[arg-type]
-        self.rewrite_statement(stmt, lambda _stmt: parse_statements(
-            f"{name} = {{{template}}}  # dcp.load fills this in place: the shards of the state, then the other entries\n"
-            f"dcp.load({name}, checkpoint_id={path})\n"))
-        self.changed(call.lineno, f"torch.load({path}) -> dcp.load into the layout dcp.save writes (every rank reads its shards)")
-        owners = {e.key: e for e in save.entries if e.state}
-        for use in self._state_loads(stmt):
-            key = use.args[0].slice  # type: ignore[attr-defined]
-            entry = owners.get(key.value) if isinstance(key, ast.Constant) else None
-            if entry is None:
-                self.advise(use.lineno, f"{ast.unparse(use)}: use set_model_state_dict / set_optimizer_state_dict with the sharded state")
-                continue
+        stmt = self.anatomy.stmt_of[call]
+        path = ast.get_source_segment(self.anatomy.text, argument(call, 0, "f"))  # type: ignore[arg-type]
+        inline = self._loaded_inline(call) if save.bare else None
+        name = LOADED if inline else stmt.targets[0].id  # type: ignore[attr-defined]
+        load = (f"{name} = {save.template()}  # dcp.load fills this in place with the saved state\n"
+                f"dcp.load({name}, checkpoint_id={path})\n")
+        if inline:
+            entry = save.entries[0]
             self.add_import(STATE_DICT_MODULE, f"set_{entry.state}_state_dict")
+            load += f"set_{entry.state}_state_dict({entry.owner}, {name})\n"
+        self.rewrite_statement(stmt, lambda _stmt: parse_statements(load))
+        self.changed(call.lineno, f"torch.load({path}) -> dcp.load into the layout dcp.save writes (every rank reads its shards)")
+        for use in [] if inline else self._state_loads(stmt):  # type: ignore[arg-type]
+            entry = self._entry_read(use, save)
+            self.add_import(STATE_DICT_MODULE, f"set_{entry.state}_state_dict")  # type: ignore[union-attr]
             self.rewrite_node(use, cst.Call, lambda node, e=entry: parse_expr(
                 f"set_{e.state}_state_dict({e.owner}, {cst.Module([]).code_for_node(node.args[0].value)})"))  # type: ignore[attr-defined]
-            self.changed(use.lineno, f"{ast.unparse(use.func)} -> set_{entry.state}_state_dict (the sharded state dcp.load read)")
+            self.changed(use.lineno, f"{ast.unparse(use.func)} -> set_{entry.state}_state_dict (the sharded state dcp.load read)")  # type: ignore[union-attr]
 
     def _keep_full(self, line: int, why: str) -> None:
         self.advise(line, f"--checkpoint sharded: this checkpoint stays full (gathered on every rank, written by rank 0): {why}")
