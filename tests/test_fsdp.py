@@ -253,12 +253,14 @@ def test_a_checkpoint_that_cannot_be_saved_sharded_stays_full_and_says_why():
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "sharded.pt")
         torch.save(model.state_dict(), "bare.pt")
         model.load_state_dict(torch.load("bare.pt"))
+        model.load_state_dict(torch.load("pretrained.pt"))
     """), "fsdp", path="train.py", checkpoint="sharded")
     kept = {a.line: a.message for a in result.advice if "this checkpoint stays full" in a.message}
     assert sorted(kept) == [5, 15, 16, 18]
     assert "neither a state dict nor a dict written in the torch.save call" in kept[5]
     assert "'config' may hold a dict" in kept[15] and "torch.load('inline_load.pt')" in kept[16]
     assert "teacher.load_state_dict(torch.load('other.pt')) does not load one saved state into the object it was saved from" in kept[18]
+    assert [a.line for a in result.advice if "this torch.load reads a full checkpoint file" in a.message] == [23]  # the kept-full paths are still files
     out = ast.unparse(ast.parse(result.output))
     assert "dcp.save({'model': get_model_state_dict(model), 'optimizer': get_optimizer_state_dict(model, optimizer)}, checkpoint_id='sharded.pt')" in out
     assert ("dcp.save(get_model_state_dict(model), checkpoint_id='bare.pt')\nloaded_state = get_model_state_dict(model)\n"

@@ -89,10 +89,17 @@ class ShardedCheckpoints(CollectiveStateDicts):
                 self._keep_full(call.lineno, found)
             else:
                 saves.setdefault(ast.dump(found.path), []).append(found)
-        for path, group in saves.items():
-            self._rewrite_checkpoint(group, [c.node for c in self.anatomy.calls_to("torch.load")  # type: ignore[misc]
-                                             if (p := argument(c.node, 0, "f")) is not None and ast.dump(p) == path])  # type: ignore[arg-type]
+        loads = [c.node for c in self.anatomy.calls_to("torch.load") if after_shard(self.anatomy, c.node)]
+        read = [self._rewrite_checkpoint(group, [c for c in loads if _loaded_path(c) == path]) for path, group in saves.items()]
+        if any(read):
+            self._advise_other_loads([c for c in loads if _loaded_path(c) not in saves])  # type: ignore[arg-type]
         self.follow_rank_zero_decisions()
+
+    def _advise_other_loads(self, loads: list[ast.Call]) -> None:
+        """A torch.load of another path may still read one of the directories now saved sharded."""
+        for call in loads:
+            self.advise(call.lineno, "--checkpoint sharded: this torch.load reads a full checkpoint file; if it reads one this "
+                                     "script now saves with dcp.save (a directory), load it with dcp.load and set_model_state_dict")
 
     # ----- what can be saved sharded ----------------------------------------------------------
     def _saves_sharded_state(self, payload: ast.AST | None, sharded: set, depth: int = 0) -> bool:
@@ -160,8 +167,8 @@ class ShardedCheckpoints(CollectiveStateDicts):
                    for v in values)
 
     # ----- what can be loaded back ------------------------------------------------------------
-    def _rewrite_checkpoint(self, saves: list[Save], loads: list[ast.Call]) -> None:
-        """Saves of one path and the loads that read it go sharded together, or all stay full."""
+    def _rewrite_checkpoint(self, saves: list[Save], loads: list[ast.Call]) -> bool:
+        """Saves of one path and the loads that read it go sharded together, or all stay full (False)."""
         layouts = {tuple(e.key for e in save.entries) for save in saves}
         problems = [f"{ast.unparse(load)} reads it back in a way dcp.load cannot follow: {why}"
                     for load in loads if (why := self._load_problem(load, saves[0]))]
@@ -174,6 +181,7 @@ class ShardedCheckpoints(CollectiveStateDicts):
                 self._save_sharded(save)
         for load in loads if not problems else ():
             self._load_sharded(load, saves[0])
+        return not problems
 
     def _load_problem(self, call: ast.Call, save: Save) -> str:
         stmt = self.anatomy.stmt_of.get(call)
@@ -248,6 +256,12 @@ class ShardedCheckpoints(CollectiveStateDicts):
 
     def _keep_full(self, line: int, why: str) -> None:
         self.advise(line, f"--checkpoint sharded: this checkpoint stays full (gathered on every rank, written by rank 0): {why}")
+
+
+def _loaded_path(load: ast.Call) -> str | None:
+    """The path a torch.load reads, comparable with a Save's path (ast.dump)."""
+    path = argument(load, 0, "f")
+    return ast.dump(path) if path is not None else None
 
 
 def _dcp_save(node: cst.CSTNode) -> cst.CSTNode:
