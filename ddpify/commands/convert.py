@@ -89,7 +89,7 @@ def summary_line(outcomes: Sequence[Outcome]) -> str:
 @click.option("--checkpoint", type=click.Choice(["full", "sharded"]), default="full", show_default=True,
               help="--to fsdp: full: state dicts gathered whole on every rank, written by rank 0 (they load into the "
                    "single-GPU model); sharded: torch.distributed.checkpoint (DCP) on every rank, each writing its own "
-                   "shards into a directory named by the script's checkpoint path, resumed with dcp.load.")
+                   "shards; the script's checkpoint path (ckpt.pt) becomes a directory of that name, read back with dcp.load.")
 @click.option("--mixed-precision", type=click.Choice(["keep", "policy"]), default="keep", show_default=True,
               help="--to fsdp, where the script autocasts: keep: autocast as written (and advice); policy: also "
                    "fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=<autocast's dtype, bf16 unless fp16 "
