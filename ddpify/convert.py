@@ -16,19 +16,21 @@ TARGETS = ("ddp", "dp", "fsdp")
 
 def convert_source(text: str, target: str, *, path: str = "<string>", batch_size: str = "per-gpu",
                    facts: ProjectFacts = NO_FACTS, library: bool = False, eval: str = "shard",
-                   log_loss: str = "reduced") -> ConversionResult:
+                   log_loss: str = "reduced", checkpoint: str = "full", mixed_precision: str = "keep") -> ConversionResult:
     """The converted text, the changes (original line numbers) and advice for the user.
 
     `facts` is what the file's project says about it (ddpify.project); a `library` is a module the
     entry script imports: it never joins the process group itself. `eval` (shard or whole) and
-    `log_loss` (reduced or rank0) choose how evaluation and training-loss prints are converted.
+    `log_loss` (reduced or rank0) choose how evaluation and training-loss prints are converted;
+    `checkpoint` (full or sharded) and `mixed_precision` (keep or policy) how --to fsdp saves
+    checkpoints and treats autocast.
     """
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
     reason = _nothing_to_do(analyze(text, path, facts=facts), target, facts)
     if reason:
         return ConversionResult(source=text, output=text, note=reason)
-    options = Options(batch_size=batch_size, eval=eval, log_loss=log_loss)
+    options = Options(batch_size=batch_size, eval=eval, log_loss=log_loss, checkpoint=checkpoint, mixed_precision=mixed_precision)
     result = run_pipeline(text, path, _transforms(target, library), options, facts, owns_duties=not library)
     result.missing = sorted([*result.missing, *lint_leftovers(result, path)], key=lambda m: m.line)
     return result

@@ -156,7 +156,7 @@ def convert_notebook_dp(path, batch_size: str = "per-gpu"):
 
 def convert_notebook(path, target: str = "dp", **options):
     """(new notebook, ConversionResult, CellMap) for --to dp; results' lines are joined-script lines.
-    `options` are convert_source's (batch_size, eval, log_loss)."""
+    `options` are convert_source's (batch_size, eval, log_loss, checkpoint, mixed_precision)."""
     from ddpify.convert import convert_source
 
     nb = read_notebook(path) if isinstance(path, (str, os.PathLike)) else path

@@ -174,7 +174,7 @@ def write_mirror(conversion: ProjectConversion, mirror: Path) -> Path:
 
 
 def _convert_project(project: Project, sources: dict[Path, Source], target: str, options: dict) -> ProjectConversion:
-    """`options` are convert_source's (batch_size, eval, log_loss)."""
+    """`options` are convert_source's (batch_size, eval, log_loss, checkpoint, mixed_precision)."""
     from ddpify.convert import convert_source
 
     jobs = []

@@ -12,7 +12,8 @@ from ddpify.rules._ddp import DDP_KINDS, insert_module
 
 class CollectiveUnderRankCondition(Rule):
     """## What it does
-    Flags a collective (`dist.all_reduce`, `dist.barrier`, `dist.broadcast`, `dist.all_gather`, ...)
+    Flags a collective (`dist.all_reduce`, `dist.barrier`, `dist.broadcast`, `dist.all_gather`, ...,
+    and the distributed checkpoint's `dcp.save` / `dcp.load`, which every rank joins with its shards)
     or a forward pass of the DDP-wrapped model that only some ranks reach: it sits under
     `if rank == 0:` (or `if dist.get_rank() == 0`, `if is_main_process():`, ...), after an early
     `return` taken by the other ranks, or in a function that is only called from such places.
@@ -129,6 +130,7 @@ if rank == 0:
 )
 CollectiveUnderRankCondition.INVALID = (
     Invalid(_HEAD + "loss = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(loss)\n", line=7),
+    Invalid(_HEAD + "import torch.distributed.checkpoint as dcp\nif rank == 0:\n    dcp.save({'w': torch.ones(1)}, checkpoint_id='ckpt')\n", line=7),
     Invalid(_HEAD + "if dist.get_rank() == 0:\n    dist.barrier()\n", line=6),
     Invalid(
         """import torch

@@ -275,3 +275,13 @@ def test_help_names_the_modes():
     assert result.exit_code == 0
     for option in ("--to", "--in-place", "--diff", "--check", "--batch-size", "--eval", "--log-loss", "-o, --output"):
         assert option in result.output
+
+
+def test_fsdp_options_are_in_the_help_and_refused_for_other_targets(tmp_path):
+    help_text = CliRunner().invoke(cli, ["convert", "--help"]).output
+    assert "--checkpoint [full|sharded]" in help_text and "--mixed-precision [keep|policy]" in help_text
+    script = copy_fixture(tmp_path, "checkpoint_resume.py")
+    refused = CliRunner().invoke(cli, ["convert", str(script), "--to", "ddp", "--checkpoint", "sharded"])
+    assert refused.exit_code == 2 and "apply to --to fsdp only" in refused.output
+    written = invoke(script, "--to", "fsdp", "--checkpoint", "sharded", "-o", tmp_path / "out.py")
+    assert written.exit_code == 0 and "dcp.save(" in (tmp_path / "out.py").read_text()

@@ -34,7 +34,11 @@ COLLECTIVES = frozenset(
         "broadcast", "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor",
         "gather", "gather_object", "scatter", "scatter_object_list", "new_group",
     )
-)
+) | frozenset({  # distributed checkpoints (DCP): every rank writes, or reads, its own shards together
+    f"{DIST}.checkpoint.save", f"{DIST}.checkpoint.load",
+    f"{DIST}.checkpoint.state_dict_saver.save", f"{DIST}.checkpoint.state_dict_loader.load",
+})
+DCP_MODULE = f"{DIST}.checkpoint"
 # FSDP2's per-module sharding (public since torch 2.6; `_composable` before), and legacy FSDP.
 FULLY_SHARD = frozenset({f"{DIST}.fsdp.fully_shard", f"{DIST}._composable.fsdp.fully_shard"})
 # Legacy FSDP's state-dict modes whose `state_dict()` holds this rank's shards only (entered with
@@ -42,6 +46,8 @@ FULLY_SHARD = frozenset({f"{DIST}.fsdp.fully_shard", f"{DIST}._composable.fsdp.f
 LEGACY_STATE_DICT_MODES = frozenset({f"{LEGACY_FSDP}.state_dict_type", f"{LEGACY_FSDP}.set_state_dict_type"})
 SHARDED_STATE_DICT_TYPES = frozenset({"SHARDED_STATE_DICT", "LOCAL_STATE_DICT"})
 LEGACY_SUMMON = f"{LEGACY_FSDP}.summon_full_params"
+# FSDP2's mixed precision: the dtype of the unsharded parameters (forward/backward) and of the gradient reduction.
+MIXED_PRECISION_POLICY = f"{DIST}.fsdp.MixedPrecisionPolicy"
 # Whole-state gathers of a sharded model: collectives, whatever rank writes the result.
 STATE_DICT_GATHERS = frozenset(
     f"{DIST}.checkpoint.state_dict.{name}" for name in ("get_model_state_dict", "get_optimizer_state_dict", "get_state_dict")

@@ -101,6 +101,13 @@ def is_model_factory(qualname: str) -> bool:
     )
 
 
+# ----- mixed precision (names as ddpify.anatomy.names canonicalizes them) ------------------------
+AUTOCAST = "torch.autocast"  # also torch.cuda.amp.autocast and torch.amp.autocast
+GRAD_SCALER = "torch.amp.GradScaler"  # also torch.cuda.amp.GradScaler
+HALF_DTYPES = frozenset({"torch.float16", "torch.half"})  # autocast's dtype=: fp16, which needs loss scaling
+BFLOAT16 = "torch.bfloat16"
+
+
 # ----- optimizers --------------------------------------------------------------------------------
 def is_optimizer_constructor(qualname: str) -> bool:
     """`torch.optim.SGD`, `torch.optim.AdamW` (not `torch.optim.lr_scheduler.StepLR`)."""

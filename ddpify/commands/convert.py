@@ -86,11 +86,20 @@ def summary_line(outcomes: Sequence[Outcome]) -> str:
               help="shard: split evaluation loops whose sums are recognised across ranks and all_reduce them; whole: every rank evaluates the full set.")
 @click.option("--log-loss", type=click.Choice(["reduced", "rank0"]), default="reduced", show_default=True,
               help="reduced: training-loss prints show the mean over ranks (one all_reduce per print); rank0: rank 0's own loss.")
+@click.option("--checkpoint", type=click.Choice(["full", "sharded"]), default="full", show_default=True,
+              help="--to fsdp: full: state dicts gathered whole on every rank, written by rank 0 (they load into the "
+                   "single-GPU model); sharded: torch.distributed.checkpoint (DCP) on every rank, each writing its own "
+                   "shards; the script's checkpoint path (ckpt.pt) becomes a directory of that name, read back with dcp.load.")
+@click.option("--mixed-precision", type=click.Choice(["keep", "policy"]), default="keep", show_default=True,
+              help="--to fsdp, where the script autocasts: keep: autocast as written (and advice); policy: also "
+                   "fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=<autocast's dtype, bf16 unless fp16 "
+                   "is asked for>, reduce_dtype=torch.float32)).")
 @click.option("-q", "--quiet", is_flag=True, help="Only errors and warnings.")
 @click.option("--format", "report_format", type=click.Choice(["text", "markdown"]), default="text", show_default=True,
               help="markdown: print a review-ready summary per file (changes grouped, warnings, diff) instead of the per-line report.")
-def convert(paths, target, output, in_place, show_diff, check, partial, batch_size, eval_mode, log_loss, quiet, report_format):
-    """Convert single-GPU training scripts to DDP or DataParallel.
+def convert(paths, target, output, in_place, show_diff, check, partial, batch_size, eval_mode, log_loss, checkpoint,
+            mixed_precision, quiet, report_format):
+    """Convert single-GPU training scripts to DDP, DataParallel or FSDP2.
 
     Static: the scripts are parsed, never imported or executed (only `ddpify verify` runs code).
     Each file ends converted, nothing to do (said why), or incomplete: what is missing, with its
@@ -107,11 +116,14 @@ def convert(paths, target, output, in_place, show_diff, check, partial, batch_si
         raise click.UsageError("-o/--output needs a file name ('-' for stdout)")
     if sum(map(bool, (output, in_place, show_diff, check))) > 1:
         raise click.UsageError("choose at most one of -o, --in-place, --diff, --check")
+    if target != "fsdp" and (checkpoint, mixed_precision) != ("full", "keep"):
+        raise click.UsageError("--checkpoint and --mixed-precision apply to --to fsdp only")
     files = list(iter_python_files(paths, writing=in_place))
     if output and len(files) != 1:
         raise click.UsageError("-o/--output takes exactly one input file")
     mode = "check" if check else "diff" if show_diff else "in-place" if in_place else "write"
-    options = {"batch_size": batch_size, "eval": eval_mode, "log_loss": log_loss}
+    options = {"batch_size": batch_size, "eval": eval_mode, "log_loss": log_loss, "checkpoint": checkpoint,
+               "mixed_precision": mixed_precision}
     job = _Job(target, mode, output, options, quiet, report_format, partial)
     plan = _plan_projects(paths, files, target, options, mode, output)
     outcomes = [_convert_one(item, job.for_file(plan.output_for(item, output)), explicit=_named(item, paths), member=plan.job(item))
@@ -129,7 +141,7 @@ class _Job:
     target: str
     mode: str  # write, in-place, diff or check
     output: str | None
-    options: dict  # convert_source's keyword arguments (batch_size, eval, log_loss)
+    options: dict  # convert_source's keyword arguments (batch_size, eval, log_loss, checkpoint, mixed_precision)
     quiet: bool
     report_format: str
     partial: bool

@@ -31,6 +31,9 @@ from ddpify.verify.runner import Request, verify as verify_pair
 @click.option("--launcher", type=click.Choice(["fork", "torchrun"]), default="fork", show_default=True,
               help="fork: one process imports torch and forks every run; torchrun: the candidate runs under "
                    "real `torchrun --standalone`.")
+@click.option("--mixed-precision", type=click.Choice(["keep", "policy"]), default="keep", show_default=True,
+              help="--to fsdp: convert with this --mixed-precision (policy: bf16/fp16 parameters where the script "
+                   "autocasts; the runs are then compared in statistical mode).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--keep", is_flag=True, help="Keep the run directories and logs (they are removed unless a run fails).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
@@ -39,8 +42,8 @@ from ddpify.verify.runner import Request, verify as verify_pair
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def verify(ctx: click.Context, script: str, target: str, against: str | None, nproc: int, steps: int, device: str,
-           batch_mode: str, timeout: float, launcher: str, as_json: bool, keep: bool, plot_path: str | None,
-           script_args: tuple[str, ...]) -> None:
+           batch_mode: str, timeout: float, launcher: str, mixed_precision: str, as_json: bool, keep: bool,
+           plot_path: str | None, script_args: tuple[str, ...]) -> None:
     """EXECUTE SCRIPT and its multi-GPU version and check that they train the same.
 
     Unlike ddpify's other commands, which only read code, verify RUNS your scripts:
@@ -72,7 +75,9 @@ def verify(ctx: click.Context, script: str, target: str, against: str | None, np
     if problem:
         click.echo(f"error: {problem}", err=True)
         ctx.exit(EXIT_ERROR)
-    request = Request(script, target, against, nproc, steps, device, batch_mode, timeout, launcher, script_args, keep)
+    if mixed_precision != "keep" and (target != "fsdp" or against):
+        raise click.UsageError("--mixed-precision applies to --to fsdp when ddpify converts the script (not with --against)")
+    request = Request(script, target, against, nproc, steps, device, batch_mode, timeout, launcher, script_args, keep, mixed_precision)
     result = verify_pair(request)
     click.echo(json.dumps(result, indent=1) if as_json else render(request, result))
     if plot_path:

@@ -4,7 +4,8 @@ Exact mode: per step, the relative loss difference and the max relative paramete
 difference (max|Δ| / max|ref|) are at most EXACT_TOLERANCE, and every rank holds the
 same parameters. Statistical mode (plain BatchNorm under DDP, where each rank
 normalizes with its own batch statistics; float16/bfloat16 autocast under DDP, where a
-batch split over the ranks rounds differently from the whole batch): losses within
+batch split over the ranks rounds differently from the whole batch; an FSDP2 mixed-precision
+policy with float16/bfloat16 parameters): losses within
 STATISTICAL_LOSS_TOLERANCE and ranks agree. Runs in the launcher, which has torch
 imported already.
 """
@@ -140,7 +141,8 @@ def same_data_on_every_rank(ranks: list[Record]) -> bool:
 def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
     """The verdict, per-step rows, notes and preconditions, as a JSON-ready dict."""
     flags = _all_flags([reference, *ranks])
-    statistical = plan.averages_across_ranks() and bool({"plain_batchnorm", "reduced_precision"} & flags.keys())
+    statistical = (plan.averages_across_ranks() and bool({"plain_batchnorm", "reduced_precision"} & flags.keys())
+                   or "low_precision_parameters" in flags)
     notes = list(dict.fromkeys(note for record in (reference, *ranks) for note in record.notes))
     notes += [flags[name] for name in ("dropout", "attention_dropout", "sample_randomness") if name in flags]
     if statistical:
@@ -168,6 +170,9 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
 
 def _statistical_reason(flags: dict[str, str]) -> str:
     """Why exact comparison cannot hold between the reference and the ranks."""
+    if "low_precision_parameters" in flags:
+        return (f"the candidate's {flags['low_precision_parameters']} rounds the parameters for forward and backward, "
+                f"where the reference computes with float32 ones")
     if "plain_batchnorm" in flags:
         return (f"plain {flags['plain_batchnorm']} under DDP: each rank normalizes with its own batch "
                 f"statistics (SyncBatchNorm would not)")

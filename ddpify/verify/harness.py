@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import functools
 import inspect
 import io
 import os
@@ -270,6 +271,23 @@ def watch_reduced_precision(recorder: Recorder) -> None:
     torch.autocast.__enter__ = watched
 
 
+def watch_mixed_precision_policy(recorder: Recorder) -> None:
+    """Flag `fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=float16/bfloat16))`: the
+    candidate computes with rounded parameters where the reference uses float32 ones."""
+    import torch.distributed.fsdp as fsdp
+
+    shard = fsdp.fully_shard
+
+    @functools.wraps(shard)
+    def watched(*args, **kwargs):
+        dtype = getattr(kwargs.get("mp_policy"), "param_dtype", None)
+        if dtype in (torch.float16, torch.bfloat16):
+            recorder.flag("low_precision_parameters", f"fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype={dtype}))")
+        return shard(*args, **kwargs)
+
+    fsdp.fully_shard = watched
+
+
 def capture_backward(recorder: Recorder) -> None:
     """Record the tensor each backward starts from; Tensor.backward goes through autograd.backward."""
     backward = torch.autograd.backward
@@ -363,6 +381,8 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
         script = os.path.realpath(plan.reference.script)
         static_sites = {(script, line) for line in plan.reference_training_lines}
         align_training_loaders(plan.nproc, plan.batch_mode, static_sites, recorder)
+    if role == CANDIDATE and plan.target == "fsdp":
+        watch_mixed_precision_policy(recorder)
     if role == CANDIDATE and os.environ.get(SHARED_GPU_ENV):
         share_single_gpu()
 

@@ -44,6 +44,7 @@ class Request:
     launcher: str
     script_args: tuple[str, ...]
     keep: bool = False
+    mixed_precision: str = "keep"  # --to fsdp: convert with this --mixed-precision
 
 
 class CandidateUnavailable(Exception):
@@ -59,7 +60,7 @@ def convert(request: Request) -> tuple[dict[Path, str], list[str]]:
         raise CandidateUnavailable(f"the converter is not available ({error}); pass --against") from error
     script = Path(os.path.abspath(request.script))
     try:
-        project = convert_entry(script, request.target, {"batch_size": request.batch_mode})
+        project = convert_entry(script, request.target, {"batch_size": request.batch_mode, "mixed_precision": request.mixed_precision})
         entry = project.job(script)
         conversion = entry.convert() if entry else None
         modules = {job.path: job.convert().output for job in project.jobs if job.changed and not job.entry}

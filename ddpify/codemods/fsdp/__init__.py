@@ -15,8 +15,9 @@ from ddpify.codemods.ddp.wrap import RemoveDataParallel
 from ddpify.codemods.fsdp.accumulation import GradientSyncAccumulation
 from ddpify.codemods.fsdp.parameters import FullParameters
 from ddpify.codemods.fsdp.shard import ShardModel
+from ddpify.codemods.fsdp.sharded_checkpoints import ShardedCheckpoints
 from ddpify.codemods.fsdp.state_dicts import FullStateDicts
 
-FSDP_TRANSFORMS = (DistributedSetup, RankDevices, RemoveDataParallel, ShardModel, FullStateDicts, FullParameters, DistributedSamplers, RankZeroDuties,
+FSDP_TRANSFORMS = (DistributedSetup, RankDevices, RemoveDataParallel, ShardModel, ShardedCheckpoints, FullStateDicts, FullParameters, DistributedSamplers, RankZeroDuties,
                    GradientSyncAccumulation, PerNodeDownloads)
 FSDP_LIBRARY_TRANSFORMS = library_transforms(FSDP_TRANSFORMS)

@@ -23,18 +23,70 @@ from ddpify.codemods.base import Transform, parse_expr
 STATE_DICT_MODULE = "torch.distributed.checkpoint.state_dict"
 FULL_STATE = "StateDictOptions(full_state_dict=True, cpu_offload=True)"
 FULL_LOAD = "StateDictOptions(full_state_dict=True)"
+RANK0_DECISION = "rank0_decision"
 
 
-class FullStateDicts(Transform):
+class CollectiveStateDicts(Transform):
+    """What the checkpoint transforms share: the sharded models, and rank-local decisions around
+    a collective (a gather, a DCP save) that every rank must follow the same way."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._decisions: set[ast.If] = set()
+
+    def sharded_models(self) -> set:
+        """The model sites that some `fully_shard(...)` call shards."""
+        return {o for s in self.anatomy.calls_to(*FULLY_SHARD) if s.node.args  # type: ignore[attr-defined]
+                for o in self.anatomy.origins(s.node.args[0], ROLE_MODEL)}  # type: ignore[attr-defined]
+
+    def shard_roots(self) -> set[str]:
+        """The names the script's `fully_shard(...)` calls shard, less the loop over repeated blocks."""
+        return {ast.unparse(s.node.args[0]) for s in self.anatomy.calls_to(*FULLY_SHARD) if s.node.args} - {"shard_block"}  # type: ignore[attr-defined]
+
+    def collective_at(self, call: ast.Call) -> None:
+        """`call` is a collective: the rank-local `if`s around it will follow rank 0's decision."""
+        self._decisions.update(self._rank_local_decisions(call))
+
+    def follow_rank_zero_decisions(self) -> None:
+        for decision in sorted(self._decisions, key=lambda branch: branch.lineno):
+            self._follow_rank_zero(decision)
+
+    def _rank_local_decisions(self, call: ast.Call) -> list[ast.If]:
+        """`if` statements around the gather whose test may differ between ranks (a loss, a metric)."""
+        loop_variables = {n.id for loop in self.anatomy.enclosing(call, (ast.For, ast.AsyncFor)) for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+        decisions = []
+        for branch in self.anatomy.enclosing(call, ast.If):
+            names = {n.id for n in ast.walk(branch.test) if isinstance(n, ast.Name)} - {RANK0_DECISION}
+            local = {n for n in names if self.anatomy.ref(ast.Name(n), self.anatomy.scope_of.get(call)) in self._function_locals(call)}
+            if local - loop_variables and self._is_plain_if(branch):
+                decisions.append(branch)
+        return decisions
+
+    def _function_locals(self, call: ast.Call) -> set:
+        scope = self.anatomy.scope_of.get(call)
+        fn = self.anatomy.functions.get(scope or "")
+        return {Ref(scope, name) for name in fn.locals} if fn else set()
+
+    def _is_plain_if(self, branch: ast.If) -> bool:
+        """An `if` that is a statement of its block (not the `elif` of another)."""
+        return branch in self.anatomy.block_of(branch)
+
+    def _follow_rank_zero(self, branch: ast.If) -> None:
+        """Every rank takes rank 0's branch, so the collective inside runs on all of them or on none."""
+        self.insert_before(branch, f"{RANK0_DECISION} = [{ast.unparse(branch.test)}]\n"
+                                   f"dist.broadcast_object_list({RANK0_DECISION}, src=0)  # ranks must agree: a collective below\n")
+        self.rewrite_node(branch.test, type(_cst_expr(branch.test)), lambda _node: parse_expr(f"{RANK0_DECISION}[0]"))
+        self.changed(branch.lineno, f"every rank follows rank 0's `if {ast.unparse(branch.test)}` (a collective inside)")
+
+
+class FullStateDicts(CollectiveStateDicts):
     NAME = "state_dict"
     DESCRIPTION = "Full (unsharded) state dicts of sharded models, gathered on every rank."
 
     def plan(self) -> None:
-        shards = self.anatomy.calls_to(*FULLY_SHARD)
-        sharded = {o for s in shards if s.node.args for o in self.anatomy.origins(s.node.args[0], ROLE_MODEL)}  # type: ignore[attr-defined]
+        sharded = self.sharded_models()
         if not sharded:
             return
-        self._decisions: set[ast.If] = set()
         for call in self.anatomy.calls:
             func = call.node.func  # type: ignore[attr-defined]
             if not (isinstance(func, ast.Attribute) and func.attr in ("state_dict", "load_state_dict")) or not after_shard(self.anatomy, call.node):
@@ -42,13 +94,11 @@ class FullStateDicts(Transform):
             if self.anatomy.origins(func.value, ROLE_MODEL) & sharded:
                 self._to_full_state(call.node, func, "model", ast.unparse(func.value))  # type: ignore[arg-type]
             elif self.anatomy.has_role(func.value, ROLE_OPTIMIZER):
-                self._rewrite_optimizer(call.node, func, {ast.unparse(s.node.args[0]) for s in shards if s.node.args})  # type: ignore[arg-type]
-        for decision in sorted(self._decisions, key=lambda branch: branch.lineno):
-            self._follow_rank_zero(decision)
+                self._rewrite_optimizer(call.node, func, self.shard_roots())  # type: ignore[arg-type]
+        self.follow_rank_zero_decisions()
 
     def _rewrite_optimizer(self, call: ast.Call, func: ast.Attribute, models: set[str]) -> None:
         """The optimizer's state is keyed by the model it trains: name it when there is one."""
-        models.discard("shard_block")
         if len(models) != 1:
             self.advise(call.lineno, f"{ast.unparse(func)}(): use get/set_optimizer_state_dict(model, optimizer, ...) with the model this optimizer trains")
             return
@@ -72,34 +122,7 @@ class FullStateDicts(Transform):
             self.insert_before(guarded, f"{variable} = {gather}  # a collective: every rank gathers\n")
             self._replace_call(call, variable)
         self.changed(call.lineno, f"{ast.unparse(func.value)}.state_dict() -> {gather.split('(')[0]} (whole, on every rank)")
-        self._decisions.update(self._rank_local_decisions(call))
-
-    def _rank_local_decisions(self, call: ast.Call) -> list[ast.If]:
-        """`if` statements around the gather whose test may differ between ranks (a loss, a metric)."""
-        loop_variables = {n.id for loop in self.anatomy.enclosing(call, (ast.For, ast.AsyncFor)) for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
-        decisions = []
-        for branch in self.anatomy.enclosing(call, ast.If):
-            names = {n.id for n in ast.walk(branch.test) if isinstance(n, ast.Name)}
-            local = {n for n in names if self.anatomy.ref(ast.Name(n), self.anatomy.scope_of.get(call)) in self._function_locals(call)}
-            if local - loop_variables and self._is_plain_if(branch):
-                decisions.append(branch)
-        return decisions
-
-    def _function_locals(self, call: ast.Call) -> set:
-        scope = self.anatomy.scope_of.get(call)
-        fn = self.anatomy.functions.get(scope or "")
-        return {Ref(scope, name) for name in fn.locals} if fn else set()
-
-    def _is_plain_if(self, branch: ast.If) -> bool:
-        """An `if` that is a statement of its block (not the `elif` of another)."""
-        return branch in self.anatomy.block_of(branch)
-
-    def _follow_rank_zero(self, branch: ast.If) -> None:
-        """Every rank takes rank 0's branch, so the gather inside runs on all of them or on none."""
-        self.insert_before(branch, f"rank0_decision = [{ast.unparse(branch.test)}]\n"
-                                   "dist.broadcast_object_list(rank0_decision, src=0)  # ranks must agree: a gather below is a collective\n")
-        self.rewrite_node(branch.test, type(_cst_expr(branch.test)), lambda _node: parse_expr("rank0_decision[0]"))
-        self.changed(branch.lineno, f"every rank follows rank 0's `if {ast.unparse(branch.test)}` (the gather inside is a collective)")
+        self.collective_at(call)
 
     def _replace_call(self, call: ast.Call, code: str) -> None:
         self.rewrite_node(call, cst.Call, lambda _node: parse_expr(code))
