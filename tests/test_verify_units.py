@@ -185,7 +185,8 @@ class CountingNet(torch.nn.Module):
 def test_simulated_dataparallel_scatters_replicates_and_gathers_like_two_gpus(monkeypatch):
     monkeypatch.setattr(torch.nn.DataParallel, "__init__", torch.nn.DataParallel.__init__)
     monkeypatch.setattr(torch.nn.DataParallel, "forward", torch.nn.DataParallel.forward)
-    simulate_data_parallel(2)
+    flags = {}
+    simulate_data_parallel(2, flags.setdefault)
     torch.manual_seed(0)
     model, alone = CountingNet(), CountingNet()
     alone.load_state_dict(model.state_dict())
@@ -200,6 +201,7 @@ def test_simulated_dataparallel_scatters_replicates_and_gathers_like_two_gpus(mo
     assert all(torch.allclose(a.grad, b.grad) for a, b in zip(model.parameters(), alone.parameters()))
     assert model.calls == 0  # set on the replicas, lost with them
     assert model.norm.num_batches_tracked.item() == 1  # replica 0 shares the buffers, the others copy them
+    assert "a batch of 5 into 3 + 2 and forward returned a scalar per replica" in flags["uneven_replica_losses"]
 
 
 DUMP = """Timeout (0:00:20)!

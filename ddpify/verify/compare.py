@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ddpify.verify.dataparallel import FORWARD_FLAG
+from ddpify.verify.dataparallel import FORWARD_FLAG, UNEVEN_FLAG
 from ddpify.verify.plan import EXACT_TOLERANCE, STATISTICAL_LOSS_TOLERANCE, UPDATE_TOLERANCE, Plan
 from ddpify.verify.result import error_result
 
@@ -125,8 +125,7 @@ def preconditions(plan: Plan, flags: dict[str, str]) -> list[str]:
         found.append(f"the loss uses {flags['sum_reduction']}: DDP averages gradients over {plan.nproc} ranks, "
                      f"so every update is {plan.nproc}x smaller than the single-process one "
                      f"(scale the loss or the learning rate by the world size, or use reduction='mean')")
-    if "indivisible_batch" in flags:
-        found.append(flags["indivisible_batch"])
+    found += [flags[name] for name in ("indivisible_batch", UNEVEN_FLAG) if name in flags]
     return found
 
 

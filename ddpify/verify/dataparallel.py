@@ -15,7 +15,8 @@ concatenate). What is reproduced:
   only) are kept, the other replicas work on copies; the gradients of every replica sum into the
   original parameters; plain BatchNorm normalizes each chunk with its own statistics;
 - gather: outputs are concatenated along `dim`, a scalar per replica (a loss computed in
-  forward) becoming a vector of one value per replica, and nested outputs walked as torch does.
+  forward) becoming a vector of one value per replica, and nested outputs walked as torch does;
+  such scalars from chunks of different sizes are flagged: their mean is not the batch's loss.
 
 Not reproduced: replicas run one after another, not in threads (no races, no per-GPU streams),
 every tensor stays on its device, and `device_ids` is not consulted.
@@ -28,7 +29,7 @@ from __future__ import annotations
 import importlib
 import warnings
 from contextlib import contextmanager
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -36,7 +37,9 @@ from torch import nn
 scatter_gather = importlib.import_module("torch.nn.parallel.scatter_gather")
 replicate_module = importlib.import_module("torch.nn.parallel.replicate")  # the package exports the function
 
-FORWARD_FLAG = "dataparallel_forward"  # the record's flag: a simulated DataParallel forward ran
+FORWARD_FLAG = "dataparallel_forward"  # the record's flags: a simulated DataParallel forward ran,
+UNEVEN_FLAG = "uneven_replica_losses"  # and returned scalars from chunks of different sizes
+Flag = Callable[[str, str], None]  # Recorder.flag
 UNAVERAGED_LOSS_HINT = ("nn.DataParallel gathered the scalar that forward returned into a vector of one value per "
                         "replica: average it (loss.mean()) before backward")
 
@@ -83,7 +86,7 @@ def _on_one_device():
         scatter_gather.Scatter, scatter_gather.Gather, replicate_module._broadcast_coalesced_reshape = saved
 
 
-def simulated_forward(wrapper: nn.DataParallel, replicas: int, inputs: tuple, kwargs: dict):
+def simulated_forward(wrapper: nn.DataParallel, replicas: int, inputs: tuple, kwargs: dict, flag: Flag):
     """DataParallel.forward as on `replicas` GPUs: scatter, replicate, apply one replica after another, gather."""
     devices = list(range(replicas))
     with _on_one_device():
@@ -95,13 +98,27 @@ def simulated_forward(wrapper: nn.DataParallel, replicas: int, inputs: tuple, kw
     with _on_one_device():
         copies = replicate_module.replicate(wrapper.module, devices[:len(inputs)], not torch.is_grad_enabled())
     outputs = [copy(*args, **kws) for copy, args, kws in zip(copies, inputs, kwargs)]
+    sizes = [next((t.shape[wrapper.dim] for t in _tensors(part) if t.dim() > wrapper.dim), 0) for part in zip(inputs, kwargs)]
+    if len(set(sizes)) > 1 and torch.is_grad_enabled() and any(t.dim() == 0 for t in _tensors(outputs[0])):
+        flag(UNEVEN_FLAG, f"DataParallel split a batch of {sum(sizes)} into {' + '.join(map(str, sizes))} and forward "
+                          f"returned a scalar per replica: their mean weighs the samples unequally, unlike the whole "
+                          f"batch's loss (use a batch size divisible by the number of GPUs)")
     with _on_one_device():
         return scatter_gather.gather(outputs, None, wrapper.dim)
 
 
-def simulate_data_parallel(replicas: int, on_forward: Callable[[], None] | None = None) -> None:
+def _tensors(obj) -> Iterator[torch.Tensor]:
+    """Every tensor in an input or output, through tuples, lists and dicts."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list, dict)):
+        for item in obj.values() if isinstance(obj, dict) else obj:
+            yield from _tensors(item)
+
+
+def simulate_data_parallel(replicas: int, flag: Flag = lambda name, detail: None) -> None:
     """Make every nn.DataParallel in this process run its forward as `replicas` simulated GPUs;
-    `on_forward` is called before each such forward."""
+    `flag(name, detail)` hears of each such forward (FORWARD_FLAG) and of uneven splits (UNEVEN_FLAG)."""
     init = nn.DataParallel.__init__
 
     def keep_dim(self, module, device_ids=None, output_device=None, dim=0):
@@ -109,10 +126,9 @@ def simulate_data_parallel(replicas: int, on_forward: Callable[[], None] | None 
         self.dim = dim  # DataParallel forgets it when it finds no GPU
 
     def forward(self, *inputs, **kwargs):
-        if on_forward is not None:
-            on_forward()
+        flag(FORWARD_FLAG, "ran")
         with torch.autograd.profiler.record_function("DataParallel.forward"):
-            return simulated_forward(self, replicas, inputs, kwargs)
+            return simulated_forward(self, replicas, inputs, kwargs, flag)
 
     nn.DataParallel.__init__ = keep_dim
     nn.DataParallel.forward = forward

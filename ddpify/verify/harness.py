@@ -34,7 +34,7 @@ from torch.utils.data import DistributedSampler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from ddpify.verify.alignment import PassClock, align_training_loaders
-from ddpify.verify.dataparallel import FORWARD_FLAG, simulate_data_parallel
+from ddpify.verify.dataparallel import simulate_data_parallel
 from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan, Run
 
 SEED = 0
@@ -368,7 +368,7 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
     if role == CANDIDATE and os.environ.get(SHARED_GPU_ENV):
         share_single_gpu()
     if role == CANDIDATE and plan.dp_simulated:
-        simulate_data_parallel(plan.dp_replicas, lambda: recorder.flag(FORWARD_FLAG, "ran"))
+        simulate_data_parallel(plan.dp_replicas, recorder.flag)
 
 
 def run_role(plan: Plan, role: str):
