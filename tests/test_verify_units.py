@@ -103,7 +103,8 @@ def test_patched_dataloader_serves_the_reference_the_ranks_union(monkeypatch):
 
 def make_plan(target="ddp", nproc=2, **fields):
     run = Run("/work/train.py", "/work", "/tmp", 1)
-    return Plan(target, 3, "cpu", "per-gpu", 60.0, "fork", "/tmp", (), run, Run("/work/t.py", "/work", "/tmp", nproc), **fields)
+    candidate = Run("/work/t.py", "/work", "/tmp", nproc)
+    return Plan(target, 3, "cpu", "per-gpu", 60.0, "fork", "/tmp", (), run, candidate, **fields)
 
 
 def record(losses, params, flags=None):
@@ -160,10 +161,10 @@ def test_reduced_precision_autocast_switches_ddp_to_statistical_mode():
 
 def test_dataparallel_has_no_sum_precondition_and_compares_batchnorm_statistically_over_replicas():
     flags = {"plain_batchnorm": "BatchNorm2d", "sum_reduction": "x"}
-    one_gpu = judge(make_plan("dp", 1, dp_replicas=1), record([1, 1, 1], STEPS, flags), [record([1, 1, 1], STEPS, flags)])
+    reference, candidate = record([1, 1, 1], STEPS, flags), [record([1, 1, 1], STEPS, flags)]
+    one_gpu = judge(make_plan("dp", 1, dp_replicas=1), reference, candidate)
     assert (one_gpu["mode"], one_gpu["preconditions"]) == ("exact", [])
-    simulated = make_plan("dp", 1, dp_replicas=2, dp_simulated=True)
-    replicas = judge(simulated, record([1, 1, 1], STEPS, flags), [record([1, 1, 1], STEPS, flags)])
+    replicas = judge(make_plan("dp", 1, dp_replicas=2, dp_simulated=True), reference, candidate)
     assert (replicas["mode"], replicas["preconditions"]) == ("statistical", [])
     assert any("BatchNorm2d under DataParallel: each replica normalizes" in note for note in replicas["notes"])
     assert any("never called an nn.DataParallel forward" in note for note in replicas["notes"])

@@ -20,7 +20,8 @@ from ddpify.verify.runner import Request, verify as verify_pair
               help="What the candidate is: DDP (N ranks, torchrun-style) or DataParallel (one process).")
 @click.option("--against", type=click.Path(exists=True, dir_okay=False),
               help="Check this multi-GPU script (e.g. a hand-written port) instead of converting SCRIPT.")
-@click.option("--nproc", type=click.IntRange(min=1), default=2, show_default=True, help="DDP/FSDP ranks to run; for dp, the DataParallel replicas simulated where fewer than 2 GPUs are visible.")
+@click.option("--nproc", type=click.IntRange(min=1), default=2, show_default=True,
+              help="DDP/FSDP ranks to run; for dp, the DataParallel replicas simulated on fewer than 2 GPUs.")
 @click.option("--steps", type=click.IntRange(min=1), default=8, show_default=True,
               help="Optimizer steps to record and compare.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)

@@ -159,9 +159,11 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
 
 def _statistical_reason(plan: Plan, flags: dict[str, str]) -> str:
     """Why exact comparison cannot hold between the reference and the ranks (or DataParallel's replicas)."""
-    wrapper, part, remedy = ("DataParallel", "replica", "") if plan.target == "dp" else ("DDP", "rank", " (SyncBatchNorm would not)")
+    dp = plan.target == "dp"
+    wrapper, part, remedy = ("DataParallel", "replica", "") if dp else ("DDP", "rank", " (SyncBatchNorm would not)")
     if "plain_batchnorm" in flags:
-        return f"plain {flags['plain_batchnorm']} under {wrapper}: each {part} normalizes with its own batch statistics{remedy}"
+        return (f"plain {flags['plain_batchnorm']} under {wrapper}: each {part} normalizes with its own batch "
+                f"statistics{remedy}")
     return (f"{flags['reduced_precision']} under {wrapper}: each {part}'s part of the batch rounds differently from the "
             f"reference's whole batch")
 

@@ -98,7 +98,8 @@ def simulated_forward(wrapper: nn.DataParallel, replicas: int, inputs: tuple, kw
     with _on_one_device():
         copies = replicate_module.replicate(wrapper.module, devices[:len(inputs)], not torch.is_grad_enabled())
     outputs = [copy(*args, **kws) for copy, args, kws in zip(copies, inputs, kwargs)]
-    sizes = [next((t.shape[wrapper.dim] for t in _tensors(part) if t.dim() > wrapper.dim), 0) for part in zip(inputs, kwargs)]
+    sizes = [next((t.shape[wrapper.dim] for t in _tensors(part) if t.dim() > wrapper.dim), 0)
+             for part in zip(inputs, kwargs)]
     if len(set(sizes)) > 1 and torch.is_grad_enabled() and any(t.dim() == 0 for t in _tensors(outputs[0])):
         flag(UNEVEN_FLAG, f"DataParallel split a batch of {sum(sizes)} into {' + '.join(map(str, sizes))} and forward "
                           f"returned a scalar per replica: their mean weighs the samples unequally, unlike the whole "
