@@ -151,41 +151,9 @@ def test_converted_script_runs_like_the_original(script: Path, tmp_path: Path):
 # ----- several GPUs, simulated -------------------------------------------------------------------
 # Without GPUs DataParallel calls the module once, so a loss returned by forward stays a scalar and
 # the runs above can't tell whether the converted script averages it. This sitecustomize makes
-# nn.DataParallel behave like two replicas on CPU: split the inputs along dim 0, run the module on
-# each part, gather like torch's Gather does (scalars become a vector of one value per replica).
-TWO_REPLICAS = '''
-import torch
-from torch import nn
-
-
-def _split(obj, n):
-    if isinstance(obj, torch.Tensor):
-        return list(obj.chunk(n))
-    if isinstance(obj, (tuple, list)) and obj:
-        return [type(obj)(part) for part in zip(*(_split(o, n) for o in obj))]
-    if isinstance(obj, dict) and obj:
-        return [dict(zip(obj, part)) for part in zip(*(_split(v, n) for v in obj.values()))]
-    return [obj] * n
-
-
-def _gather(outputs):
-    first = outputs[0]
-    if isinstance(first, torch.Tensor):
-        return torch.stack(outputs) if first.dim() == 0 else torch.cat(outputs)
-    if isinstance(first, dict):
-        return type(first)((key, _gather([o[key] for o in outputs])) for key in first)
-    if isinstance(first, (tuple, list)):
-        return type(first)(_gather(list(items)) for items in zip(*outputs))
-    return first
-
-
-def _forward(self, *inputs, **kwargs):
-    per_replica = list(zip(_split(inputs, 2), _split(kwargs, 2) if kwargs else [{}, {}]))
-    return _gather([self.module(*args, **kws) for args, kws in per_replica])
-
-
-nn.DataParallel.forward = _forward
-'''
+# nn.DataParallel behave like two GPUs on CPU with the simulation `verify --to dp` uses (see
+# ddpify/verify/dataparallel.py): scatter, replicas, gather (scalars become one value per replica).
+TWO_REPLICAS = "from ddpify.verify.dataparallel import simulate_data_parallel\nsimulate_data_parallel(2)\n"
 LOSS_FIXTURES = [p for p in FIXTURES if any(c.transform == MeanLoss.NAME for c in convert(p).changes)]
 
 
@@ -193,7 +161,8 @@ def run_with_two_replicas(script: Path, tmp_path: Path):
     site = tmp_path / "site"
     site.mkdir(parents=True)
     (site / "sitecustomize.py").write_text(TWO_REPLICAS)
-    return run_script(python_argv(script), cwd=site, env_extra={"PYTHONPATH": str(site)}, timeout=120)
+    path = os.pathsep.join([str(site), str(FIXTURES_DIR.parent)])  # ddpify from this checkout
+    return run_script(python_argv(script), cwd=site, env_extra={"PYTHONPATH": path}, timeout=120)
 
 
 def test_loss_fixtures_are_there():

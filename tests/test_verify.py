@@ -31,6 +31,14 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def converter_available() -> bool:
+    try:
+        import ddpify.convert  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def run_verify(*args: str, timeout: float = SUBPROCESS_TIMEOUT_S) -> subprocess.CompletedProcess:
     """`python -m ddpify verify ARGS` in the cases directory, ddpify importable from this checkout."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -134,9 +142,35 @@ def test_plain_batchnorm_port_is_compared_in_statistical_mode():
     assert any("BatchNorm1d" in note and "statistical mode" in note for note in result["notes"])
 
 
-def test_dataparallel_port_is_equivalent():
+def test_dataparallel_port_is_equivalent_with_simulated_replicas():
     code, result = verify_json("train.py", "--to", "dp", "--against", "train_dp.py")
     assert (code, result["verdict"]) == (0, "equivalent"), result["message"]
+    assert result["dataparallel"] == {"replicas": 2, "simulated": True}  # --device cpu hides any GPU
+    assert any(note.startswith("DataParallel simulated with 2 replicas") for note in result["notes"])
+
+
+DP_FIXTURES = {"forward_returns_loss": "exact", "dp_loss_tuple": "exact", "dp_loss_dict": "exact",
+               "dp_device_in_forward": "exact", "batchnorm_cnn": "statistical"}  # each replica normalizes its chunk
+
+
+@pytest.mark.skipif(not converter_available(), reason="ddpify.convert is not available yet")
+@pytest.mark.parametrize("name", DP_FIXTURES)
+def test_dp_conversion_trains_like_the_original_on_simulated_replicas(name):
+    code, result = verify_json(str(ROOT / "fixtures" / f"{name}.py"), "--to", "dp")
+    assert (code, result["verdict"], result["mode"]) == (0, "equivalent", DP_FIXTURES[name]), result["message"]
+    assert result["dataparallel"]["simulated"]
+
+
+def test_dp_port_that_does_not_average_the_loss_from_forward_fails_with_the_reason(tmp_path):
+    """Without simulated replicas this port trains exactly like the original: the loss stays a scalar."""
+    averaged = (ROOT / "fixtures" / "expected" / "dp" / "dp_loss_tuple.py").read_text()
+    unaveraged = averaged.replace("            loss = loss.mean()  # DataParallel returns one loss per GPU\n", "")
+    assert unaveraged != averaged
+    (tmp_path / "dp_loss_tuple_unaveraged.py").write_text(unaveraged)
+    code, result = verify_json(str(ROOT / "fixtures" / "dp_loss_tuple.py"), "--to", "dp",
+                               "--against", str(tmp_path / "dp_loss_tuple_unaveraged.py"))
+    assert (code, result["verdict"]) == (2, "error")
+    assert "only for scalar outputs" in result["message"] and "loss.mean()" in result["message"], result["message"]
 
 
 def test_crashing_rank_is_named_with_its_error():
@@ -193,14 +227,6 @@ def test_cuda_device_without_cuda_is_a_clean_error():
     code, result = verify_json("train.py", "--to", "ddp", "--against", "train_ddp.py", "--device", "cuda")
     assert (code, result["verdict"]) == (2, "error")
     assert "CUDA" in result["message"]
-
-
-def converter_available() -> bool:
-    try:
-        import ddpify.convert  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 STATISTICAL_FIXTURES = {"batchnorm_cnn"}  # plain BatchNorm: each rank normalizes its own batch

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # no
 
 from ddpify.verify.alignment import AlignedBatchSampler, LoaderCensus, align_training_loaders, is_training_loader  # noqa: E402
 from ddpify.verify.compare import Record, judge  # noqa: E402
+from ddpify.verify.dataparallel import simulate_data_parallel  # noqa: E402
 from ddpify.verify.diagnose import hang_location, last_line  # noqa: E402
 from ddpify.verify.plan import Plan, Run  # noqa: E402
 from ddpify.verify.report import render  # noqa: E402
@@ -100,9 +101,10 @@ def test_patched_dataloader_serves_the_reference_the_ranks_union(monkeypatch):
     assert "not divisible by 2 ranks" in notes.flags["indivisible_batch"]
 
 
-def make_plan(target="ddp", nproc=2):
+def make_plan(target="ddp", nproc=2, **fields):
     run = Run("/work/train.py", "/work", "/tmp", 1)
-    return Plan(target, 3, "cpu", "per-gpu", 60.0, "fork", "/tmp", (), run, Run("/work/t.py", "/work", "/tmp", nproc))
+    candidate = Run("/work/t.py", "/work", "/tmp", nproc)
+    return Plan(target, 3, "cpu", "per-gpu", 60.0, "fork", "/tmp", (), run, candidate, **fields)
 
 
 def record(losses, params, flags=None):
@@ -165,10 +167,50 @@ def test_reduced_precision_autocast_switches_ddp_to_statistical_mode():
     assert (single["verdict"], single["mode"]) == ("diverged", "exact")
 
 
-def test_dataparallel_ignores_ddp_only_conditions():
+def test_dataparallel_has_no_sum_precondition_and_compares_batchnorm_statistically_over_replicas():
     flags = {"plain_batchnorm": "BatchNorm2d", "sum_reduction": "x"}
-    result = judge(make_plan("dp", 1), record([1, 1, 1], STEPS, flags), [record([1, 1, 1], STEPS, flags)])
-    assert (result["mode"], result["preconditions"]) == ("exact", [])
+    reference, candidate = record([1, 1, 1], STEPS, flags), [record([1, 1, 1], STEPS, flags)]
+    one_gpu = judge(make_plan("dp", 1, dp_replicas=1), reference, candidate)
+    assert (one_gpu["mode"], one_gpu["preconditions"]) == ("exact", [])
+    replicas = judge(make_plan("dp", 1, dp_replicas=2, dp_simulated=True), reference, candidate)
+    assert (replicas["mode"], replicas["preconditions"]) == ("statistical", [])
+    assert any("BatchNorm2d under DataParallel: each replica normalizes" in note for note in replicas["notes"])
+    assert any("never called an nn.DataParallel forward" in note for note in replicas["notes"])
+
+
+class CountingNet(torch.nn.Module):
+    """Linear + BatchNorm whose forward counts its calls and can return a loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.norm, self.calls = torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2), 0
+
+    def forward(self, x, target=None):
+        self.calls += 1
+        out = self.norm(self.linear(x))
+        return out if target is None else {"loss": torch.nn.functional.mse_loss(out, target), "out": out}
+
+
+def test_simulated_dataparallel_scatters_replicates_and_gathers_like_two_gpus(monkeypatch):
+    monkeypatch.setattr(torch.nn.DataParallel, "__init__", torch.nn.DataParallel.__init__)
+    monkeypatch.setattr(torch.nn.DataParallel, "forward", torch.nn.DataParallel.forward)
+    flags = {}
+    simulate_data_parallel(2, flags.setdefault)
+    torch.manual_seed(0)
+    model, alone = CountingNet(), CountingNet()
+    alone.load_state_dict(model.state_dict())
+    x, y = torch.randn(5, 3), torch.randn(5, 2)
+    with pytest.warns(UserWarning, match="scalars"):
+        gathered = torch.nn.DataParallel(model)(x, target=y)
+    chunks = [alone(x[:3], y[:3]), alone(x[3:], y[3:])]  # Tensor.chunk: 3 + 2
+    assert gathered["loss"].shape == (2,) and torch.allclose(gathered["loss"], torch.stack([c["loss"] for c in chunks]))
+    assert torch.allclose(gathered["out"], torch.cat([c["out"] for c in chunks]))
+    gathered["loss"].mean().backward()
+    torch.stack([c["loss"] for c in chunks]).mean().backward()
+    assert all(torch.allclose(a.grad, b.grad) for a, b in zip(model.parameters(), alone.parameters()))
+    assert model.calls == 0  # set on the replicas, lost with them
+    assert model.norm.num_batches_tracked.item() == 1  # replica 0 shares the buffers, the others copy them
+    assert "a batch of 5 into 3 + 2 and forward returned a scalar per replica" in flags["uneven_replica_losses"]
 
 
 DUMP = """Timeout (0:00:20)!

@@ -20,7 +20,8 @@ from ddpify.verify.runner import Request, verify as verify_pair
               help="What the candidate is: DDP (N ranks, torchrun-style) or DataParallel (one process).")
 @click.option("--against", type=click.Path(exists=True, dir_okay=False),
               help="Check this multi-GPU script (e.g. a hand-written port) instead of converting SCRIPT.")
-@click.option("--nproc", type=click.IntRange(min=1), default=2, show_default=True, help="DDP ranks to run.")
+@click.option("--nproc", type=click.IntRange(min=1), default=2, show_default=True,
+              help="DDP/FSDP ranks to run; for dp, the DataParallel replicas simulated on fewer than 2 GPUs.")
 @click.option("--steps", type=click.IntRange(min=1), default=8, show_default=True,
               help="Optimizer steps to record and compare.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
@@ -57,6 +58,10 @@ def verify(ctx: click.Context, script: str, target: str, against: str | None, np
     --device cpu); the candidate's ranks also get what torchrun sets: RANK, LOCAL_RANK,
     WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_USE_AGENT_STORE=True (the
     launcher serves the rendezvous store, on a port the OS picks as it binds).
+
+    With fewer than 2 GPUs (always with --device cpu), a dp candidate's DataParallel runs as
+    --nproc simulated replicas in its one process (scatter along dim 0, replicas, gather), so
+    what DataParallel changes on GPUs is checked, and the report says so.
 
     Both runs are deterministic, with dropout switched off; the single-process run's
     batches are re-cut so that each of its steps sees exactly what the N ranks see

@@ -10,6 +10,8 @@ Modules, from the command line down to the training process:
   then compares the records;
 - harness: installs the recording hooks inside one training process and runs the
   unmodified script with runpy;
+- dataparallel: nn.DataParallel's replicas simulated in one process (scatter, replicate,
+  gather) for a dp candidate on fewer than two GPUs;
 - alignment: makes the reference's training DataLoaders see, step by step, the
   union of what the DistributedSampler ranks see;
 - rendezvous: the TCPStore the launcher serves for the forked ranks, on a port held

@@ -2,10 +2,10 @@
 
 Exact mode: per step, the relative loss difference and the max relative parameter
 difference (max|Δ| / max|ref|) are at most EXACT_TOLERANCE, and every rank holds the
-same parameters. Statistical mode (plain BatchNorm under DDP, where each rank
-normalizes with its own batch statistics; float16/bfloat16 autocast under DDP, where a
-batch split over the ranks rounds differently from the whole batch; an FSDP2 mixed-precision
-policy with float16/bfloat16 parameters): losses within
+same parameters. Statistical mode (plain BatchNorm under DDP or DataParallel's replicas,
+where each rank or replica normalizes with its own batch statistics; float16/bfloat16
+autocast there, where a split batch rounds differently from the whole one; an FSDP2
+mixed-precision policy with float16/bfloat16 parameters): losses within
 STATISTICAL_LOSS_TOLERANCE and ranks agree. Runs in the launcher, which has torch
 imported already.
 """
@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ddpify.verify.dataparallel import FORWARD_FLAG, UNEVEN_FLAG
 from ddpify.verify.plan import EXACT_TOLERANCE, STATISTICAL_LOSS_TOLERANCE, UPDATE_TOLERANCE, Plan
 from ddpify.verify.result import error_result
 
@@ -125,8 +126,7 @@ def preconditions(plan: Plan, flags: dict[str, str]) -> list[str]:
         found.append(f"the loss uses {flags['sum_reduction']}: DDP averages gradients over {plan.nproc} ranks, "
                      f"so every update is {plan.nproc}x smaller than the single-process one "
                      f"(scale the loss or the learning rate by the world size, or use reduction='mean')")
-    if "indivisible_batch" in flags:
-        found.append(flags["indivisible_batch"])
+    found += [flags[name] for name in ("indivisible_batch", UNEVEN_FLAG) if name in flags]
     return found
 
 
@@ -141,12 +141,14 @@ def same_data_on_every_rank(ranks: list[Record]) -> bool:
 def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
     """The verdict, per-step rows, notes and preconditions, as a JSON-ready dict."""
     flags = _all_flags([reference, *ranks])
-    statistical = (plan.averages_across_ranks() and bool({"plain_batchnorm", "reduced_precision"} & flags.keys())
+    statistical = (plan.splits_batches() and bool({"plain_batchnorm", "reduced_precision"} & flags.keys())
                    or "low_precision_parameters" in flags)
     notes = list(dict.fromkeys(note for record in (reference, *ranks) for note in record.notes))
     notes += [flags[name] for name in ("dropout", "attention_dropout", "sample_randomness") if name in flags]
+    if plan.dp_simulated and FORWARD_FLAG not in flags:
+        notes.append("the candidate never called an nn.DataParallel forward: nothing about DataParallel was exercised")
     if statistical:
-        notes.append(f"{_statistical_reason(flags)}, so the runs are compared in statistical mode: "
+        notes.append(f"{_statistical_reason(plan, flags)}, so the runs are compared in statistical mode: "
                      f"losses within {STATISTICAL_LOSS_TOLERANCE:g} and ranks agree")
     found = preconditions(plan, flags)
     if plan.averages_across_ranks() and same_data_on_every_rank(ranks):
@@ -168,15 +170,17 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
     return {**result, "verdict": "diverged", "diverged_at": step, "message": message}
 
 
-def _statistical_reason(flags: dict[str, str]) -> str:
-    """Why exact comparison cannot hold between the reference and the ranks."""
+def _statistical_reason(plan: Plan, flags: dict[str, str]) -> str:
+    """Why exact comparison cannot hold between the reference and the ranks (or DataParallel's replicas)."""
     if "low_precision_parameters" in flags:
         return (f"the candidate's {flags['low_precision_parameters']} rounds the parameters for forward and backward, "
                 f"where the reference computes with float32 ones")
+    dp = plan.target == "dp"
+    wrapper, part, remedy = ("DataParallel", "replica", "") if dp else ("DDP", "rank", " (SyncBatchNorm would not)")
     if "plain_batchnorm" in flags:
-        return (f"plain {flags['plain_batchnorm']} under DDP: each rank normalizes with its own batch "
-                f"statistics (SyncBatchNorm would not)")
-    return (f"{flags['reduced_precision']} under DDP: each rank's half batch rounds differently from the "
+        return (f"plain {flags['plain_batchnorm']} under {wrapper}: each {part} normalizes with its own batch "
+                f"statistics{remedy}")
+    return (f"{flags['reduced_precision']} under {wrapper}: each {part}'s part of the batch rounds differently from the "
             f"reference's whole batch")
 
 

@@ -5,7 +5,8 @@ Used in a process forked by the launcher (`run_role`) or as a torchrun worker
 makes torch deterministic, switches dropout off, captures the tensor each backward
 starts from (unscaled when it came from a GradScaler), watches for `reduction='sum'`
 losses, plain BatchNorm and float16/bfloat16 autocast, re-cuts the reference's training
-batches (see alignment), and arms a faulthandler dump for hangs. After `plan.steps` optimizer steps, or when
+batches (see alignment), simulates DataParallel's replicas for a dp candidate on fewer than
+two GPUs (see dataparallel), and arms a faulthandler dump for hangs. After `plan.steps` optimizer steps, or when
 the script ends, it writes its record and leaves at once with os._exit, so no rank
 blocks in teardown.
 
@@ -34,6 +35,7 @@ from torch.utils.data import DistributedSampler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from ddpify.verify.alignment import PassClock, align_training_loaders
+from ddpify.verify.dataparallel import simulate_data_parallel
 from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan, Run
 
 SEED = 0
@@ -385,6 +387,8 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
         watch_mixed_precision_policy(recorder)
     if role == CANDIDATE and os.environ.get(SHARED_GPU_ENV):
         share_single_gpu()
+    if role == CANDIDATE and plan.dp_simulated:
+        simulate_data_parallel(plan.dp_replicas, recorder.flag)
 
 
 def run_role(plan: Plan, role: str):

@@ -9,6 +9,8 @@ and runs its script through the harness. The forked ranks rendezvous on a TCPSto
 process serves (see rendezvous.py; its server thread is the one thread running when they
 are forked, and they only talk to it over TCP). With `launcher == "torchrun"` the candidate
 runs under real `torchrun --standalone` instead, whose agent serves the store the same way.
+A DataParallel candidate is one process; with fewer than two GPUs visible here, its
+DataParallel runs as simulated replicas (see dataparallel.py), and the verdict says so.
 
 A rank that fails cuts the wait short; a run still going after the plan's timeout
 is reported as hung, at the place its faulthandler dump shows. The verdict goes to
@@ -22,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 # Imported once here and shared by every forked run: what DDP scripts load, and
 # torch._dynamo, which every optimizer's construction imports (seconds of CPU each).
@@ -31,6 +34,7 @@ import torch.nn.parallel  # noqa: F401
 
 from ddpify.verify import harness
 from ddpify.verify.compare import Record, judge
+from ddpify.verify.dataparallel import failure_hint
 from ddpify.verify.diagnose import hang_location, last_line
 from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan
 from ddpify.verify.rendezvous import AGENT_STORE_VARIABLE, client_environment, serve_store
@@ -128,7 +132,9 @@ def failure_message(plan: Plan) -> str | None:
     for role, rank, label in processes(plan):
         error = plan.file("error", role, rank)
         if os.path.exists(error):
-            failures.append((os.path.getmtime(error), f"{label} failed: {last_line(error)}"))
+            hint = failure_hint(last_line(error)) if plan.dp_simulated and role == CANDIDATE else None
+            because = f" ({hint})" if hint else ""
+            failures.append((os.path.getmtime(error), f"{label} failed: {last_line(error)}{because}"))
         elif not os.path.exists(plan.file("record", role, rank)):
             where = hang_location(plan.file("stack", role, rank), plan.run(role).script)
             silent.append(f"{label} hung for {plan.timeout:g} s at {where}" if where
@@ -161,11 +167,36 @@ def shared_gpu_problem(plan: Plan) -> str | None:
     return None
 
 
+def dataparallel_setup(plan: Plan) -> Plan:
+    """DataParallel splits each batch over every GPU it sees; with fewer than two GPUs its
+    replicas are simulated in the candidate's process (plan.dp_replicas of them)."""
+    if plan.target != "dp":
+        return plan
+    gpus = torch.cuda.device_count()
+    return replace(plan, dp_replicas=gpus) if gpus >= 2 else replace(plan, dp_simulated=True)
+
+
+def describe_dataparallel(plan: Plan, result: dict) -> None:
+    """Say in the verdict how DataParallel ran, so that the report tells what was proven."""
+    if plan.target != "dp":
+        return
+    result["dataparallel"] = {"replicas": plan.dp_replicas, "simulated": plan.dp_simulated}
+    if plan.dp_simulated:
+        note = (f"DataParallel simulated with {plan.dp_replicas} replicas in one process on {plan.device} (fewer than "
+                f"2 GPUs here): each batch is scattered along dim 0, the module replicated and the outputs gathered "
+                f"as on {plan.dp_replicas} GPUs, so a loss returned by forward comes back as {plan.dp_replicas} values, "
+                f"attributes set in forward are lost, BatchNorm normalizes each chunk")
+    else:
+        note = f"DataParallel ran on the {plan.dp_replicas} GPUs here"
+    result["notes"].insert(0, note)
+
+
 def main() -> None:
     plan_path = sys.stdin.readline().strip()
     if not plan_path:  # the command found no candidate to run
         return
-    plan = Plan.load(plan_path)
+    plan = dataparallel_setup(Plan.load(plan_path))
+    plan.save()
     problem = shared_gpu_problem(plan) if plan.device == "cuda" else None
     if problem:
         result = error_result(problem)
@@ -175,6 +206,7 @@ def main() -> None:
         runs, _store = start_runs(plan, plan_path)  # the store serves until this process exits
         wait_for(runs, deadline)
         result = result_of(plan)
+    describe_dataparallel(plan, result)
     with open(plan.result_path, "w") as f:
         json.dump(result, f, indent=1)
     os._exit(0)

@@ -49,6 +49,8 @@ class Plan:
     reference: Run
     candidate: Run
     reference_training_lines: tuple[int, ...] = ()  # DataLoader calls static analysis saw train
+    dp_replicas: int = 0  # GPUs that DataParallel splits each batch over (0 unless target is dp)
+    dp_simulated: bool = False  # fewer than 2 GPUs: the replicas are simulated (see dataparallel.py)
 
     @property
     def nproc(self) -> int:
@@ -66,8 +68,12 @@ class Plan:
         """One process per rank under torchrun (DDP, FSDP), as opposed to DataParallel's one process."""
         return self.target in ("ddp", "fsdp")
 
+    def splits_batches(self) -> bool:
+        """Each batch split over several ranks or replicas: where plain BatchNorm and reduced precision stop matching."""
+        return self.averages_across_ranks() or (self.target == "dp" and self.dp_replicas > 1)
+
     def averages_across_ranks(self) -> bool:
-        """Gradients averaged over several ranks: where sum losses and plain BatchNorm stop matching."""
+        """Gradients averaged over several ranks: where sum losses stop matching."""
         return self.distributed and self.nproc > 1
 
     def file(self, kind: str, role: str, rank: int) -> str:

@@ -110,7 +110,8 @@ def make_plan(request: Request, workspace: str, converted: dict[Path, str] | Non
     plan = Plan(target=request.target, steps=request.steps, device=request.device, batch_mode=request.batch_mode,
                 timeout=request.timeout, launcher=request.launcher, outdir=workspace,
                 script_args=tuple(request.script_args), reference=reference, candidate=candidate,
-                reference_training_lines=training_loader_lines(request.script))
+                reference_training_lines=training_loader_lines(request.script),
+                dp_replicas=request.nproc if request.target == "dp" else 0)
     notes = [note for side in sides.values() if (note := side.note())]
     return plan, list(dict.fromkeys(notes))
 
