@@ -30,14 +30,24 @@ def run(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProce
 
 
 def layout(obj, where: str = "") -> dict[str, tuple]:
-    """Key -> (shape, dtype) of every tensor in a (nested) checkpoint."""
+    """Key -> (shape, dtype) of every tensor in a (nested) checkpoint; optimizer state by position."""
     if isinstance(obj, torch.Tensor):
         return {where: (tuple(obj.shape), obj.dtype)}
+    if isinstance(obj, dict) and {"state", "param_groups"} <= obj.keys():
+        obj = by_position(obj)
     if isinstance(obj, dict):
         return {k: v for key, value in obj.items() for k, v in layout(value, f"{where}/{key}").items()}
     if isinstance(obj, (list, tuple)):
         return {k: v for i, value in enumerate(obj) for k, v in layout(value, f"{where}[{i}]").items()}
     return {}
+
+
+def by_position(optimizer_state: dict) -> dict:
+    """An optimizer state dict keyed by each parameter's position in its groups, as
+    `Optimizer.load_state_dict` matches it: the original keys by id, FSDP's full state by name."""
+    order = [key for group in optimizer_state["param_groups"] for key in group["params"]]
+    state = {order.index(key): value for key, value in optimizer_state["state"].items()}
+    return {**optimizer_state, "state": state}
 
 
 def checkpoints_match(original: Path, converted: Path) -> str:
