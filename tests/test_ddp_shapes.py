@@ -24,6 +24,7 @@ from ddpify.codemods.base import Options
 from ddpify.codemods.ddp import DistributedSetup, RankDevices, RemoveDataParallel, WrapModel
 from ddpify.codemods.pipeline import run_pipeline
 from ddpify.convert import convert_source
+from ddpify.codemods.ddp.runtime import RELEASE_COMMENT
 
 try:
     from helpers import FIXTURES_DIR, REPO_ROOT, failure_report, run_script
@@ -137,12 +138,14 @@ class TestModuleLevelGroup:
                 """\
                 import torch
                 from torch.utils.data import DataLoader, TensorDataset
+                import gc
                 import os
                 import torch.distributed as dist
                 """,
                 HELPERS,
                 "setup_distributed()\n",
-                body.replace("    train()\n", "    train()\n    cleanup_distributed()\n"),
+                body.replace("    train()\n", "    try:\n        train()\n        " + RELEASE_COMMENT + "        del model\n"
+                                               "    finally:\n        cleanup_distributed()\n"),
             ),
         )
 
