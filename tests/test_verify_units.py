@@ -15,7 +15,7 @@ from ddpify.verify.compare import Record, judge  # noqa: E402
 from ddpify.verify.diagnose import hang_location, last_line  # noqa: E402
 from ddpify.verify.plan import Plan, Run  # noqa: E402
 from ddpify.verify.report import render  # noqa: E402
-from ddpify.verify.runner import Request  # noqa: E402
+from ddpify.verify.runner import Request, training_loaders  # noqa: E402
 
 SITE = ("/work/train.py", 12)
 
@@ -63,6 +63,20 @@ def test_a_loader_rebuilt_each_epoch_at_the_same_site_keeps_counting_epochs():
     census = LoaderCensus(set())
     epochs = [list(AlignedBatchSampler(SITE, 16, 4, 4, False, True, 2, census, lambda s: None)) for _ in range(2)]
     assert epochs == [union_of_rank_batches(16, 2, 4, 0), union_of_rank_batches(16, 2, 4, 1)]
+
+
+def test_epochs_count_from_where_the_candidates_epoch_loop_starts(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "model = torch.nn.Linear(2, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(list(range(8)), batch_size=2, shuffle=True)\n"
+        "for epoch in range(1, 4):\n    for x in loader:\n        optimizer.step()\n"
+    )
+    assert training_loaders(str(script)) == {5: 1}
+    census = LoaderCensus(set(), {SITE: 1})
+    epochs = [list(AlignedBatchSampler(SITE, 16, 4, 4, False, True, 2, census, lambda s: None)) for _ in range(2)]
+    assert epochs == [union_of_rank_batches(16, 2, 4, 1), union_of_rank_batches(16, 2, 4, 2)]
 
 
 def test_training_loaders_are_the_shuffled_the_static_and_else_the_first_used_before_a_step():

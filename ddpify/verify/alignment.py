@@ -29,18 +29,20 @@ DISTRIBUTED_SAMPLER_SEED = 0  # DistributedSampler's default, which converted sc
 class LoaderCensus:
     """What the training-loader decision may depend on, gathered while the script runs."""
 
-    def __init__(self, static_sites: set[tuple[str, int]]) -> None:
+    def __init__(self, static_sites: set[tuple[str, int]], first_epochs: dict[tuple[str, int], int] | None = None) -> None:
         self.static_sites = static_sites  # (file, line) of DataLoader calls static analysis saw train
+        self.first_epochs = first_epochs or {}  # (file, line) -> the epoch the candidate's first pass is set to
         self.known_training = 0  # loaders created shuffled or at a static training site
         self.training_iterated = False
         self.optimizer_stepped = False
         self.passes: dict[tuple[str, int], int] = {}  # training passes started, per DataLoader call site
 
     def next_epoch(self, site: tuple[str, int]) -> int:
-        """The epoch of a new pass over a training loader created at `site` (file, line)."""
-        epoch = self.passes.get(site, 0)
-        self.passes[site] = epoch + 1
-        return epoch
+        """The epoch of a new pass over a training loader created at `site` (file, line): the one the
+        candidate's `set_epoch(epoch)` gives it (its epoch loop may count from 1)."""
+        passes = self.passes.get(site, 0)
+        self.passes[site] = passes + 1
+        return self.first_epochs.get(site, 0) + passes
 
 
 def is_training_loader(site: tuple[str, int], shuffle: bool, census: LoaderCensus) -> bool:
@@ -142,14 +144,16 @@ def _shuffles(arguments: dict) -> bool | None:
     return None
 
 
-def align_training_loaders(world: int, batch_mode: str, static_sites: set[tuple[str, int]], recorder) -> None:
+def align_training_loaders(world: int, batch_mode: str, static_sites: set[tuple[str, int]], recorder,
+                           first_epochs: dict[tuple[str, int], int] | None = None) -> None:
     """Patch DataLoader construction so the reference's training loaders match `world` ranks.
 
     `batch_mode` is "per-gpu" (each rank keeps the script's batch) or "global" (the ranks
-    split it); `static_sites` are the (realpath, line) of DataLoader calls known to train.
+    split it); `static_sites` are the (realpath, line) of DataLoader calls known to train, and
+    `first_epochs` the epoch each one's first pass is numbered by where it is not 0.
     `recorder` receives notes and flags (see harness.Recorder).
     """
-    census = LoaderCensus(static_sites)
+    census = LoaderCensus(static_sites, first_epochs)
     register_optimizer_step_post_hook(lambda *_: setattr(census, "optimizer_stepped", True))
     original_init = DataLoader.__init__
     signature = inspect.signature(original_init)

@@ -49,6 +49,7 @@ class Plan:
     reference: Run
     candidate: Run
     reference_training_lines: tuple[int, ...] = ()  # DataLoader calls static analysis saw train
+    reference_first_epochs: tuple[tuple[int, int], ...] = ()  # (line, epoch of the first pass) where not 0
 
     @property
     def nproc(self) -> int:
@@ -93,6 +94,7 @@ class Plan:
             data = json.load(f)
         data["script_args"] = tuple(data["script_args"])
         data["reference_training_lines"] = tuple(data["reference_training_lines"])
+        data["reference_first_epochs"] = tuple(tuple(pair) for pair in data["reference_first_epochs"])
         data["reference"] = Run(**data["reference"])
         data["candidate"] = Run(**data["candidate"])
         return cls(**data)
