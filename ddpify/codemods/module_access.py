@@ -3,7 +3,8 @@
 A wrapper (DDP or DataParallel) forwards calls and `parameters()`, but not the model's own methods
 and attributes (`model.generate()`, `model.vocab`), and its `state_dict()` keys gain a `module.`
 prefix. After the wrap those go through `.module`, so they work and checkpoints load into the
-single-GPU script unchanged.
+single-GPU script unchanged; so do indexing (`net[0]`: a wrapper has no items) and the calls that
+mean the model itself (`torch.save(model)`, `copy.deepcopy(model)`).
 """
 
 from __future__ import annotations
