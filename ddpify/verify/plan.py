@@ -49,7 +49,8 @@ class Plan:
     reference: Run
     candidate: Run
     reference_training_lines: tuple[int, ...] = ()  # DataLoader calls static analysis saw train
-    reference_first_epochs: tuple[tuple[int, int], ...] = ()  # (line, epoch of the first pass) where not 0
+    # (DataLoader line, epoch loop's first line, its last line, the epoch its first iteration sets)
+    reference_epoch_loops: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def nproc(self) -> int:
@@ -94,7 +95,7 @@ class Plan:
             data = json.load(f)
         data["script_args"] = tuple(data["script_args"])
         data["reference_training_lines"] = tuple(data["reference_training_lines"])
-        data["reference_first_epochs"] = tuple(tuple(pair) for pair in data["reference_first_epochs"])
+        data["reference_epoch_loops"] = tuple(tuple(loop) for loop in data["reference_epoch_loops"])
         data["reference"] = Run(**data["reference"])
         data["candidate"] = Run(**data["candidate"])
         return cls(**data)

@@ -78,26 +78,27 @@ def convert(request: Request) -> tuple[dict[Path, str], list[str]]:
     return {script: conversion.output, **modules}, notes
 
 
-def training_loaders(script: str) -> dict[int, int]:
+def training_loaders(script: str) -> dict[int, tuple[tuple[int, int, int], ...]]:
     """The DataLoader calls that ddpify's static analysis sees a training loop iterate: line -> the
-    epoch the converted script's `set_epoch` numbers its first pass with."""
+    epoch loops around it, where the converted script calls `set_epoch(epoch)`, each as (first line,
+    last line, the epoch its first iteration sets)."""
     from ddpify.anatomy import analyze
 
     try:
         anatomy = analyze(Path(script).read_text(), script)
     except Exception:  # a script the analysis cannot read: training loaders are then found at run time
         return {}
-    return {loader.line: _first_epoch(anatomy, loader) for loader in anatomy.loaders if loader.is_train}
+    return {loader.line: tuple(_epoch_loop(loop.node) for loop in anatomy.epoch_loops_around(loader))
+            for loader in anatomy.loaders if loader.is_train}
 
 
-def _first_epoch(anatomy, loader) -> int:
-    """`for epoch in range(1, n):` around the loader: `set_epoch(epoch)` counts its passes from 1 (else 0)."""
-    loops = anatomy.epoch_loops_around(loader)
-    it = loops[0].node.iter if len(loops) == 1 else None
+def _epoch_loop(loop: ast.For) -> tuple[int, int, int]:
+    """`for epoch in range(1, n):` sets epoch 1 first; other loops 0."""
+    it, first = loop.iter, 0
     if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range" and len(it.args) >= 2:
         start = it.args[0]
-        return start.value if isinstance(start, ast.Constant) and type(start.value) is int else 0
-    return 0
+        first = start.value if isinstance(start, ast.Constant) and type(start.value) is int else 0
+    return loop.lineno, loop.end_lineno or loop.lineno, first
 
 
 def make_plan(request: Request, workspace: str, converted: dict[Path, str] | None) -> tuple[Plan, list[str]]:
@@ -122,7 +123,8 @@ def make_plan(request: Request, workspace: str, converted: dict[Path, str] | Non
     plan = Plan(target=request.target, steps=request.steps, device=request.device, batch_mode=request.batch_mode,
                 timeout=request.timeout, launcher=request.launcher, outdir=workspace,
                 script_args=tuple(request.script_args), reference=reference, candidate=candidate,
-                reference_training_lines=tuple(loaders), reference_first_epochs=tuple((line, first) for line, first in loaders.items() if first))
+                reference_training_lines=tuple(loaders),
+                reference_epoch_loops=tuple((line, *loop) for line, loops in loaders.items() for loop in loops))
     notes = [note for side in sides.values() if (note := side.note())]
     return plan, list(dict.fromkeys(notes))
 
