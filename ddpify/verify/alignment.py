@@ -5,9 +5,11 @@ DistributedSampler gives rank r the slice `indices[r::N]` of `randperm(n)` seede
 step k of the single reference process to see exactly the union of what the N ranks
 see at their step k, every training DataLoader the reference creates gets an
 AlignedBatchSampler: it rebuilds the N slices with DistributedSampler itself and
-concatenates the k-th batch of every rank. Each pass over a training loader is one more
-epoch, counted per call site so that a loader rebuilt every epoch (and given
-`set_epoch(epoch)` in the candidate) keeps counting. Evaluation loaders are left alone.
+concatenates the k-th batch of every rank. Each pass over a training loader inside one of its
+epoch loops is one more epoch from where that loop counts (the candidate's `set_epoch(epoch)`),
+counted per call site so that a loader rebuilt every epoch keeps counting; a pass outside its
+epoch loops keeps the epoch last set, and with no epoch loop known each pass is one more epoch.
+Evaluation loaders are left alone.
 
 Imports torch and the standard library only.
 """
@@ -87,7 +89,7 @@ class AlignedBatchSampler:
     """Batch sampler of one reference loader; decides on first use whether it trains.
 
     Training: batch k is the concatenation over ranks of each rank's k-th DistributedSampler
-    batch, and each pass is one more epoch at its call site (mirroring `set_epoch`).
+    batch, and each pass has the epoch the candidate's sampler has then (LoaderCensus.next_epoch).
     Evaluation: the loader's own sequential batches.
     """
 
