@@ -424,6 +424,24 @@ class TestModuleAccess:
     def test_saving_the_whole_model_saves_the_unwrapped_module(self):
         self.check('torch.save(model, "full.pt")\n', 'torch.save(model.module, "full.pt")\n')
 
+    def test_a_copy_of_the_model_copies_the_unwrapped_module(self):
+        self.check("import copy\nema = copy.deepcopy(model)\n", "import copy\nema = copy.deepcopy(model.module)\n")
+
+    def test_indexing_the_model_indexes_the_unwrapped_module(self):
+        self.check('torch.save(model[0].state_dict(), "first.pt")\n', 'torch.save(model.module[0].state_dict(), "first.pt")\n')
+
+    def test_a_callable_object_handed_the_wrapper_reads_its_state_through_module(self):
+        stopper = (
+            "class Stopper:\n"
+            "    def __call__(self, loss, net):\n"
+            "        self.save(net)\n\n"
+            "    def save(self, net):\n"
+            "        torch.save(net.state_dict(), 'best.pt')\n\n\n"
+            "stop = Stopper()\n"
+            "stop(loss, model)\n"
+        )
+        self.check(stopper, stopper.replace("net.state_dict()", "net.module.state_dict()"))
+
     def test_through_the_full_conversion(self):
         source = MODULE_SCRIPT.format(tail="print(model.vocab)\n").replace(DDP_IMPORT, "").replace("model = DDP(model)\n", "")
         output = convert_source(source, "ddp").output
@@ -767,6 +785,37 @@ class TestRankZero:
         )
         kinds = [c.message for c in result.changes]
         assert "print on rank 0 only" in kinds and "logging on rank 0 only" in kinds and "tensorboard/wandb on rank 0 only" in kinds
+
+    def test_a_file_saved_in_a_helper_and_read_by_its_caller_gets_a_barrier_after_the_call(self):
+        assert_codemod(
+            [RankZeroDuties],
+            """\
+            import torch
+
+
+            def pretrain(model, path):
+                torch.save(model.state_dict(), path)
+
+
+            def main(model):
+                pretrain(model, "pre.pt")
+                model.load_state_dict(torch.load("pre.pt"))
+            """,
+            """\
+            import torch
+
+
+            def pretrain(model, path):
+                if RANK == 0:
+                    torch.save(model.state_dict(), path)
+
+
+            def main(model):
+                pretrain(model, "pre.pt")
+                dist.barrier()  # the file rank 0 saved is read below
+                model.load_state_dict(torch.load("pre.pt", map_location=RANK_DEVICE))
+            """,
+        )
 
     def test_a_save_never_read_back_needs_no_barrier(self):
         result = assert_codemod(

@@ -29,12 +29,7 @@ _spec.loader.exec_module(corpus)
 # Entries whose conversion today is neither complete nor an honest "incomplete" exit: {name: why}.
 NOT_HONEST_YET: dict[str, str] = {}  # every entry today ends converted or exits 3 naming what is missing
 # Complete conversions that do not yet run under torchrun with 2 ranks: {name: why}.
-TORCHRUN_FAILURES: dict[str, str] = {
-    "early_stopping": "EarlyStopping.__call__ gets the wrapper: its saved state_dict keeps `module.` keys, the reload fails",
-    "ema_weights": "update_ema() walks the wrapper's state_dict (`module.` keys) against the EMA copy's: KeyError",
-    "finetune_frozen_backbone": "the helper's pre-trained net is wrapped too (`net[0]` fails) and rank 1 loads backbone.pt "
-                                "before rank 0 saved it (no barrier across functions)",
-}
+TORCHRUN_FAILURES: dict[str, str] = {}  # every complete conversion runs under torchrun
 
 
 def invoke_in_process(args: list, cwd: Path) -> tuple:

@@ -17,7 +17,7 @@ from ddpify.verify.dataparallel import simulate_data_parallel  # noqa: E402
 from ddpify.verify.diagnose import hang_location, last_line  # noqa: E402
 from ddpify.verify.plan import Plan, Run  # noqa: E402
 from ddpify.verify.report import render  # noqa: E402
-from ddpify.verify.runner import Request  # noqa: E402
+from ddpify.verify.runner import Request, training_loaders  # noqa: E402
 
 SITE = ("/work/train.py", 12)
 
@@ -65,6 +65,29 @@ def test_a_loader_rebuilt_each_epoch_at_the_same_site_keeps_counting_epochs():
     census = LoaderCensus(set())
     epochs = [list(AlignedBatchSampler(SITE, 16, 4, 4, False, True, 2, census, lambda s: None)) for _ in range(2)]
     assert epochs == [union_of_rank_batches(16, 2, 4, 0), union_of_rank_batches(16, 2, 4, 1)]
+
+
+def test_epochs_count_from_where_the_candidates_epoch_loop_starts(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "model = torch.nn.Linear(2, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(list(range(8)), batch_size=2, shuffle=True)\n"
+        "for epoch in range(1, 4):\n    for x in loader:\n        optimizer.step()\n"
+    )
+    assert training_loaders(str(script)) == {5: ((6, 8, 1),)}
+    census = LoaderCensus(set(), {SITE: [(20, 30, 1)]})
+    epochs = [list(AlignedBatchSampler(SITE, 16, 4, 4, False, True, 2, census, lambda s: None)) for _ in range(2)]
+    assert epochs == [union_of_rank_batches(16, 2, 4, 0), union_of_rank_batches(16, 2, 4, 0)]  # not run inside the loop
+    assert [census.next_epoch(SITE, {25}) for _ in range(2)] == [1, 2]
+
+
+def test_a_pass_before_the_epoch_loop_keeps_the_epoch_its_first_iteration_sets_again():
+    census = LoaderCensus(set(), {SITE: [(20, 30, 0)]})
+    assert [census.next_epoch(SITE, {15}), census.next_epoch(SITE, {25}), census.next_epoch(SITE, {25})] == [0, 0, 1]
+    assert census.next_epoch(SITE, {35}) == 1  # after the loop: the epoch last set
+    unknown = LoaderCensus(set())
+    assert [unknown.next_epoch(SITE, {25}) for _ in range(3)] == [0, 1, 2]  # no epoch loop known: one epoch per pass
 
 
 def test_training_loaders_are_the_shuffled_the_static_and_else_the_first_used_before_a_step():

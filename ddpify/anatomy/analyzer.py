@@ -264,12 +264,25 @@ class Anatomy:
             if f"{func.id}.__init__" in self.functions:
                 return f"{func.id}.__init__"
             nested = f"{scope}.{func.id}"
-            return nested if nested in self.functions else None
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+            if nested in self.functions:
+                return nested
+        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
             cls = self.class_of_scope.get(scope)
             name = f"{cls}.{func.attr}"
-            return name if name in self.functions else None
-        return None
+            if name in self.functions:
+                return name
+        return self._called_instance(func)
+
+    def _called_instance(self, func: ast.AST) -> str | None:
+        """`stopper(loss, model)`, where `stopper` (or `self.stopper`) only ever holds an instance of
+        a local class that defines `__call__`: that method."""
+        ref = self.ref(func) if isinstance(func, (ast.Name, ast.Attribute)) else None
+        values = [_assigned_value(s) for s in self._assignments_to(ref)] if ref is not None else []
+        classes = {v.func.id if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) else None for v in values}
+        if len(classes) != 1 or None in classes:
+            return None
+        method = f"{classes.pop()}.__call__"
+        return method if method in self.functions else None
 
     # ----- questions the transforms and rules ask ------------------------------------------
     @property

@@ -165,6 +165,21 @@ def callers(a: Anatomy, scope: str) -> list[ast.Call]:
     return _callers_by_scope(a).get(scope, [])
 
 
+def calls_running(a: Anatomy, scope: str) -> list[ast.Call]:
+    """Every call that runs function `scope`: its callers, their callers, and so on."""
+    found: list[ast.Call] = []
+    seen, todo = set(), [scope]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for call in callers(a, current):
+            found.append(call)
+            todo.append(enclosing_function(a, call))
+    return found
+
+
 def _is_self(expr: ast.AST) -> bool:
     return isinstance(expr, ast.Name) and expr.id == "self"
 

@@ -63,6 +63,14 @@ PARAMETER_METHODS = frozenset({"parameters", "named_parameters"})
 PARAMETER_ATTRIBUTES = frozenset({"weight", "bias"})
 
 
+# Calls whose first argument means the model itself: handed a wrapper, they would pickle it (it does
+# not unpickle without a process group) or copy it (a second wrapper, its state_dict keys `module.`).
+WHOLE_MODEL_CALLS = {
+    "torch.save": "saves {}.module (the wrapper does not unpickle without a process group)",
+    "copy.deepcopy": "copies {}.module (a copy of the wrapper is a second wrapper, its state_dict keys prefixed `module.`)",
+}
+
+
 def wrapper_lacks(wrapper: str, attr: str) -> bool:
     """Does reading `attr` on this wrapper raise AttributeError (it lives on `.module`)?"""
     return not attr.startswith("_") and attr not in WRAPPER_ATTRIBUTES[wrapper]

@@ -3,7 +3,8 @@
 A wrapper (DDP or DataParallel) forwards calls and `parameters()`, but not the model's own methods
 and attributes (`model.generate()`, `model.vocab`), and its `state_dict()` keys gain a `module.`
 prefix. After the wrap those go through `.module`, so they work and checkpoints load into the
-single-GPU script unchanged.
+single-GPU script unchanged; so do indexing (`net[0]`: a wrapper has no items) and the calls that
+mean the model itself (`torch.save(model)`, `copy.deepcopy(model)`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import libcst as cst
 
 from ddpify.anatomy import ROLE_MODEL
 from ddpify.anatomy import distributed as ddp
-from ddpify.anatomy.vocabulary import reads_through_module
+from ddpify.anatomy.vocabulary import WHOLE_MODEL_CALLS, reads_through_module
 from ddpify.codemods.base import Transform
 
 
@@ -31,11 +32,14 @@ class ModuleAccess(Transform):
         for node in ast.walk(self.anatomy.tree):
             if self._needs_module(node):
                 self._insert_module(node)  # type: ignore[arg-type]
-        for save in self.anatomy.calls_to("torch.save"):
-            whole = save.node.args[0] if save.node.args else None  # type: ignore[attr-defined]
+            elif isinstance(node, ast.Subscript) and isinstance(node.value, (ast.Name, ast.Attribute)) and self._on_wrapper(node.value):
+                self._index_module(node)
+        for call in self.anatomy.calls_to(*WHOLE_MODEL_CALLS):
+            whole = call.node.args[0] if call.node.args else None  # type: ignore[attr-defined]
             if isinstance(whole, (ast.Name, ast.Attribute)) and self._on_wrapper(whole):
-                self.rewrite_node(whole, type(_cst_name(whole)), _module_of)
-                self.changed(save.line, f"torch.save({ast.unparse(whole)}) -> saves {ast.unparse(whole)}.module (the wrapper does not unpickle without a process group)")
+                self._unwrap(whole)
+                name = ast.unparse(whole)
+                self.changed(call.line, f"{call.qualname}({name}) -> {WHOLE_MODEL_CALLS[call.qualname].format(name)}")
 
     def _needs_module(self, node: ast.AST) -> bool:
         if not isinstance(node, ast.Attribute) or not reads_through_module(node.attr):
@@ -50,6 +54,15 @@ class ModuleAccess(Transform):
         if self.anatomy.origins(expr, ROLE_MODEL) & self.anatomy.wrapped_elsewhere:  # type: ignore[operator]
             return True
         return ddp.is_wrapper(self.anatomy, expr, self.WRAPPER)
+
+    def _unwrap(self, expr: ast.expr) -> None:
+        self.rewrite_node(expr, type(_cst_name(expr)), _module_of)
+
+    def _index_module(self, node: ast.Subscript) -> None:
+        """`net[0]`: a wrapper has no items (`nn.Sequential`, `nn.ModuleList`), its module has."""
+        self._unwrap(node.value)
+        name = ast.unparse(node.value)
+        self.changed(node.lineno, f"{name}[...] -> {name}.module[...]")
 
     def _insert_module(self, node: ast.Attribute) -> None:
         target = node.value

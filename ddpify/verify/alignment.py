@@ -5,9 +5,11 @@ DistributedSampler gives rank r the slice `indices[r::N]` of `randperm(n)` seede
 step k of the single reference process to see exactly the union of what the N ranks
 see at their step k, every training DataLoader the reference creates gets an
 AlignedBatchSampler: it rebuilds the N slices with DistributedSampler itself and
-concatenates the k-th batch of every rank. Each pass over a training loader is one more
-epoch, counted per call site so that a loader rebuilt every epoch (and given
-`set_epoch(epoch)` in the candidate) keeps counting. Evaluation loaders are left alone.
+concatenates the k-th batch of every rank. Each pass over a training loader inside one of its
+epoch loops is one more epoch from where that loop counts (the candidate's `set_epoch(epoch)`),
+counted per call site so that a loader rebuilt every epoch keeps counting; a pass outside its
+epoch loops keeps the epoch last set, and with no epoch loop known each pass is one more epoch.
+Evaluation loaders are left alone.
 
 Imports torch and the standard library only.
 """
@@ -18,7 +20,7 @@ import inspect
 import math
 import os
 import sys
-from typing import Callable
+from typing import Callable, Collection
 
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
@@ -29,18 +31,39 @@ DISTRIBUTED_SAMPLER_SEED = 0  # DistributedSampler's default, which converted sc
 class LoaderCensus:
     """What the training-loader decision may depend on, gathered while the script runs."""
 
-    def __init__(self, static_sites: set[tuple[str, int]]) -> None:
+    def __init__(self, static_sites: set[tuple[str, int]], epoch_loops: dict[tuple[str, int], list[tuple[int, int, int]]] | None = None) -> None:
         self.static_sites = static_sites  # (file, line) of DataLoader calls static analysis saw train
+        # (file, line) -> the epoch loops around it that call set_epoch: (first line, last line, first epoch)
+        self.epoch_loops = epoch_loops or {}
         self.known_training = 0  # loaders created shuffled or at a static training site
         self.training_iterated = False
         self.optimizer_stepped = False
-        self.passes: dict[tuple[str, int], int] = {}  # training passes started, per DataLoader call site
+        self.passes: dict[tuple, int] = {}  # training passes started, per DataLoader call site (and epoch loop)
+        self.set_epochs: dict[tuple[str, int], int] = {}  # the epoch each site's sampler was last set to
 
-    def next_epoch(self, site: tuple[str, int]) -> int:
-        """The epoch of a new pass over a training loader created at `site` (file, line)."""
-        epoch = self.passes.get(site, 0)
-        self.passes[site] = epoch + 1
-        return epoch
+    def next_epoch(self, site: tuple[str, int], running: Collection[int] = ()) -> int:
+        """The epoch of a new pass over a training loader created at `site` (file, line), started while
+        the lines `running` of its file are on the stack: the one the candidate's sampler has then.
+
+        Inside an epoch loop of the loader, the candidate's `set_epoch(epoch)` numbers its passes from
+        where the loop counts from (`range(1, n)`: 1); a pass outside them keeps the epoch last set
+        (a warm-up pass before the epochs sees the first epoch's order). With no epoch loop known,
+        each pass is one more epoch.
+        """
+        known = self.epoch_loops.get(site)
+        if not known:
+            return self._count(site, 0)
+        loops = [loop for loop in known if any(loop[0] <= line <= loop[1] for line in running)]
+        if not loops:
+            return self.set_epochs.get(site, 0)
+        loop = max(loops)  # the innermost: it starts last
+        self.set_epochs[site] = self._count((site, loop), loop[2])
+        return self.set_epochs[site]
+
+    def _count(self, key: tuple, first: int) -> int:
+        passes = self.passes.get(key, 0)
+        self.passes[key] = passes + 1
+        return first + passes
 
 
 def is_training_loader(site: tuple[str, int], shuffle: bool, census: LoaderCensus) -> bool:
@@ -66,7 +89,7 @@ class AlignedBatchSampler:
     """Batch sampler of one reference loader; decides on first use whether it trains.
 
     Training: batch k is the concatenation over ranks of each rank's k-th DistributedSampler
-    batch, and each pass is one more epoch at its call site (mirroring `set_epoch`).
+    batch, and each pass has the epoch the candidate's sampler has then (LoaderCensus.next_epoch).
     Evaluation: the loader's own sequential batches.
     """
 
@@ -115,11 +138,21 @@ class AlignedBatchSampler:
         if not self._is_training():
             yield from self._own_batches()
             return
-        PassClock.epoch = self.census.next_epoch(self.site)
+        PassClock.epoch = self.census.next_epoch(self.site, _lines_running(self.site[0]))
         slices = self.rank_slices(PassClock.epoch)
         b = self.per_rank_batch
         for k in range(self._aligned_len()):
             yield [index for indices in slices for index in indices[k * b:(k + 1) * b]]
+
+
+def _lines_running(path: str) -> set[int]:
+    """The lines of file `path` that the stack is running (the loop iterating a loader, and its callers)."""
+    lines, frame = set(), sys._getframe(1)
+    while frame is not None:
+        if os.path.realpath(frame.f_code.co_filename) == path:
+            lines.add(frame.f_lineno)
+        frame = frame.f_back
+    return lines
 
 
 def _call_site() -> tuple[str, int]:
@@ -142,14 +175,16 @@ def _shuffles(arguments: dict) -> bool | None:
     return None
 
 
-def align_training_loaders(world: int, batch_mode: str, static_sites: set[tuple[str, int]], recorder) -> None:
+def align_training_loaders(world: int, batch_mode: str, static_sites: set[tuple[str, int]], recorder,
+                           epoch_loops: dict[tuple[str, int], list[tuple[int, int, int]]] | None = None) -> None:
     """Patch DataLoader construction so the reference's training loaders match `world` ranks.
 
     `batch_mode` is "per-gpu" (each rank keeps the script's batch) or "global" (the ranks
-    split it); `static_sites` are the (realpath, line) of DataLoader calls known to train.
+    split it); `static_sites` are the (realpath, line) of DataLoader calls known to train, and
+    `epoch_loops` the epoch loops around each one (see LoaderCensus).
     `recorder` receives notes and flags (see harness.Recorder).
     """
-    census = LoaderCensus(static_sites)
+    census = LoaderCensus(static_sites, epoch_loops)
     register_optimizer_step_post_hook(lambda *_: setattr(census, "optimizer_stepped", True))
     original_init = DataLoader.__init__
     signature = inspect.signature(original_init)

@@ -382,7 +382,10 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
     if role == REFERENCE and plan.aligns_reference():
         script = os.path.realpath(plan.reference.script)
         static_sites = {(script, line) for line in plan.reference_training_lines}
-        align_training_loaders(plan.nproc, plan.batch_mode, static_sites, recorder)
+        epoch_loops: dict = {}
+        for line, *loop in plan.reference_epoch_loops:
+            epoch_loops.setdefault((script, line), []).append(tuple(loop))
+        align_training_loaders(plan.nproc, plan.batch_mode, static_sites, recorder, epoch_loops)
     if role == CANDIDATE and plan.target == "fsdp":
         watch_mixed_precision_policy(recorder)
     if role == CANDIDATE and os.environ.get(SHARED_GPU_ENV):

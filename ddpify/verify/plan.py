@@ -51,6 +51,8 @@ class Plan:
     reference_training_lines: tuple[int, ...] = ()  # DataLoader calls static analysis saw train
     dp_replicas: int = 0  # GPUs that DataParallel splits each batch over (0 unless target is dp)
     dp_simulated: bool = False  # fewer than 2 GPUs: the replicas are simulated (see dataparallel.py)
+    # (DataLoader line, epoch loop's first line, its last line, the epoch its first iteration sets)
+    reference_epoch_loops: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def nproc(self) -> int:
@@ -99,6 +101,7 @@ class Plan:
             data = json.load(f)
         data["script_args"] = tuple(data["script_args"])
         data["reference_training_lines"] = tuple(data["reference_training_lines"])
+        data["reference_epoch_loops"] = tuple(tuple(loop) for loop in data["reference_epoch_loops"])
         data["reference"] = Run(**data["reference"])
         data["candidate"] = Run(**data["candidate"])
         return cls(**data)

@@ -9,6 +9,7 @@ import here: the launcher pays for it once.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -78,15 +79,27 @@ def convert(request: Request) -> tuple[dict[Path, str], list[str]]:
     return {script: conversion.output, **modules}, notes
 
 
-def training_loader_lines(script: str) -> tuple[int, ...]:
-    """Lines of the DataLoader calls that ddpify's static analysis sees a training loop iterate."""
+def training_loaders(script: str) -> dict[int, tuple[tuple[int, int, int], ...]]:
+    """The DataLoader calls that ddpify's static analysis sees a training loop iterate: line -> the
+    epoch loops around it, where the converted script calls `set_epoch(epoch)`, each as (first line,
+    last line, the epoch its first iteration sets)."""
     from ddpify.anatomy import analyze
 
     try:
         anatomy = analyze(Path(script).read_text(), script)
     except Exception:  # a script the analysis cannot read: training loaders are then found at run time
-        return ()
-    return tuple(loader.line for loader in anatomy.loaders if loader.is_train)
+        return {}
+    return {loader.line: tuple(_epoch_loop(loop.node) for loop in anatomy.epoch_loops_around(loader))
+            for loader in anatomy.loaders if loader.is_train}
+
+
+def _epoch_loop(loop: ast.For) -> tuple[int, int, int]:
+    """`for epoch in range(1, n):` sets epoch 1 first; other loops 0."""
+    it, first = loop.iter, 0
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range" and len(it.args) >= 2:
+        start = it.args[0]
+        first = start.value if isinstance(start, ast.Constant) and type(start.value) is int else 0
+    return loop.lineno, loop.end_lineno or loop.lineno, first
 
 
 def make_plan(request: Request, workspace: str, converted: dict[Path, str] | None) -> tuple[Plan, list[str]]:
@@ -107,10 +120,12 @@ def make_plan(request: Request, workspace: str, converted: dict[Path, str] | Non
         Path(candidate.script).write_text(entry[1])
         for path, text in modules:
             _converted_module(path, text, home, sides[CANDIDATE].root)
+    loaders = training_loaders(request.script)
     plan = Plan(target=request.target, steps=request.steps, device=request.device, batch_mode=request.batch_mode,
                 timeout=request.timeout, launcher=request.launcher, outdir=workspace,
                 script_args=tuple(request.script_args), reference=reference, candidate=candidate,
-                reference_training_lines=training_loader_lines(request.script),
+                reference_training_lines=tuple(loaders),
+                reference_epoch_loops=tuple((line, *loop) for line, loops in loaders.items() for loop in loops),
                 dp_replicas=request.nproc if request.target == "dp" else 0)
     notes = [note for side in sides.values() if (note := side.note())]
     return plan, list(dict.fromkeys(notes))

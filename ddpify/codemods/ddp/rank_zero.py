@@ -20,8 +20,9 @@ import ast
 
 import libcst as cst
 
-from ddpify.anatomy import ROLE_PBAR, ROLE_WRITER, CallSite
+from ddpify.anatomy import MODULE_SCOPE, ROLE_PBAR, ROLE_WRITER, CallSite
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.analyzer import walk_body
 from ddpify.anatomy.vocabulary import (
     DIRECTORY_CREATORS,
     FILE_WRITE_CALLS,
@@ -40,6 +41,7 @@ class RankZeroDuties(Transform):
     DESCRIPTION = "Print, log, save and write files on rank 0 only; load checkpoints onto this rank's device."
 
     def plan(self) -> None:
+        self._barriers: set[ast.stmt] = set()
         saves = []
         for call in self.anatomy.calls:
             kind = self._rank_zero_kind(call)
@@ -209,17 +211,39 @@ class RankZeroDuties(Transform):
                 self._guard_call(call, "file written")
 
     def _barrier_before_reads(self, save: CallSite) -> None:
-        """Other ranks wait for rank 0's file when the same function reads a checkpoint later."""
-        later_loads = [c for c in self.anatomy.calls_to("torch.load") if c.scope == save.scope and c.line > save.line]
-        if not later_loads:
+        """Other ranks wait for rank 0's file where a checkpoint is read later: after the save when
+        its own function reads one later, and after each call that runs the save (through any
+        depth of calls) when the calling function reads one later (`pretrain(path)`, then
+        `torch.load(path)`)."""
+        a = self.anatomy
+        if self._loads_after(save.scope, save.line):
+            guarded = [outer for outer in a.enclosing(save.stmt, ast.stmt) if self._guarded_here(outer)]
+            self._barrier_after(guarded[-1] if guarded else save.stmt, save.line, "the save")  # never inside a rank-0 block
+        for call in ddp.calls_running(a, save.scope):
+            if self._loads_after(a.scope_of.get(call, MODULE_SCOPE), call.lineno):
+                self._barrier_after(a.stmt_of[call], call.lineno, "the call that saves it")
+
+    def _loads_after(self, scope: str, line: int) -> bool:
+        """Does function `scope` read a checkpoint after `line` (itself, or in a function it calls there)?"""
+        a = self.anatomy
+        fn = a.functions.get(scope)
+        later = [n for n in walk_body(fn.node.body if fn else a.tree.body) if isinstance(n, ast.Call) and n.lineno > line]
+        return any(_loads(a, n) or ((callee := a.callee(n)) is not None and a.function_contains(callee, lambda m: _loads(a, m)))
+                   for n in later)
+
+    def _barrier_after(self, anchor: ast.stmt, line: int, what: str) -> None:
+        if anchor in self._barriers:
             return
-        guarded = [outer for outer in self.anatomy.enclosing(save.stmt, ast.stmt) if self._guarded_here(outer)]
-        anchor = guarded[-1] if guarded else save.stmt  # never inside a rank-0 block: every rank must reach it
-        if _shares_its_line(self.anatomy, anchor):
-            self.advise(save.line, "other ranks read this checkpoint later: add dist.barrier() after the save by hand")
+        self._barriers.add(anchor)
+        if _shares_its_line(self.anatomy, anchor) or not ddp.runs_on_every_rank(self.anatomy, anchor):
+            self.advise(line, f"other ranks read this checkpoint later: add dist.barrier() after {what} by hand")
             return
         self.insert_after(anchor, "dist.barrier()  # the file rank 0 saved is read below\n")
-        self.changed(save.line, "barrier after the save: other ranks read that checkpoint later")
+        self.changed(line, f"barrier after {what}: other ranks read that checkpoint later")
+
+
+def _loads(anatomy, node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and anatomy.qualname(node.func) == "torch.load"
 
 
 def _shares_its_line(anatomy, stmt: ast.stmt) -> bool:
