@@ -15,7 +15,7 @@ from test_robustness import BASIC, ROOT, TIMEOUT, ddpify
 from ddpify.cli import SIGINT_EXIT, cli
 
 
-ARGUMENTS = {"convert": ["--to", "ddp", "train.py"], "verify": ["--to", "ddp", "train.py"], "rules": []}
+ARGUMENTS = {"convert": ["--to", "ddp", "train.py"], "verify": ["--to", "ddp", "train.py"], "rules": [], "server": []}
 
 
 @pytest.mark.parametrize("name", sorted(cli.commands))

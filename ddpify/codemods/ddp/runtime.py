@@ -34,12 +34,8 @@ def setup_distributed():
 
 
 def cleanup_distributed():
-    """Leave the process group, after collecting the DDP wrappers (they sit in reference cycles).
-
-    Their gradient all-reduces hold Python state that must be released while Python still runs:
-    released during interpreter exit, gloo can abort the process.
-    """
-    gc.collect()
+    """Leave the process group, after collecting the DDP wrappers (they sit in reference cycles)."""
+    gc.collect()  # their all-reduces hold Python state: released at interpreter exit, gloo can abort
     if dist.is_initialized():
         dist.destroy_process_group()
 '''
