@@ -136,6 +136,12 @@ def test_sum_reduction_is_reported_as_a_precondition():
     assert any("reduction='sum'" in found and "2x smaller" in found for found in result["preconditions"])
 
 
+def test_ddpifys_conversion_of_a_summed_loss_scales_it_and_is_equivalent():
+    code, result = verify_json("train.py", "--to", "ddp", "--", "--reduction", "sum")
+    assert (code, result["verdict"], result["mode"]) == (0, "equivalent", "exact"), result["message"]
+    assert result["preconditions"] == []  # the scaled loss held nothing back
+
+
 def test_plain_batchnorm_port_is_compared_in_statistical_mode():
     code, result = verify_json("train.py", "--to", "ddp", "--against", "train_ddp.py", "--", "--batchnorm")
     assert (code, result["verdict"], result["mode"]) == (0, "equivalent", "statistical"), result["message"]

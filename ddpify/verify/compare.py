@@ -161,8 +161,8 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
     if not counts[0]:
         return {**error_result("the reference made no optimizer step"), **result}
     divergence = first_divergence(rows, counts)
-    if divergence is None:
-        return {**result, "verdict": "equivalent", "diverged_at": None,
+    if divergence is None:  # matched exactly: no precondition held it back (e.g. a summed loss scaled by the ranks)
+        return {**result, "verdict": "equivalent", "diverged_at": None, "preconditions": found if statistical else [],
                 "message": _equivalent_message(rows, plan, statistical)}
     step, problems = divergence
     cause = " (a precondition failed, see preconditions)" if found else ""
