@@ -219,6 +219,11 @@ class TestSumLoss:
         result = assert_codemod([SumLossScaling], mixed, mixed)
         assert "multiply only the summed terms" in result.advice[0].message
 
+    def test_a_reduction_chosen_at_run_time_gets_advice(self):
+        code = self.HEAD + "import sys\nloss = F.mse_loss(model(x), y, reduction=sys.argv[1])\nloss.backward()\n"
+        result = assert_codemod([SumLossScaling], code, code)
+        assert "chosen at run time" in result.advice[0].message
+
 
 # ===== devices =================================================================================
 class TestDevices:

@@ -136,8 +136,27 @@ def test_sum_reduction_is_reported_as_a_precondition():
     assert any("reduction='sum'" in found and "2x smaller" in found for found in result["preconditions"])
 
 
-def test_ddpifys_conversion_of_a_summed_loss_scales_it_and_is_equivalent():
-    code, result = verify_json("train.py", "--to", "ddp", "--", "--reduction", "sum")
+SUMMED_LOSS = """
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=8, shuffle=True)
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+criterion = nn.MSELoss(reduction="sum")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(2):
+    for x, y in loader:
+        optimizer.zero_grad()
+        criterion(model(x), y).backward()
+        optimizer.step()
+"""
+
+
+def test_ddpifys_conversion_of_a_summed_loss_scales_it_and_is_equivalent(tmp_path):
+    (tmp_path / "summed.py").write_text(SUMMED_LOSS)
+    code, result = verify_json(str(tmp_path / "summed.py"), "--to", "ddp")
     assert (code, result["verdict"], result["mode"]) == (0, "equivalent", "exact"), result["message"]
     assert result["preconditions"] == []  # the scaled loss held nothing back
 

@@ -36,14 +36,18 @@ def loss_terms(a: Anatomy, expr: ast.AST, depth: int = 0) -> list[ast.Call]:
     return []
 
 
-def sums_over_batch(a: Anatomy, call: ast.Call) -> bool:
-    """Does this loss call sum over the batch (`reduction='sum'`, given here or to its criterion)?"""
+def sums_over_batch(a: Anatomy, call: ast.Call) -> bool | None:
+    """Does this loss call sum over the batch (`reduction='sum'`, given here or to its criterion)?
+    None when a reduction is chosen at run time (`reduction=args.reduction`)."""
     reductions = [keyword(call, "reduction")]
     if isinstance(call.func, (ast.Name, ast.Attribute)) and a.has_role(call.func, ROLE_CRITERION):
         reductions += [keyword(v, "reduction") for v in reaching_values(a, call.func) if isinstance(v, ast.Call)]
     elif isinstance(call.func, ast.Call):  # nn.MSELoss(reduction="sum")(pred, y)
         reductions.append(keyword(call.func, "reduction"))
-    return any(isinstance(r, ast.keyword) and isinstance(r.value, ast.Constant) and r.value.value == "sum" for r in reductions)
+    given = [r.value for r in reductions if r is not None]
+    if any(isinstance(v, ast.Constant) and v.value == "sum" for v in given):
+        return True
+    return None if any(not isinstance(v, ast.Constant) for v in given) else False
 
 
 def _is_loss_call(a: Anatomy, call: ast.Call) -> bool:

@@ -39,7 +39,12 @@ class SumLossScaling(Transform):
 
     def _plan_backward(self, line: int, loss: ast.expr) -> None:
         terms = loss_terms(self.anatomy, loss)
-        summed = [t for t in terms if sums_over_batch(self.anatomy, t)]
+        reductions = [sums_over_batch(self.anatomy, t) for t in terms]
+        if None in reductions:
+            self.advise(line, f"the loss's reduction is chosen at run time: if it is 'sum', back-propagate loss * {WORLD_SIZE} "
+                              f"(ranks average gradients)")
+            return
+        summed = [t for t, sums in zip(terms, reductions) if sums]
         if not summed:
             return
         cst_type = _CST_TYPES.get(type(loss))
