@@ -173,14 +173,41 @@ def test_runs_of_different_lengths_diverge_after_the_shorter():
     assert "the reference made 3 optimizer steps, the candidate 2" in result["message"]
 
 
-def test_sum_reduction_is_a_precondition_and_batchnorm_the_reference_did_not_split_is_statistical():
+def test_an_equivalent_verdict_lists_no_precondition_and_batchnorm_the_reference_did_not_split_is_statistical():
     """On GPUs the reference expects SyncBatchNorm and normalizes whole batches: a port keeping plain BatchNorm
     matches it only statistically."""
     ranks = [record([1.0, 1.0, 1.0], [[1.0, 2.0], [1.5, 2.5], [1.0, 2.0]], {"plain_batchnorm": "BatchNorm2d"})] * 2
     result = judge(make_plan(), record([1.01, 1.0, 1.0], STEPS, {"sum_reduction": "mse_loss(reduction='sum')"}), ranks)
-    assert (result["verdict"], result["mode"]) == ("equivalent", "statistical")
-    assert "mse_loss(reduction='sum')" in result["preconditions"][0]
+    assert (result["verdict"], result["mode"], result["preconditions"]) == ("equivalent", "statistical", [])
     assert any("BatchNorm2d under DDP: each rank normalizes" in note for note in result["notes"])
+
+
+def test_random_draws_in_forward_switch_to_statistical_mode_and_say_which():
+    ranks = [record([1.0, 1.0, 1.0], [[1.0, 2.0], [1.5, 2.5], [1.0, 2.0]], {"forward_randomness": "torch.randn_like"})] * 2
+    result = judge(make_plan(), record([1.01, 1.0, 1.0], STEPS), ranks)
+    assert (result["verdict"], result["mode"]) == ("equivalent", "statistical")
+    assert any("draws random numbers in forward (torch.randn_like)" in note for note in result["notes"])
+
+
+def test_random_draws_are_flagged_only_inside_a_forward_that_records(recorder):
+    from ddpify.verify.harness import watch_forward_randomness
+    saved = {name: getattr(torch, name) for name in ("randn_like", "rand", "randn")}
+    try:
+        watch_forward_randomness(recorder)
+        torch.randn(2)  # outside any forward: data, noise for a GAN's generator input
+        with torch.no_grad():
+            NoisyLayer()(torch.ones(2))
+        assert "forward_randomness" not in recorder.flags
+        NoisyLayer()(torch.ones(2))
+        assert recorder.flags["forward_randomness"] == "torch.randn_like"
+    finally:
+        for name, function in saved.items():
+            setattr(torch, name, function)
+
+
+class NoisyLayer(torch.nn.Module):
+    def forward(self, x):
+        return x + torch.randn_like(x)
 
 
 def test_batchnorm_the_reference_split_per_rank_is_compared_exactly_and_said_so():

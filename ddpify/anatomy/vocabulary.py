@@ -70,6 +70,12 @@ def is_criterion_class(qualname: str) -> bool:
     return qualname.startswith("torch.nn.") and qualname.endswith("Loss")
 
 
+# torch's random draws (module functions): made in a forward, each rank draws its own numbers.
+RANDOM_DRAWS = frozenset({
+    "rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "normal", "bernoulli", "multinomial",
+    "poisson", "randperm",
+})
+
 # Reads of a module's parameters: the methods that yield them, and the attributes layers keep them in.
 PARAMETER_METHODS = frozenset({"parameters", "named_parameters"})
 PARAMETER_ATTRIBUTES = frozenset({"weight", "bias"})

@@ -144,7 +144,7 @@ def same_data_on_every_rank(ranks: list[Record]) -> bool:
 def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
     """The verdict, per-step rows, notes and preconditions, as a JSON-ready dict."""
     flags = _all_flags([reference, *ranks])
-    statistical = (plan.splits_batches() and (bool({UNSPLIT_FLAG, "reduced_precision"} & flags.keys())
+    statistical = (plan.splits_batches() and (bool({UNSPLIT_FLAG, "reduced_precision", "forward_randomness"} & flags.keys())
                                               or _unsplit_plain_batchnorm(flags))
                    or "low_precision_parameters" in flags)
     notes = list(dict.fromkeys(note for record in (reference, *ranks) for note in record.notes))
@@ -167,8 +167,8 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
     if not counts[0]:
         return {**error_result("the reference made no optimizer step"), **result}
     divergence = first_divergence(rows, counts)
-    if divergence is None:  # matched exactly: no precondition held it back (e.g. a summed loss scaled by the ranks)
-        return {**result, "verdict": "equivalent", "diverged_at": None, "preconditions": found if statistical else [],
+    if divergence is None:  # no precondition held the runs apart (a summed loss scaled by WORLD_SIZE, say)
+        return {**result, "verdict": "equivalent", "diverged_at": None, "preconditions": [],
                 "message": _equivalent_message(rows, plan, statistical)}
     step, problems = divergence
     cause = " (a precondition failed, see preconditions)" if found else ""
@@ -188,6 +188,9 @@ def _statistical_reason(plan: Plan, flags: dict[str, str]) -> str:
         return (f"the candidate's {flags['low_precision_parameters']} rounds the parameters for forward and backward, "
                 f"where the reference computes with float32 ones")
     wrapper, part = _wrapper_and_part(plan)
+    if "forward_randomness" in flags:
+        return (f"the model draws random numbers in forward ({flags['forward_randomness']}): under {wrapper} each {part} "
+                f"draws its own for its part of the batch, not the reference's for the whole")
     if UNSPLIT_FLAG in flags:
         return (f"plain {flags[UNSPLIT_FLAG]}, so the reference cannot normalize it part by part as the {part}s "
                 f"do under {wrapper}")

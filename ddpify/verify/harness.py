@@ -33,9 +33,11 @@ import traceback
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils.data import DistributedSampler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from ddpify.anatomy.vocabulary import RANDOM_DRAWS
 from ddpify.verify.alignment import PassClock, align_training_loaders
 from ddpify.verify.dataparallel import simulate_data_parallel
 from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan, Run
@@ -252,6 +254,21 @@ def watch_sum_reduction(recorder: Recorder) -> None:
         setattr(F, name, watched)
 
 
+def watch_forward_randomness(recorder: Recorder) -> None:
+    """Flag random draws made inside a module's forward while autograd records (`torch.randn_like`
+    for a VAE's noise): split over ranks, each part draws other numbers than the whole batch does."""
+    depth = [0]
+    register_module_forward_pre_hook(lambda module, args: depth.__setitem__(0, depth[0] + 1))
+    register_module_forward_hook(lambda module, args, output: depth.__setitem__(0, depth[0] - 1))
+    for name in RANDOM_DRAWS:
+        def watched(*args, _function=getattr(torch, name), _name=name, **kwargs):
+            if depth[0] > 0 and torch.is_grad_enabled():
+                recorder.flag("forward_randomness", f"torch.{_name}")
+            return _function(*args, **kwargs)
+
+        setattr(torch, name, watched)
+
+
 def watch_plain_batchnorm(recorder: Recorder) -> None:
     """Flag BatchNorm layers (not SyncBatchNorm, which overrides forward) used in training mode: where the
     reference does not split them per rank, such a candidate matches it only statistically."""
@@ -378,6 +395,7 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
     seed_each_sample(recorder)
     watch_sum_reduction(recorder)
     watch_reduced_precision(recorder)
+    watch_forward_randomness(recorder)
     capture_backward(recorder)
     register_optimizer_step_pre_hook(recorder.before_step)
     capture_manual_updates(recorder)
