@@ -26,6 +26,7 @@ from ddpify.codemods.ddp import (
     ReducedLossPrints,
     RemoveDataParallel,
     SameSplitOnEveryRank,
+    SumLossScaling,
     WrapModel,
 )
 from ddpify.codemods.ddp.per_node import PerNodeDownloads
@@ -56,7 +57,7 @@ def messages(result: ConversionResult) -> list[str]:
 def test_the_ddp_transforms_in_order():
     assert DDP_TRANSFORMS == (
         DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, DistributedSamplers,
-        EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, PerNodeDownloads,
+        EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
     )
     for transform in DDP_TRANSFORMS:
         assert transform.NAME and transform.DESCRIPTION, transform
@@ -183,6 +184,45 @@ class TestSetup:
     def test_a_script_without_imports_is_left_incomplete(self):
         result = assert_codemod([DistributedSetup], "x = 1\n", "x = 1\n")
         assert result.status is Status.INCOMPLETE and "import torch" in result.missing[0].what
+
+
+# ===== summed losses ===========================================================================
+class TestSumLoss:
+    HEAD = textwrap.dedent("""\
+        import torch
+        import torch.nn.functional as F
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(4, 2), torch.randn(4, 1)
+        """)
+
+    def test_a_loss_summed_over_the_batch_is_scaled_by_the_world_size(self):
+        result = assert_codemod(
+            [SumLossScaling],
+            self.HEAD + "loss = F.mse_loss(model(x), y, reduction='sum')\nloss.backward()\n",
+            self.HEAD + "loss = F.mse_loss(model(x), y, reduction='sum')\n(loss * WORLD_SIZE).backward()\n",
+        )
+        assert [c.transform for c in result.changes] == ["sum_loss"]
+
+    def test_a_criterion_built_to_sum_inside_a_helper_is_followed_and_the_scaler_argument_scaled(self):
+        helper = "crit = torch.nn.MSELoss(reduction='sum')\ndef loss_fn(p, t):\n    return crit(p, t) + 0.5\n"
+        assert_codemod(
+            [SumLossScaling],
+            self.HEAD + helper + "scaler = torch.amp.GradScaler()\nscaler.scale(loss_fn(model(x), y)).backward()\n",
+            self.HEAD + helper + "scaler = torch.amp.GradScaler()\nscaler.scale((loss_fn(model(x), y) * WORLD_SIZE)).backward()\n",
+        )
+
+    def test_averaged_losses_and_mixed_ones_are_left_alone(self):
+        mean = self.HEAD + "F.mse_loss(model(x), y).backward()\n"
+        assert not assert_codemod([SumLossScaling], mean, mean).changes
+        mixed = self.HEAD + "loss = F.mse_loss(model(x), y, reduction='sum') + F.l1_loss(model(x), y)\nloss.backward()\n"
+        result = assert_codemod([SumLossScaling], mixed, mixed)
+        assert "multiply only the summed terms" in result.advice[0].message
+
+    def test_a_reduction_chosen_at_run_time_gets_advice(self):
+        code = self.HEAD + "import sys\nloss = F.mse_loss(model(x), y, reduction=sys.argv[1])\nloss.backward()\n"
+        result = assert_codemod([SumLossScaling], code, code)
+        assert "chosen at run time" in result.advice[0].message
 
 
 # ===== devices =================================================================================

@@ -136,10 +136,46 @@ def test_sum_reduction_is_reported_as_a_precondition():
     assert any("reduction='sum'" in found and "2x smaller" in found for found in result["preconditions"])
 
 
-def test_plain_batchnorm_port_is_compared_in_statistical_mode():
+SUMMED_LOSS = """
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=8, shuffle=True)
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+criterion = nn.MSELoss(reduction="sum")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(2):
+    for x, y in loader:
+        optimizer.zero_grad()
+        criterion(model(x), y).backward()
+        optimizer.step()
+"""
+
+
+def test_ddpifys_conversion_of_a_summed_loss_scales_it_and_is_equivalent(tmp_path):
+    (tmp_path / "summed.py").write_text(SUMMED_LOSS)
+    code, result = verify_json(str(tmp_path / "summed.py"), "--to", "ddp")
+    assert (code, result["verdict"], result["mode"]) == (0, "equivalent", "exact"), result["message"]
+    assert result["preconditions"] == []  # the scaled loss held nothing back
+
+
+def test_plain_batchnorm_port_is_compared_exactly_with_the_reference_normalizing_each_ranks_part():
     code, result = verify_json("train.py", "--to", "ddp", "--against", "train_ddp.py", "--", "--batchnorm")
-    assert (code, result["verdict"], result["mode"]) == (0, "equivalent", "statistical"), result["message"]
-    assert any("BatchNorm1d" in note and "statistical mode" in note for note in result["notes"])
+    assert (code, result["verdict"], result["mode"]) == (0, "equivalent", "exact"), result["message"]
+    assert any(note.startswith("plain BatchNorm1d: the reference normalizes each rank's part") for note in result["notes"])
+
+
+def test_plain_batchnorm_port_with_a_wrong_learning_rate_diverges_exactly(tmp_path):
+    """A 2% larger learning rate: within the 5% that statistical mode allowed plain BatchNorm."""
+    port = (ROOT / "fixtures" / "expected" / "ddp" / "batchnorm_cnn.py").read_text()
+    wrong = port.replace("lr=0.05,", "lr=0.051,")
+    assert wrong != port
+    (tmp_path / "batchnorm_cnn_lr.py").write_text(wrong)
+    code, result = verify_json(str(ROOT / "fixtures" / "batchnorm_cnn.py"), "--to", "ddp",
+                               "--against", str(tmp_path / "batchnorm_cnn_lr.py"))
+    assert (code, result["verdict"], result["mode"], result["diverged_at"]) == (1, "diverged", "exact", 1), result["message"]
 
 
 def test_dataparallel_port_is_equivalent_with_simulated_replicas():
@@ -150,7 +186,7 @@ def test_dataparallel_port_is_equivalent_with_simulated_replicas():
 
 
 DP_FIXTURES = {"forward_returns_loss": "exact", "dp_loss_tuple": "exact", "dp_loss_dict": "exact",
-               "dp_device_in_forward": "exact", "batchnorm_cnn": "statistical"}  # each replica normalizes its chunk
+               "dp_device_in_forward": "exact", "batchnorm_cnn": "exact"}  # the reference normalizes each chunk too
 
 
 @pytest.mark.skipif(not converter_available(), reason="ddpify.convert is not available yet")
@@ -229,7 +265,6 @@ def test_cuda_device_without_cuda_is_a_clean_error():
     assert "CUDA" in result["message"]
 
 
-STATISTICAL_FIXTURES = {"batchnorm_cnn"}  # plain BatchNorm: each rank normalizes its own batch
 CONVERTER_BUGS = {
     "step_based_iter": "the converter leaves a loader read with next(iter(...)) without a DistributedSampler",
 }
@@ -246,8 +281,7 @@ def fixture_param(path: Path):
 @pytest.mark.parametrize("fixture", [fixture_param(path) for path in FIXTURES])
 def test_converted_fixture_trains_like_the_original(fixture):
     code, result = verify_json(str(fixture), "--to", "ddp")
-    expected_mode = "statistical" if fixture.stem in STATISTICAL_FIXTURES else "exact"
-    assert (code, result["verdict"], result["mode"]) == (0, "equivalent", expected_mode), result["message"]
+    assert (code, result["verdict"], result["mode"]) == (0, "equivalent", "exact"), result["message"]
 
 
 def test_attention_dropout_is_switched_off_and_adam_noise_is_not_a_divergence():

@@ -16,6 +16,7 @@ from ddpify.verify.compare import Record, judge  # noqa: E402
 from ddpify.verify.dataparallel import simulate_data_parallel  # noqa: E402
 from ddpify.verify.diagnose import hang_location, last_line  # noqa: E402
 from ddpify.verify.plan import Plan, Run  # noqa: E402
+from ddpify.verify.rank_batchnorm import SPLIT_FLAG, UNSPLIT_FLAG, normalize_batchnorm_per_rank  # noqa: E402
 from ddpify.verify.report import render  # noqa: E402
 from ddpify.verify.runner import Request, training_loaders  # noqa: E402
 
@@ -172,11 +173,60 @@ def test_runs_of_different_lengths_diverge_after_the_shorter():
     assert "the reference made 3 optimizer steps, the candidate 2" in result["message"]
 
 
-def test_sum_reduction_is_a_precondition_and_batchnorm_switches_to_statistical_mode():
+def test_an_equivalent_verdict_lists_no_precondition_and_batchnorm_the_reference_did_not_split_is_statistical():
+    """On GPUs the reference expects SyncBatchNorm and normalizes whole batches: a port keeping plain BatchNorm
+    matches it only statistically."""
     ranks = [record([1.0, 1.0, 1.0], [[1.0, 2.0], [1.5, 2.5], [1.0, 2.0]], {"plain_batchnorm": "BatchNorm2d"})] * 2
     result = judge(make_plan(), record([1.01, 1.0, 1.0], STEPS, {"sum_reduction": "mse_loss(reduction='sum')"}), ranks)
+    assert (result["verdict"], result["mode"], result["preconditions"]) == ("equivalent", "statistical", [])
+    assert any("BatchNorm2d under DDP: each rank normalizes" in note for note in result["notes"])
+
+
+def test_random_draws_in_forward_switch_to_statistical_mode_and_say_which():
+    ranks = [record([1.0, 1.0, 1.0], [[1.0, 2.0], [1.5, 2.5], [1.0, 2.0]], {"forward_randomness": "torch.randn_like"})] * 2
+    result = judge(make_plan(), record([1.01, 1.0, 1.0], STEPS), ranks)
     assert (result["verdict"], result["mode"]) == ("equivalent", "statistical")
-    assert "mse_loss(reduction='sum')" in result["preconditions"][0]
+    assert any("draws random numbers in forward (torch.randn_like)" in note for note in result["notes"])
+
+
+def test_random_draws_are_flagged_only_inside_a_forward_that_records(recorder):
+    from ddpify.verify.harness import watch_forward_randomness
+    saved = {name: getattr(torch, name) for name in ("randn_like", "rand", "randn")}
+    try:
+        watch_forward_randomness(recorder)
+        torch.randn(2)  # outside any forward: data, noise for a GAN's generator input
+        with torch.no_grad():
+            NoisyLayer()(torch.ones(2))
+        assert "forward_randomness" not in recorder.flags
+        NoisyLayer()(torch.ones(2))
+        assert recorder.flags["forward_randomness"] == "torch.randn_like"
+    finally:
+        for name, function in saved.items():
+            setattr(torch, name, function)
+
+
+class NoisyLayer(torch.nn.Module):
+    def forward(self, x):
+        return x + torch.randn_like(x)
+
+
+def test_batchnorm_the_reference_split_per_rank_is_compared_exactly_and_said_so():
+    ranks = [record([1.0, 1.0, 1.0], STEPS, {"plain_batchnorm": "BatchNorm2d"})] * 2
+    split = record([1.0, 1.0, 1.0], STEPS, {SPLIT_FLAG: "BatchNorm2d"})
+    result = judge(make_plan(), split, ranks)
+    assert (result["verdict"], result["mode"]) == ("equivalent", "exact")
+    assert "plain BatchNorm2d: the reference normalizes each rank's part of the batch separately, as the 2 ranks do " \
+           "under DDP (running statistics from rank 0's part)" in result["notes"]
+    drifted = [record([1.0, 1.02, 1.0], STEPS, {"plain_batchnorm": "BatchNorm2d"})] * 2  # within the old 5%
+    assert judge(make_plan(), split, drifted)["diverged_at"] == 2
+
+
+def test_batchnorm_input_the_ranks_parts_cannot_make_up_is_statistical():
+    unsplit = "BatchNorm1d normalized a batch of 5, which 2 ranks' equal parts cannot make up"
+    flags = {SPLIT_FLAG: "BatchNorm1d", UNSPLIT_FLAG: unsplit}
+    result = judge(make_plan(), record([1.0, 1.0, 1.0], STEPS, flags), [record([1.0, 1.01, 1.0], STEPS)] * 2)
+    assert (result["verdict"], result["mode"]) == ("equivalent", "statistical")
+    assert any("a batch of 5" in note and "part by part" in note for note in result["notes"])
 
 
 def test_reduced_precision_autocast_switches_ddp_to_statistical_mode():
@@ -190,15 +240,25 @@ def test_reduced_precision_autocast_switches_ddp_to_statistical_mode():
     assert (single["verdict"], single["mode"]) == ("diverged", "exact")
 
 
-def test_dataparallel_has_no_sum_precondition_and_compares_batchnorm_statistically_over_replicas():
-    flags = {"plain_batchnorm": "BatchNorm2d", "sum_reduction": "x"}
-    reference, candidate = record([1, 1, 1], STEPS, flags), [record([1, 1, 1], STEPS, flags)]
+def test_dataparallel_has_no_sum_precondition_and_compares_split_batchnorm_exactly_over_replicas():
+    reference = record([1, 1, 1], STEPS, {SPLIT_FLAG: "BatchNorm2d", "sum_reduction": "x"})
+    candidate = [record([1, 1, 1], STEPS, {"plain_batchnorm": "BatchNorm2d", "sum_reduction": "x"})]
     one_gpu = judge(make_plan("dp", 1, dp_replicas=1), reference, candidate)
     assert (one_gpu["mode"], one_gpu["preconditions"]) == ("exact", [])
     replicas = judge(make_plan("dp", 1, dp_replicas=2, dp_simulated=True), reference, candidate)
-    assert (replicas["mode"], replicas["preconditions"]) == ("statistical", [])
-    assert any("BatchNorm2d under DataParallel: each replica normalizes" in note for note in replicas["notes"])
+    assert (replicas["mode"], replicas["preconditions"]) == ("exact", [])
+    assert any("each replica's part of the batch separately, as the 2 replicas do under DataParallel" in note
+               for note in replicas["notes"])
     assert any("never called an nn.DataParallel forward" in note for note in replicas["notes"])
+
+
+@pytest.mark.parametrize(("target", "device", "fields", "apart"), [
+    ("ddp", "cpu", {}, True), ("fsdp", "cpu", {}, True), ("ddp", "cuda", {}, False),  # GPUs: SyncBatchNorm
+    ("dp", "cuda", {"dp_replicas": 2}, True), ("dp", "cpu", {"dp_replicas": 1}, False)])
+def test_the_reference_splits_batchnorm_where_the_candidates_parts_normalize_apart(target, device, fields, apart):
+    plan = make_plan(target, 1 if target == "dp" else 2, **fields)
+    plan = Plan(**{**vars(plan), "device": device})
+    assert plan.ranks_normalize_apart() is apart
 
 
 class CountingNet(torch.nn.Module):
@@ -343,6 +403,42 @@ def test_plain_batchnorm_in_training_mode_is_flagged(recorder):
     assert "plain_batchnorm" not in recorder.flags
     norm.train()(torch.randn(4, 2))
     assert recorder.flags["plain_batchnorm"] == "BatchNorm1d"
+
+
+def batchnorm_pair():
+    """Two identical BatchNorm1d layers (non-trivial affine parameters) and a batch of 8."""
+    torch.manual_seed(0)
+    norms = [torch.nn.BatchNorm1d(3, momentum=0.3) for _ in range(2)]
+    with torch.no_grad():
+        for norm in norms:
+            norm.weight.copy_(torch.tensor([1.0, 2.0, 0.5]))
+            norm.bias.copy_(torch.tensor([0.0, -1.0, 1.0]))
+    return norms, torch.randn(8, 3) * 3 + 1
+
+
+def test_reference_batchnorm_normalizes_each_ranks_part_and_keeps_rank_0s_running_statistics(recorder):
+    (rank, norm), batch = batchnorm_pair()
+    rank_1 = torch.nn.functional.batch_norm(batch[4:], None, None, rank.weight, rank.bias, True)
+    expected = torch.cat([rank(batch[:4]), rank_1])
+    rank_0_buffers = {name: value.clone() for name, value in rank.named_buffers()}  # rank 1's updates are not kept
+    normalize_batchnorm_per_rank(2, True, recorder.flag)
+    torch.testing.assert_close(norm(batch), expected, rtol=0, atol=1e-6)
+    for name, value in norm.named_buffers():
+        torch.testing.assert_close(value, rank_0_buffers[name], rtol=0, atol=1e-7)
+    assert recorder.flags == {SPLIT_FLAG: "BatchNorm1d"}
+    torch.testing.assert_close(norm.eval()(batch), rank.eval()(batch))  # eval: running statistics, whole batch
+
+
+@pytest.mark.parametrize(("equal", "parts"), [(False, [3, 2]), (True, [5])])  # replicas: Tensor.chunk; ranks: equal parts
+def test_reference_batchnorm_splits_as_the_candidate_does_or_flags_what_it_cannot_split(recorder, equal, parts):
+    (norm, _), batch = batchnorm_pair()
+    odd = batch[:5]
+    expected = torch.cat([torch.nn.functional.batch_norm(part, None, None, norm.weight, norm.bias, True)
+                          for part in odd.split(parts)])
+    normalize_batchnorm_per_rank(2, equal, recorder.flag)
+    torch.testing.assert_close(norm(odd), expected, rtol=0, atol=1e-6)
+    unsplit = "BatchNorm1d normalized a batch of 5, which 2 ranks' equal parts cannot make up"
+    assert recorder.flags.get(UNSPLIT_FLAG) == (unsplit if equal else None)
 
 
 def test_noise_in_a_few_elements_that_training_moved_a_lot_is_equivalent_and_said_so():

@@ -43,6 +43,7 @@ from ddpify.anatomy.vocabulary import (
     TQDM_CONSTRUCTORS,
     WRITER_CONSTRUCTORS,
     is_builtin_layer,
+    is_criterion_class,
     is_model_factory,
     is_optimizer_constructor,
     is_scheduler_constructor,
@@ -245,7 +246,7 @@ class Anatomy:
             return ROLE_LOGGER, None
         if q == "torch.amp.GradScaler":
             return ROLE_SCALER, None
-        if q.startswith("torch.nn.") and q.endswith("Loss"):
+        if is_criterion_class(q):
             return ROLE_CRITERION, None
         return None
 

@@ -24,14 +24,13 @@ from ddpify.anatomy.analyzer import walk_body  # every node of a body, not neste
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.sites import MODULE_SCOPE, ModelSite, Ref
 from ddpify.anatomy.syntax import argument
-from ddpify.anatomy.vocabulary import DEVICE_MOVES, DP_WRAPPER
+from ddpify.anatomy.vocabulary import DEVICE_MOVES, DP_WRAPPER, is_criterion_class, is_loss_function
 
 # Where the loss sits in what forward returns: () the value itself, (1,) a tuple item, ("loss",) a dict item.
 LossPath = tuple[int | str, ...]
 
 _CUDA_STRING = re.compile(r"^cuda(:\d+)?$")
 _DEVICE_QUALNAMES = frozenset({"torch.device", "torch.cuda.current_device"})
-_LOSS_FUNCTION = re.compile(r"^torch\.nn\.functional\.(\w+_loss|cross_entropy|binary_cross_entropy\w*|kl_div)$")
 _LOSS_NAME = re.compile(r"(^|_)loss(es)?($|_)")
 _REDUCTIONS = frozenset({"mean", "sum"})
 _CONTAINER_MUTATORS = frozenset({"append", "extend", "insert", "update", "setdefault", "pop", "clear", "add", "remove"})
@@ -342,11 +341,10 @@ def is_loss(anatomy: Anatomy, expr: ast.AST, forward: ast.FunctionDef, _seen: fr
     if not isinstance(expr, ast.Call):
         return False
     func = expr.func
-    if _LOSS_FUNCTION.match(anatomy.qualname(func) or "") or anatomy.has_role(func, ROLE_CRITERION):
+    if is_loss_function(anatomy.qualname(func) or "") or anatomy.has_role(func, ROLE_CRITERION):
         return True
     if isinstance(func, ast.Call):  # nn.MSELoss()(pred, y)
-        constructor = anatomy.qualname(func.func) or ""
-        return constructor.startswith("torch.nn.") and constructor.endswith("Loss")
+        return is_criterion_class(anatomy.qualname(func.func) or "")
     return isinstance(func, ast.Attribute) and func.attr in _REDUCTIONS and is_loss(anatomy, func.value, forward, _seen)
 
 

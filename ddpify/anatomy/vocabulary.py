@@ -58,6 +58,24 @@ SAME_ON_WRAPPER = frozenset({
     "module", "training", "forward", "to", "cuda", "cpu",
 })
 
+# Loss functions of torch.nn.functional (they take `reduction=`); criterion classes are `torch.nn.*Loss`.
+LOSS_FUNCTION = re.compile(r"^torch\.nn\.functional\.(\w+_loss|cross_entropy|binary_cross_entropy\w*|kl_div)$")
+
+
+def is_loss_function(qualname: str) -> bool:
+    return bool(LOSS_FUNCTION.match(qualname))
+
+
+def is_criterion_class(qualname: str) -> bool:
+    return qualname.startswith("torch.nn.") and qualname.endswith("Loss")
+
+
+# torch's random draws (module functions): made in a forward, each rank draws its own numbers.
+RANDOM_DRAWS = frozenset({
+    "rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "normal", "bernoulli", "multinomial",
+    "poisson", "randperm",
+})
+
 # Reads of a module's parameters: the methods that yield them, and the attributes layers keep them in.
 PARAMETER_METHODS = frozenset({"parameters", "named_parameters"})
 PARAMETER_ATTRIBUTES = frozenset({"weight", "bias"})

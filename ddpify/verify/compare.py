@@ -2,9 +2,11 @@
 
 Exact mode: per step, the relative loss difference and the max relative parameter
 difference (max|Δ| / max|ref|) are at most EXACT_TOLERANCE, and every rank holds the
-same parameters. Statistical mode (plain BatchNorm under DDP or DataParallel's replicas,
-where each rank or replica normalizes with its own batch statistics; float16/bfloat16
-autocast there, where a split batch rounds differently from the whole one; an FSDP2
+same parameters. Plain BatchNorm under DDP on CPU or DataParallel's replicas stays exact:
+the reference normalizes each rank's part of the batch separately (see rank_batchnorm).
+Statistical mode (such BatchNorm fed a batch the ranks' parts cannot make up, or a GPU
+candidate's plain BatchNorm where the reference expected SyncBatchNorm; float16/bfloat16
+autocast under DDP or replicas, where a split batch rounds differently from the whole one; an FSDP2
 mixed-precision policy with float16/bfloat16 parameters): losses within
 STATISTICAL_LOSS_TOLERANCE and ranks agree. Runs in the launcher, which has torch
 imported already.
@@ -18,6 +20,7 @@ import torch
 
 from ddpify.verify.dataparallel import FORWARD_FLAG, UNEVEN_FLAG
 from ddpify.verify.plan import EXACT_TOLERANCE, STATISTICAL_LOSS_TOLERANCE, UPDATE_TOLERANCE, Plan
+from ddpify.verify.rank_batchnorm import SPLIT_FLAG, UNSPLIT_FLAG
 from ddpify.verify.result import error_result
 
 TINY = 1e-12
@@ -141,12 +144,15 @@ def same_data_on_every_rank(ranks: list[Record]) -> bool:
 def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
     """The verdict, per-step rows, notes and preconditions, as a JSON-ready dict."""
     flags = _all_flags([reference, *ranks])
-    statistical = (plan.splits_batches() and bool({"plain_batchnorm", "reduced_precision"} & flags.keys())
+    statistical = (plan.splits_batches() and (bool({UNSPLIT_FLAG, "reduced_precision", "forward_randomness"} & flags.keys())
+                                              or _unsplit_plain_batchnorm(flags))
                    or "low_precision_parameters" in flags)
     notes = list(dict.fromkeys(note for record in (reference, *ranks) for note in record.notes))
     notes += [flags[name] for name in ("dropout", "attention_dropout", "sample_randomness") if name in flags]
     if plan.dp_simulated and FORWARD_FLAG not in flags:
         notes.append("the candidate never called an nn.DataParallel forward: nothing about DataParallel was exercised")
+    if plan.splits_batches() and SPLIT_FLAG in flags:
+        notes.append(_split_batchnorm_note(plan, flags[SPLIT_FLAG]))
     if statistical:
         notes.append(f"{_statistical_reason(plan, flags)}, so the runs are compared in statistical mode: "
                      f"losses within {STATISTICAL_LOSS_TOLERANCE:g} and ranks agree")
@@ -161,8 +167,8 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
     if not counts[0]:
         return {**error_result("the reference made no optimizer step"), **result}
     divergence = first_divergence(rows, counts)
-    if divergence is None:
-        return {**result, "verdict": "equivalent", "diverged_at": None,
+    if divergence is None:  # no precondition held the runs apart (a summed loss scaled by WORLD_SIZE, say)
+        return {**result, "verdict": "equivalent", "diverged_at": None, "preconditions": [],
                 "message": _equivalent_message(rows, plan, statistical)}
     step, problems = divergence
     cause = " (a precondition failed, see preconditions)" if found else ""
@@ -170,18 +176,39 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
     return {**result, "verdict": "diverged", "diverged_at": step, "message": message}
 
 
+def _unsplit_plain_batchnorm(flags: dict[str, str]) -> bool:
+    """Did the candidate's ranks normalize with plain BatchNorm while the reference normalized whole batches
+    (on GPUs, where the reference expects SyncBatchNorm: see Plan.ranks_normalize_apart)?"""
+    return "plain_batchnorm" in flags and SPLIT_FLAG not in flags
+
+
 def _statistical_reason(plan: Plan, flags: dict[str, str]) -> str:
     """Why exact comparison cannot hold between the reference and the ranks (or DataParallel's replicas)."""
     if "low_precision_parameters" in flags:
         return (f"the candidate's {flags['low_precision_parameters']} rounds the parameters for forward and backward, "
                 f"where the reference computes with float32 ones")
-    dp = plan.target == "dp"
-    wrapper, part, remedy = ("DataParallel", "replica", "") if dp else ("DDP", "rank", " (SyncBatchNorm would not)")
-    if "plain_batchnorm" in flags:
+    wrapper, part = _wrapper_and_part(plan)
+    if "forward_randomness" in flags:
+        return (f"the model draws random numbers in forward ({flags['forward_randomness']}): under {wrapper} each {part} "
+                f"draws its own for its part of the batch, not the reference's for the whole")
+    if UNSPLIT_FLAG in flags:
+        return (f"plain {flags[UNSPLIT_FLAG]}, so the reference cannot normalize it part by part as the {part}s "
+                f"do under {wrapper}")
+    if _unsplit_plain_batchnorm(flags):
         return (f"plain {flags['plain_batchnorm']} under {wrapper}: each {part} normalizes with its own batch "
-                f"statistics{remedy}")
+                f"statistics (SyncBatchNorm would not)")
     return (f"{flags['reduced_precision']} under {wrapper}: each {part}'s part of the batch rounds differently from the "
             f"reference's whole batch")
+
+
+def _wrapper_and_part(plan: Plan) -> tuple[str, str]:
+    return ("DataParallel", "replica") if plan.target == "dp" else ("DDP", "rank")
+
+
+def _split_batchnorm_note(plan: Plan, layer: str) -> str:
+    wrapper, part = _wrapper_and_part(plan)
+    return (f"plain {layer}: the reference normalizes each {part}'s part of the batch separately, as the "
+            f"{plan.batch_parts} {part}s do under {wrapper} (running statistics from {part} 0's part)")
 
 
 def _equivalent_message(rows: list[StepRow], plan: Plan, statistical: bool) -> str:

@@ -4,7 +4,9 @@ Used in a process forked by the launcher (`run_role`) or as a torchrun worker
 (`python -m ddpify.verify.harness PLAN_JSON ROLE`). Before the script starts it:
 makes torch deterministic, switches dropout off, captures the tensor each backward
 starts from (unscaled when it came from a GradScaler), watches for `reduction='sum'`
-losses, plain BatchNorm and float16/bfloat16 autocast, re-cuts the reference's training
+losses, the candidate's plain BatchNorm and float16/bfloat16 autocast, makes the reference's
+plain BatchNorm normalize each rank's part of a split batch separately where the candidate's
+does (see rank_batchnorm), re-cuts the reference's training
 batches (see alignment), simulates DataParallel's replicas for a dp candidate on fewer than
 two GPUs (see dataparallel), and arms a faulthandler dump for hangs. After `plan.steps` optimizer steps, or when
 the script ends, it writes its record and leaves at once with os._exit, so no rank
@@ -31,12 +33,15 @@ import traceback
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils.data import DistributedSampler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from ddpify.anatomy.vocabulary import RANDOM_DRAWS
 from ddpify.verify.alignment import PassClock, align_training_loaders
 from ddpify.verify.dataparallel import simulate_data_parallel
 from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan, Run
+from ddpify.verify.rank_batchnorm import normalize_batchnorm_per_rank
 
 SEED = 0
 SHARED_GPU_ENV = "DDPIFY_VERIFY_SHARED_GPU"
@@ -249,8 +254,24 @@ def watch_sum_reduction(recorder: Recorder) -> None:
         setattr(F, name, watched)
 
 
+def watch_forward_randomness(recorder: Recorder) -> None:
+    """Flag random draws made inside a module's forward while autograd records (`torch.randn_like`
+    for a VAE's noise): split over ranks, each part draws other numbers than the whole batch does."""
+    depth = [0]
+    register_module_forward_pre_hook(lambda module, args: depth.__setitem__(0, depth[0] + 1))
+    register_module_forward_hook(lambda module, args, output: depth.__setitem__(0, depth[0] - 1))
+    for name in RANDOM_DRAWS:
+        def watched(*args, _function=getattr(torch, name), _name=name, **kwargs):
+            if depth[0] > 0 and torch.is_grad_enabled():
+                recorder.flag("forward_randomness", f"torch.{_name}")
+            return _function(*args, **kwargs)
+
+        setattr(torch, name, watched)
+
+
 def watch_plain_batchnorm(recorder: Recorder) -> None:
-    """Flag BatchNorm layers (not SyncBatchNorm, which overrides forward) used in training mode."""
+    """Flag BatchNorm layers (not SyncBatchNorm, which overrides forward) used in training mode: where the
+    reference does not split them per rank, such a candidate matches it only statistically."""
     forward = _BatchNorm.forward
 
     def watched(self, input):
@@ -373,12 +394,16 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
     disable_dropout(recorder)
     seed_each_sample(recorder)
     watch_sum_reduction(recorder)
-    watch_plain_batchnorm(recorder)
     watch_reduced_precision(recorder)
+    watch_forward_randomness(recorder)
     capture_backward(recorder)
     register_optimizer_step_pre_hook(recorder.before_step)
     capture_manual_updates(recorder)
     register_optimizer_step_post_hook(recorder.on_step)
+    if role == REFERENCE and plan.ranks_normalize_apart():
+        normalize_batchnorm_per_rank(plan.batch_parts, plan.distributed, recorder.flag)
+    if role == CANDIDATE:
+        watch_plain_batchnorm(recorder)
     if role == REFERENCE and plan.aligns_reference():
         script = os.path.realpath(plan.reference.script)
         static_sites = {(script, line) for line in plan.reference_training_lines}

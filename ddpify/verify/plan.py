@@ -74,6 +74,18 @@ class Plan:
         """Each batch split over several ranks or replicas: where plain BatchNorm and reduced precision stop matching."""
         return self.averages_across_ranks() or (self.target == "dp" and self.dp_replicas > 1)
 
+    def ranks_normalize_apart(self) -> bool:
+        """Does the candidate's plain BatchNorm normalize each rank's (or replica's) part of a split batch alone,
+        so that the reference must too? Always on CPU, where SyncBatchNorm cannot run, and under DataParallel,
+        which SyncBatchNorm does not support; on GPUs a DDP port may use SyncBatchNorm (converted scripts do),
+        which normalizes the whole batch as the reference does."""
+        return self.splits_batches() and (self.device == "cpu" or self.target == "dp")
+
+    @property
+    def batch_parts(self) -> int:
+        """Into how many parts each batch is split: ranks, or DataParallel's replicas."""
+        return self.nproc if self.distributed else self.dp_replicas
+
     def averages_across_ranks(self) -> bool:
         """Gradients averaged over several ranks: where sum losses stop matching."""
         return self.distributed and self.nproc > 1

@@ -7,6 +7,7 @@ from ddpify.codemods.ddp.random_split import SameSplitOnEveryRank
 from ddpify.codemods.ddp.rank_zero import RankZeroDuties
 from ddpify.codemods.ddp.samplers import DistributedSamplers
 from ddpify.codemods.ddp.setup import DistributedSetup
+from ddpify.codemods.ddp.sum_loss import SumLossScaling
 from ddpify.codemods.ddp.module_access import DDPModuleAccess
 from ddpify.codemods.ddp.no_sync import NoSyncAccumulation
 from ddpify.codemods.ddp.per_node import PerNodeDownloads
@@ -14,7 +15,7 @@ from ddpify.codemods.ddp.wrap import RemoveDataParallel, WrapModel
 
 DDP_TRANSFORMS = (
     DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, DistributedSamplers,
-    EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, PerNodeDownloads,
+    EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
 )
 
 

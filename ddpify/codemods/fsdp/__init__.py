@@ -11,6 +11,7 @@ from ddpify.codemods.ddp.per_node import PerNodeDownloads
 from ddpify.codemods.ddp.rank_zero import RankZeroDuties
 from ddpify.codemods.ddp.samplers import DistributedSamplers
 from ddpify.codemods.ddp.setup import DistributedSetup
+from ddpify.codemods.ddp.sum_loss import SumLossScaling
 from ddpify.codemods.ddp.wrap import RemoveDataParallel
 from ddpify.codemods.fsdp.accumulation import GradientSyncAccumulation
 from ddpify.codemods.fsdp.parameters import FullParameters
@@ -19,5 +20,5 @@ from ddpify.codemods.fsdp.sharded_checkpoints import ShardedCheckpoints
 from ddpify.codemods.fsdp.state_dicts import FullStateDicts
 
 FSDP_TRANSFORMS = (DistributedSetup, RankDevices, RemoveDataParallel, ShardModel, ShardedCheckpoints, FullStateDicts, FullParameters, DistributedSamplers, RankZeroDuties,
-                   GradientSyncAccumulation, PerNodeDownloads)
+                   GradientSyncAccumulation, SumLossScaling, PerNodeDownloads)
 FSDP_LIBRARY_TRANSFORMS = library_transforms(FSDP_TRANSFORMS)

@@ -1,0 +1,57 @@
+"""How the loss a training step back-propagates reduces over the batch.
+
+DDP averages gradients over the ranks, which keeps a per-sample mean a mean of the global batch;
+a loss summed over the batch (`reduction='sum'`) becomes the ranks' mean of their sums, WORLD_SIZE
+times smaller than the single-process sum over the same samples.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy.analyzer import ROLE_CRITERION, Anatomy
+from ddpify.anatomy.distributed import reaching_values, returned_values
+from ddpify.anatomy.syntax import keyword
+from ddpify.anatomy.vocabulary import is_criterion_class, is_loss_function
+
+_MAX_DEPTH = 12
+
+
+def loss_terms(a: Anatomy, expr: ast.AST, depth: int = 0) -> list[ast.Call]:
+    """The loss-function and criterion calls whose results flow into `expr`: through variables,
+    arithmetic, and the returns of this file's functions."""
+    if depth > _MAX_DEPTH:
+        return []
+    if isinstance(expr, ast.Call):
+        if _is_loss_call(a, expr):
+            return [expr]
+        callee = a.callee(expr)
+        return [t for value in returned_values(a, callee) for t in loss_terms(a, value, depth + 1)] if callee else []
+    if isinstance(expr, ast.BinOp):
+        return loss_terms(a, expr.left, depth + 1) + loss_terms(a, expr.right, depth + 1)
+    if isinstance(expr, ast.UnaryOp):
+        return loss_terms(a, expr.operand, depth + 1)
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        return [t for value in reaching_values(a, expr) for t in loss_terms(a, value, depth + 1)]
+    return []
+
+
+def sums_over_batch(a: Anatomy, call: ast.Call) -> bool | None:
+    """Does this loss call sum over the batch (`reduction='sum'`, given here or to its criterion)?
+    None when a reduction is chosen at run time (`reduction=args.reduction`)."""
+    reductions = [keyword(call, "reduction")]
+    if isinstance(call.func, (ast.Name, ast.Attribute)) and a.has_role(call.func, ROLE_CRITERION):
+        reductions += [keyword(v, "reduction") for v in reaching_values(a, call.func) if isinstance(v, ast.Call)]
+    elif isinstance(call.func, ast.Call):  # nn.MSELoss(reduction="sum")(pred, y)
+        reductions.append(keyword(call.func, "reduction"))
+    given = [r.value for r in reductions if r is not None]
+    if any(isinstance(v, ast.Constant) and v.value == "sum" for v in given):
+        return True
+    return None if any(not isinstance(v, ast.Constant) for v in given) else False
+
+
+def _is_loss_call(a: Anatomy, call: ast.Call) -> bool:
+    func = call.func
+    if is_loss_function(a.qualname(func) or "") or a.has_role(func, ROLE_CRITERION):
+        return True
+    return isinstance(func, ast.Call) and is_criterion_class(a.qualname(func.func) or "")

@@ -1,0 +1,58 @@
+"""A loss summed over the batch keeps its single-process gradient: backward on `loss * WORLD_SIZE`.
+
+DDP (and FSDP) average gradients over the ranks. For a per-sample mean that is the mean over the
+global batch; for `reduction='sum'` it is the ranks' mean of their sums, WORLD_SIZE times smaller
+than the sum over the same samples in one process. Only a loss whose every loss term sums is
+scaled; a mix of summed and averaged terms is left to the user, with advice.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+
+from ddpify.anatomy import ROLE_SCALER
+from ddpify.anatomy.losses import loss_terms, sums_over_batch
+from ddpify.codemods.base import Transform
+from ddpify.codemods.ddp.runtime import WORLD_SIZE
+
+_CST_TYPES = {ast.Name: cst.Name, ast.Attribute: cst.Attribute, ast.Call: cst.Call, ast.Subscript: cst.Subscript}
+
+
+class SumLossScaling(Transform):
+    NAME = "sum_loss"
+    DESCRIPTION = "Scale a loss summed over the batch by WORLD_SIZE before backward (ranks average gradients)."
+
+    def plan(self) -> None:
+        for site in self.anatomy.training_calls:
+            call: ast.Call = site.node  # type: ignore[assignment]
+            if isinstance(call.func, ast.Attribute) and call.func.attr == "backward":
+                self._plan_backward(site.line, self._loss_of(call.func.value))
+
+    def _loss_of(self, receiver: ast.expr) -> ast.expr:
+        """`loss` in `loss.backward()` and in `scaler.scale(loss).backward()`."""
+        if (isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Attribute) and receiver.func.attr == "scale"
+                and receiver.args and self.anatomy.has_role(receiver.func.value, ROLE_SCALER)):
+            return receiver.args[0]
+        return receiver
+
+    def _plan_backward(self, line: int, loss: ast.expr) -> None:
+        terms = loss_terms(self.anatomy, loss)
+        reductions = [sums_over_batch(self.anatomy, t) for t in terms]
+        if None in reductions:
+            self.advise(line, f"the loss's reduction is chosen at run time: if it is 'sum', back-propagate loss * {WORLD_SIZE} "
+                              f"(ranks average gradients)")
+            return
+        summed = [t for t, sums in zip(terms, reductions) if sums]
+        if not summed:
+            return
+        cst_type = _CST_TYPES.get(type(loss))
+        if len(summed) < len(terms) or cst_type is None:
+            self.advise(line, f"the loss adds terms summed over the batch (reduction='sum') to averaged ones: ranks average "
+                              f"gradients, so multiply only the summed terms by {WORLD_SIZE}")
+            return
+        code = ast.unparse(loss)
+        self.rewrite_node(loss, cst_type, lambda _: cst.parse_expression(f"({code} * {WORLD_SIZE})"))
+        self.changed(line, f"the loss sums over the batch (reduction='sum') and ranks average gradients: backward on "
+                           f"{code} * {WORLD_SIZE} keeps the single-process sum")
