@@ -56,6 +56,15 @@ def verify_json(*args: str) -> tuple[int, dict]:
     return completed.returncode, result
 
 
+def verify_against_edited_snapshot(tmp_path: Path, fixture: str, target: str, old: str, new: str) -> tuple[int, dict]:
+    """Verify a fixture against its converted snapshot with `old` replaced by `new` (a deliberately wrong port)."""
+    port = (ROOT / "fixtures" / "expected" / target / f"{fixture}.py").read_text()
+    wrong = port.replace(old, new)
+    assert wrong != port
+    (tmp_path / f"{fixture}_wrong.py").write_text(wrong)
+    return verify_json(str(ROOT / "fixtures" / f"{fixture}.py"), "--to", target, "--against", str(tmp_path / f"{fixture}_wrong.py"))
+
+
 def processes_mentioning(text: str) -> list[str]:
     """Command lines of live processes that mention `text` (a workspace path)."""
     found = []
@@ -169,12 +178,7 @@ def test_plain_batchnorm_port_is_compared_exactly_with_the_reference_normalizing
 
 def test_plain_batchnorm_port_with_a_wrong_learning_rate_diverges_exactly(tmp_path):
     """A 2% larger learning rate: within the 5% that statistical mode allowed plain BatchNorm."""
-    port = (ROOT / "fixtures" / "expected" / "ddp" / "batchnorm_cnn.py").read_text()
-    wrong = port.replace("lr=0.05,", "lr=0.051,")
-    assert wrong != port
-    (tmp_path / "batchnorm_cnn_lr.py").write_text(wrong)
-    code, result = verify_json(str(ROOT / "fixtures" / "batchnorm_cnn.py"), "--to", "ddp",
-                               "--against", str(tmp_path / "batchnorm_cnn_lr.py"))
+    code, result = verify_against_edited_snapshot(tmp_path, "batchnorm_cnn", "ddp", "lr=0.05,", "lr=0.051,")
     assert (code, result["verdict"], result["mode"], result["diverged_at"]) == (1, "diverged", "exact", 1), result["message"]
 
 
@@ -199,12 +203,8 @@ def test_dp_conversion_trains_like_the_original_on_simulated_replicas(name):
 
 def test_dp_port_that_does_not_average_the_loss_from_forward_fails_with_the_reason(tmp_path):
     """Without simulated replicas this port trains exactly like the original: the loss stays a scalar."""
-    averaged = (ROOT / "fixtures" / "expected" / "dp" / "dp_loss_tuple.py").read_text()
-    unaveraged = averaged.replace("            loss = loss.mean()  # DataParallel returns one loss per GPU\n", "")
-    assert unaveraged != averaged
-    (tmp_path / "dp_loss_tuple_unaveraged.py").write_text(unaveraged)
-    code, result = verify_json(str(ROOT / "fixtures" / "dp_loss_tuple.py"), "--to", "dp",
-                               "--against", str(tmp_path / "dp_loss_tuple_unaveraged.py"))
+    code, result = verify_against_edited_snapshot(
+        tmp_path, "dp_loss_tuple", "dp", "            loss = loss.mean()  # DataParallel returns one loss per GPU\n", "")
     assert (code, result["verdict"]) == (2, "error")
     assert "only for scalar outputs" in result["message"] and "loss.mean()" in result["message"], result["message"]
 
