@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
+from ddpify.anatomy.vocabulary import RANDOM_DRAWS  # noqa: E402
 from ddpify.verify.alignment import AlignedBatchSampler, LoaderCensus, align_training_loaders, is_training_loader  # noqa: E402
 from ddpify.verify.compare import Record, judge  # noqa: E402
 from ddpify.verify.dataparallel import simulate_data_parallel  # noqa: E402
@@ -183,23 +184,27 @@ def test_an_equivalent_verdict_lists_no_precondition_and_batchnorm_the_reference
 
 
 def test_random_draws_in_forward_switch_to_statistical_mode_and_say_which():
-    ranks = [record([1.0, 1.0, 1.0], [[1.0, 2.0], [1.5, 2.5], [1.0, 2.0]], {"forward_randomness": "torch.randn_like"})] * 2
+    ranks = [record([1.0, 1.0, 1.0], [[1.0, 2.0], [1.5, 2.5], [1.0, 2.0]], {"training_randomness": "torch.randn_like in a forward"})] * 2
     result = judge(make_plan(), record([1.01, 1.0, 1.0], STEPS), ranks)
     assert (result["verdict"], result["mode"]) == ("equivalent", "statistical")
-    assert any("draws random numbers in forward (torch.randn_like)" in note for note in result["notes"])
+    assert any("draws random numbers while it trains (torch.randn_like in a forward)" in note for note in result["notes"])
 
 
-def test_random_draws_are_flagged_only_inside_a_forward_that_records(recorder):
-    from ddpify.verify.harness import watch_forward_randomness
-    saved = {name: getattr(torch, name) for name in ("randn_like", "rand", "randn")}
+def test_random_draws_are_flagged_once_training_forwards_record(recorder):
+    from ddpify.verify.harness import watch_training_randomness
+    saved = {name: getattr(torch, name) for name in RANDOM_DRAWS}
     try:
-        watch_forward_randomness(recorder)
-        torch.randn(2)  # outside any forward: data, noise for a GAN's generator input
+        watch_training_randomness(recorder)
+        torch.randn(2)  # before training: the data
         with torch.no_grad():
             NoisyLayer()(torch.ones(2))
-        assert "forward_randomness" not in recorder.flags
+        torch.randperm(4, generator=torch.Generator())  # a sampler's own generator
+        assert "training_randomness" not in recorder.flags
         NoisyLayer()(torch.ones(2))
-        assert recorder.flags["forward_randomness"] == "torch.randn_like"
+        assert recorder.flags["training_randomness"] == "torch.randn_like in a forward"
+        recorder.flags.clear()
+        torch.randn(2)  # a GAN's noise for the next step
+        assert recorder.flags["training_randomness"] == "torch.randn between training steps"
     finally:
         for name, function in saved.items():
             setattr(torch, name, function)

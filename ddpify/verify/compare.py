@@ -144,7 +144,7 @@ def same_data_on_every_rank(ranks: list[Record]) -> bool:
 def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
     """The verdict, per-step rows, notes and preconditions, as a JSON-ready dict."""
     flags = _all_flags([reference, *ranks])
-    statistical = (plan.splits_batches() and (bool({UNSPLIT_FLAG, "reduced_precision", "forward_randomness"} & flags.keys())
+    statistical = (plan.splits_batches() and (bool({UNSPLIT_FLAG, "reduced_precision", "training_randomness"} & flags.keys())
                                               or _unsplit_plain_batchnorm(flags))
                    or "low_precision_parameters" in flags)
     notes = list(dict.fromkeys(note for record in (reference, *ranks) for note in record.notes))
@@ -188,9 +188,9 @@ def _statistical_reason(plan: Plan, flags: dict[str, str]) -> str:
         return (f"the candidate's {flags['low_precision_parameters']} rounds the parameters for forward and backward, "
                 f"where the reference computes with float32 ones")
     wrapper, part = _wrapper_and_part(plan)
-    if "forward_randomness" in flags:
-        return (f"the model draws random numbers in forward ({flags['forward_randomness']}): under {wrapper} each {part} "
-                f"draws its own for its part of the batch, not the reference's for the whole")
+    if "training_randomness" in flags:
+        return (f"the script draws random numbers while it trains ({flags['training_randomness']}): under {wrapper} each "
+                f"{part} draws its own for its part of the batch, not the reference's for the whole")
     if UNSPLIT_FLAG in flags:
         return (f"plain {flags[UNSPLIT_FLAG]}, so the reference cannot normalize it part by part as the {part}s "
                 f"do under {wrapper}")

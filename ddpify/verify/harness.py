@@ -254,16 +254,26 @@ def watch_sum_reduction(recorder: Recorder) -> None:
         setattr(F, name, watched)
 
 
-def watch_forward_randomness(recorder: Recorder) -> None:
-    """Flag random draws made inside a module's forward while autograd records (`torch.randn_like`
-    for a VAE's noise): split over ranks, each part draws other numbers than the whole batch does."""
-    depth = [0]
-    register_module_forward_pre_hook(lambda module, args: depth.__setitem__(0, depth[0] + 1))
-    register_module_forward_hook(lambda module, args, output: depth.__setitem__(0, depth[0] - 1))
+def watch_training_randomness(recorder: Recorder) -> None:
+    """Flag random draws from the global generator made while autograd records, inside a module's
+    forward (a VAE's `torch.randn_like` noise) or once training forwards have run (a GAN's noise for
+    the next step): split over ranks, each draws other numbers than the single process does."""
+    depth, trained = [0], [False]
+
+    def entered(module, args):
+        depth[0] += 1
+
+    def left(module, args, output):
+        depth[0] -= 1
+        trained[0] = trained[0] or (module.training and torch.is_grad_enabled())
+
+    register_module_forward_pre_hook(entered)
+    register_module_forward_hook(left)
     for name in RANDOM_DRAWS:
         def watched(*args, _function=getattr(torch, name), _name=name, **kwargs):
-            if depth[0] > 0 and torch.is_grad_enabled():
-                recorder.flag("forward_randomness", f"torch.{_name}")
+            if torch.is_grad_enabled() and kwargs.get("generator") is None and (depth[0] > 0 or trained[0]):
+                where = "in a forward" if depth[0] > 0 else "between training steps"
+                recorder.flag("training_randomness", f"torch.{_name} {where}")
             return _function(*args, **kwargs)
 
         setattr(torch, name, watched)
@@ -395,7 +405,7 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
     seed_each_sample(recorder)
     watch_sum_reduction(recorder)
     watch_reduced_precision(recorder)
-    watch_forward_randomness(recorder)
+    watch_training_randomness(recorder)
     capture_backward(recorder)
     register_optimizer_step_pre_hook(recorder.before_step)
     capture_manual_updates(recorder)
