@@ -6,10 +6,16 @@ script runs); keep its signature stable.
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Mapping, Sequence, Union
 
@@ -54,12 +60,10 @@ def run_script(
       ``returncode`` themselves.
     """
     args = [os.fspath(a) for a in argv]
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = "1"
-    env.setdefault("PYTHONIOENCODING", "utf-8")
-    if env_extra:
-        env.update({str(k): str(v) for k, v in env_extra.items()})
-
+    env = child_environment(env_extra)
+    launch = fork_launch_request(args) if FORK_LAUNCHES else None
+    if launch is not None:
+        return FORK_SERVER.run(args, launch, os.fspath(cwd), env, timeout)
     proc = subprocess.Popen(
         args,
         cwd=os.fspath(cwd),
@@ -95,6 +99,132 @@ def run_script(
     # reap anything the script left behind in its group (stray workers)
     _kill_group(proc.pid)
     return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+
+
+def child_environment(env_extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment with OMP_NUM_THREADS=1 and UTF-8 output, then `env_extra`."""
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env.setdefault("PYTHONIOENCODING", "utf-8")
+    env.update({str(k): str(v) for k, v in (env_extra or {}).items()})
+    return env
+
+
+# ===== fork-based launches (tests/forkserver.py) ================================================
+#: DDPIFY_TEST_FORK=0: every launch is a real process (python, torchrun), as a user's would be
+FORK_LAUNCHES = os.environ.get("DDPIFY_TEST_FORK", "1") != "0"
+_TORCHRUN_FLAGS = {"--standalone": None, "--nproc_per_node": "nproc", "--nproc-per-node": "nproc",
+                   "--log-dir": "log_dir", "--log_dir": "log_dir", "--redirects": "redirects"}
+
+
+def fork_launch_request(args: Sequence[str]) -> dict | None:
+    """What the fork server must launch for `args`, when it is `python script.py ...` or
+    `python -m torch.distributed.run --standalone --nproc_per_node=N [--log-dir D --redirects 1]
+    script.py ...`; None for anything else (it runs as a real process)."""
+    if len(args) < 2 or args[0] != sys.executable:
+        return None
+    if args[1].endswith(".py"):
+        return {"argv": list(args[1:]), "nproc": 0}
+    if args[1:3] != ["-m", "torch.distributed.run"]:
+        return None
+    options, rest = _torchrun_options(list(args[3:]))
+    if options is None or "nproc" not in options or not rest or not rest[0].endswith(".py"):
+        return None
+    if options.get("redirects", "1") != "1" or "--standalone" not in args[3:]:
+        return None
+    return {"argv": rest, "nproc": int(options["nproc"]), "log_dir": options.get("log_dir")}
+
+
+def _torchrun_options(args: list[str]) -> tuple[dict[str, str] | None, list[str]]:
+    """torchrun's own options (only those the fork server knows) and the script's argv after them."""
+    options: dict[str, str] = {}
+    while args and args[0].startswith("--"):
+        flag, _, value = args.pop(0).partition("=")
+        if flag not in _TORCHRUN_FLAGS:
+            return None, args
+        name = _TORCHRUN_FLAGS[flag]
+        if name is not None:
+            options[name] = value or args.pop(0)
+    return options, args
+
+
+class ForkServer:
+    """The test process's one fork server (started on first use): runs launches one at a time."""
+
+    SCRIPT = Path(__file__).resolve().parent / "forkserver.py"
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen | None = None
+        self._replies = -1
+        self._pending = b""
+        self._lock = threading.Lock()
+
+    def run(self, args: list[str], launch: dict, cwd: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+        with self._lock, tempfile.TemporaryDirectory(prefix="ddpify-fork-") as tmp:
+            out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+            request = {**launch, "cwd": cwd, "env": env, "stdout": out, "stderr": err}
+            returncode = self._launch(request, timeout, args, cwd, out, err)
+            return subprocess.CompletedProcess(args, returncode, _read(out), _read(err))
+
+    def _launch(self, request: dict, timeout: float, args: list[str], cwd: str, out: str, err: str) -> int:
+        self._send(request)
+        pid = self._reply(30)["pid"]
+        try:
+            reply = self._reply(timeout)
+        except TimeoutError:
+            _kill_group(pid)
+            self._reply(30)
+            raise AssertionError(f"timed out after {timeout}s: {' '.join(args)} (cwd={cwd})\n"
+                                 f"--- stdout tail ---\n{_tail(_read(out))}\n--- stderr tail ---\n{_tail(_read(err))}") from None
+        except BaseException:
+            _kill_group(pid)
+            self.close()
+            raise
+        _kill_group(pid)  # stray workers the script left in its group
+        return reply["returncode"]
+
+    def _send(self, request: dict) -> None:
+        if self._process is None or self._process.poll() is not None:
+            self._start()
+        assert self._process is not None and self._process.stdin is not None
+        self._process.stdin.write((json.dumps(request) + "\n").encode())
+        self._process.stdin.flush()
+
+    def _start(self) -> None:
+        read, write = os.pipe()
+        self._process = subprocess.Popen([sys.executable, str(self.SCRIPT), str(write)], stdin=subprocess.PIPE,
+                                         pass_fds=(write,), env=child_environment(), start_new_session=True)
+        os.close(write)
+        self._replies, self._pending = read, b""
+
+    def _reply(self, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._replies], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(self._replies, 4096)
+            if not chunk:
+                raise RuntimeError("the test fork server died")
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self._process is not None:
+            _kill_group(self._process.pid)
+            self._process.wait()
+            os.close(self._replies)
+            self._process = None
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as stream:
+        return stream.read()
+
+
+FORK_SERVER = ForkServer()
+atexit.register(FORK_SERVER.close)
 
 
 def python_argv(script: StrPath, *args: StrPath) -> list[str]:

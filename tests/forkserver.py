@@ -1,0 +1,191 @@
+"""Fork-based launches for the test suite: `python script.py` and `torchrun --standalone` without
+paying for Python, torch and torch._dynamo start-up in every process (seconds of CPU each).
+
+The test process starts this file once (`python forkserver.py`, torch imported, no threads). For
+each launch it forks an *agent*: a new session (so a timeout kills the whole group), the caller's
+working directory, environment and files for stdout/stderr. A `python script.py` agent runs the
+script as `__main__`, as the interpreter would (sys.argv, sys.path[0] = the script's folder,
+PYTHONPATH entries and their sitecustomize, normal interpreter exit). A torchrun agent does what
+torchrun's agent does on one node: it serves the rendezvous store, forks one process per rank with
+torchrun's variables (ddpify.verify.launcher.rank_environment, the same as `verify` uses), writes
+each rank's stdout to `<log dir>/<run>/attempt_0/<rank>/stdout.log` when asked to redirect, stops
+the others when one rank fails and exits 1 if any failed. Real torchrun stays in the suite where it
+is the subject (tests/test_launch.py, verify's `--launcher torchrun`); DDPIFY_TEST_FORK=0 makes
+every launch a real process.
+
+Protocol: one JSON request per line on stdin; replies on the descriptor named in argv[1]: the
+agent's pid, then its exit code.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import types
+from typing import NoReturn
+
+import torch._dynamo  # noqa: F401  (every optimizer's construction imports it)
+import torch.distributed  # noqa: F401
+import torch.nn.parallel  # noqa: F401
+import torch.utils.data  # noqa: F401
+
+from ddpify.verify.launcher import ForkedRun, rank_environment
+from ddpify.verify.rendezvous import serve_store
+
+POLL_S = 0.01
+FAILURE_GRACE_S = 2.0
+
+
+def run_as_main(argv: list[str]) -> int:
+    """Run `argv[0]` as `python argv[0] argv[1:]` would; its exit code."""
+    script = argv[0]
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    main = types.ModuleType("__main__")
+    main.__file__ = script
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    try:
+        with open(script, "rb") as source:
+            code = compile(source.read(), script, "exec")
+        exec(code, main.__dict__)
+    except SystemExit as stop:
+        return _exit_code(stop)
+    except BaseException as error:  # what the interpreter prints for an uncaught exception
+        sys.excepthook(type(error), error, error.__traceback__.tb_next)
+        return 1
+    return 0
+
+
+def _exit_code(stop: SystemExit) -> int:
+    if stop.code is None or isinstance(stop.code, int):
+        return stop.code or 0
+    print(stop.code, file=sys.stderr)
+    return 1
+
+
+def become_script(argv: list[str]) -> NoReturn:
+    """Run the script, then leave as the interpreter does (threads joined, atexit run, output flushed).
+
+    os._exit, not a return to the interpreter's finalization: the forked process holds copies of
+    the server's objects (the rendezvous store of its agent) that must not be destroyed here.
+    """
+    run_sitecustomize()
+    code = run_as_main(argv)
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
+def take_environment(env: dict[str, str]) -> None:
+    """The caller's environment, with its PYTHONPATH entries on sys.path."""
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[1:1] = _new_path_entries()
+
+
+def _new_path_entries() -> list[str]:
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+
+
+def run_sitecustomize() -> None:
+    """What a fresh interpreter does at start-up: the first sitecustomize.py on PYTHONPATH runs."""
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        custom = os.path.join(entry, "sitecustomize.py") if entry else ""
+        if custom and os.path.exists(custom):
+            with open(custom, "rb") as source:
+                exec(compile(source.read(), custom, "exec"), {"__name__": "sitecustomize", "__file__": custom})
+            return
+
+
+def redirect(fd: int, path: str, flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC) -> None:
+    target = os.open(path, flags, 0o644)
+    os.dup2(target, fd)
+    os.close(target)
+
+
+def fork() -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return os.fork()
+
+
+def run_ranks(request: dict) -> int:
+    """torchrun --standalone on one node: one forked process per rank; 1 if any rank failed."""
+    nproc, log_dir = request["nproc"], request.get("log_dir")
+    store = serve_store(nproc)
+    ranks = [_fork_rank(request["argv"], rank_environment(rank, nproc, store), log_dir) for rank in range(nproc)]
+    return 1 if any(_wait_ranks(ranks)) else 0
+
+
+def _fork_rank(argv: list[str], environment: dict[str, str], log_dir: str | None) -> ForkedRun:
+    pid = fork()
+    if pid:
+        return ForkedRun(pid)
+    os.environ.update(environment)
+    if log_dir:
+        folder = os.path.join(log_dir, "fork", "attempt_0", environment["RANK"])
+        os.makedirs(folder, exist_ok=True)
+        redirect(1, os.path.join(folder, "stdout.log"))
+    become_script(argv)
+
+
+def _wait_ranks(ranks: list[ForkedRun]) -> list[int]:
+    """Every rank's exit code; once one fails, the others get a grace period and are then killed."""
+    deadline = float("inf")
+    while True:
+        codes = [rank.poll() for rank in ranks]
+        if None not in codes:
+            return codes  # type: ignore[return-value]
+        if any(codes) and deadline == float("inf"):
+            deadline = time.time() + FAILURE_GRACE_S
+        if time.time() > deadline:
+            for rank, code in zip(ranks, codes):
+                if code is None:
+                    os.kill(rank.pid, signal.SIGKILL)
+        time.sleep(POLL_S)
+
+
+def start_agent(request: dict, control: int) -> int:
+    """Fork the agent of one launch; in the server, its pid (the agent never returns)."""
+    pid = fork()
+    if pid:
+        return pid
+    try:
+        os.close(control)
+        os.setsid()
+        os.chdir(request["cwd"])
+        redirect(0, os.devnull, os.O_RDONLY)
+        redirect(1, request["stdout"])
+        redirect(2, request["stderr"])
+        take_environment(request["env"])
+        if not request["nproc"]:
+            become_script(request["argv"])
+        code = run_ranks(request)
+    except BaseException:
+        traceback.print_exc()
+        code = 70
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def serve(control: int) -> None:
+    """Answer launch requests until stdin closes."""
+    for line in sys.stdin:
+        pid = start_agent(json.loads(line), control)
+        os.write(control, (json.dumps({"pid": pid}) + "\n").encode())
+        _, status = os.waitpid(pid, 0)
+        os.write(control, (json.dumps({"returncode": os.waitstatus_to_exitcode(status)}) + "\n").encode())
+
+
+if __name__ == "__main__":
+    redirect(1, os.devnull)
+    serve(int(sys.argv[1]))
