@@ -26,6 +26,17 @@ _spec = importlib.util.spec_from_file_location("real_corpus", BENCH)
 corpus = sys.modules.setdefault("real_corpus", importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(corpus)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers import run_script  # noqa: E402
+
+
+def run_as_test(argv: list, cwd: Path, timeout: float):
+    """The bench's runs, through the tests' launcher (python and torchrun runs are forked)."""
+    return run_script(argv, cwd, corpus.environment(), timeout)
+
+
+corpus.run = run_as_test
+
 # Entries whose conversion today is neither complete nor an honest "incomplete" exit: {name: why}.
 NOT_HONEST_YET: dict[str, str] = {}  # every entry today ends converted or exits 3 naming what is missing
 # Complete conversions that do not yet run under torchrun with 2 ranks: {name: why}.
