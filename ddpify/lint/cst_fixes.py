@@ -1,10 +1,11 @@
 """Fix edits built by the convert transforms' own LibCST machinery, serialised as text `Edit`s.
 
-A structural fix finds the CST node at an ast node's position in a LibCST parse of the script,
-applies the builder the codemods use (`guard`, `first_in_body`, `add_keyword`, `module_of`, ...)
-and renders the result with the module's own indentation and line endings. LibCST re-indents
-statements and leaves string contents alone, so multi-line strings, tabs and CRLF files come out
-right. A statement that shares its line (`a; b`, `if x: a`) is first spread one statement a line.
+A structural fix finds the CST node at an ast node's position in a LibCST parse of the script and
+applies the builder the codemods use (`guard`, `first_in_body`, `add_keyword`, `module_of`, ...).
+The statement that changes is rendered in place, with the module's indentation and line endings
+and inside stand-ins for the blocks around it: LibCST re-indents statements and leaves string
+contents alone, so multi-line strings, tabs and CRLF files come out right. A statement that shares
+its line (`a; b`, `if x: a`) is first spread out, one statement a line.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from typing import Callable, Mapping, Sequence, TypeVar
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from ddpify.anatomy import Anatomy
+from ddpify.anatomy import Anatomy, Pos
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.codemods.base import Key, Span, StatementRewrite
 from ddpify.lint.fixes import LineIndex
 from ddpify.lint.rule import Edit
 
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
-T = TypeVar("T", str, list)
+_Seq = TypeVar("_Seq", str, list)
 
 
 def statement_edit(a: Anatomy, stmt: ast.stmt, rewrite: StatementRewrite) -> Edit | None:
@@ -33,22 +34,26 @@ def statement_edit(a: Anatomy, stmt: ast.stmt, rewrite: StatementRewrite) -> Edi
     None when LibCST cannot parse the script or has no statement where `stmt` starts."""
     parsed = _parsed(a)
     pos = a.pos(stmt)
-    new = parsed.rewritten((pos.line, pos.col), rewrite) if parsed else None
-    return _changed_lines(a.text, new.code) if new else None
+    rewritten = parsed.rewritten((pos.line, pos.col), rewrite) if parsed else None
+    code = parsed.code_with(*rewritten) if parsed and rewritten else None
+    return _changed_lines(a.text, code) if code else None
 
 
 def expression_edit(a: Anatomy, node: ast.AST, rewrite: Callable[[cst.BaseExpression], cst.BaseExpression]) -> Edit | None:
     """The Edit that replaces the expression `node` (with any parentheses around it) by
     `rewrite(its CST expression)`, narrowed to the characters that change (`model` ->
     `model.module` inserts `.module`). None when no CST expression spans exactly what `node` spans."""
-    parsed = _parsed(a)
-    pos = a.pos(node)
-    target = parsed.expressions.get((pos.line, pos.col, pos.end_line, pos.end_col)) if parsed else None
-    if target is None:
+    parsed, holder = _parsed(a), a.stmt_of.get(node)
+    if parsed is None or holder is None:
         return None
-    index = LineIndex(a.text)
-    node_range = index.offset(pos.line, pos.col), index.offset(pos.end_line, pos.end_col)
-    return _changed_characters(index, parsed.module.deep_replace(target, rewrite(target)).code, node_range)  # type: ignore[union-attr]
+    pos = a.pos(node)
+    target = parsed.expressions.get((pos.line, pos.col, pos.end_line, pos.end_col))
+    stmt = parsed.statement_at(a.pos(holder))
+    code = parsed.code_with(stmt, [stmt.deep_replace(target, rewrite(target))]) if target and stmt else None  # type: ignore[list-item]
+    if code is None:
+        return None
+    node_range = parsed.text.offset(pos.line, pos.col), parsed.text.offset(pos.end_line, pos.end_col)
+    return _changed_characters(parsed.text, code, node_range)
 
 
 def _changed_characters(index: LineIndex, new: str, node_range: tuple[int, int]) -> Edit:
@@ -63,7 +68,7 @@ def _changed_characters(index: LineIndex, new: str, node_range: tuple[int, int])
     return Edit(line, col, end_line, end_col, new[head:len(new) - tail])
 
 
-def _shared_length(a: T, b: T, part: Callable[[T, int], T]) -> int:
+def _shared_length(a: _Seq, b: _Seq, part: Callable[[_Seq, int], _Seq]) -> int:
     """The largest n with part(a, n) == part(b, n) (a shared start or end of two texts, or of
     their lists of lines): a binary search over slice comparisons, which run in C."""
     low, high = 0, min(len(a), len(b))
@@ -78,36 +83,76 @@ class _Parsed:
     """A LibCST parse of the script, with its statements and expressions by position."""
 
     module: cst.Module
-    statements: Mapping[Key, cst.BaseStatement]  # a compound, or a line holding one statement
+    text: LineIndex
+    statements: Mapping[Key, cst.BaseStatement]  # a compound statement, or a line of simple ones
     small_statements: Mapping[Key, cst.BaseSmallStatement]
     expressions: Mapping[Span, cst.BaseExpression]
-    parents: Mapping[cst.CSTNode, cst.CSTNode]
+    first_lines: Mapping[cst.BaseStatement, int]
+    parents: Mapping[cst.CSTNode, cst.CSTNode]  # of statements, suites and clauses (`else:`)
 
-    def rewritten(self, key: Key, rewrite: StatementRewrite) -> cst.Module | None:
-        """The module with the statement at `key` rewritten, its line first spread out if it shares it."""
+    def rewritten(self, key: Key, rewrite: StatementRewrite) -> tuple[cst.BaseStatement, list[cst.BaseStatement]] | None:
+        """The statement of its block that holds the statement at `key`, and what replaces it: that
+        statement rewritten, its line first spread out if it shares it (`a; b`, `if x: a`)."""
         stmt = self.statements.get(key)
-        if stmt is not None:
-            return self._replace_in_block(stmt, rewrite(_spread_body(stmt)))
+        if stmt is not None and not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) > 1):
+            return (stmt, list(rewrite(_spread_body(stmt)))) if self._in_block(stmt) else None
         small = self.small_statements.get(key)
         if small is None:
             return None
-        holder = self.parents[small]  # `a; b` or the body of `if x: a`
+        holder = self.parents[small]
         lines = _one_statement_a_line(holder)  # type: ignore[arg-type]
         index = next(i for i, s in enumerate(holder.body) if s is small)  # type: ignore[attr-defined]
         lines[index:index + 1] = rewrite(lines[index])
         if isinstance(holder, cst.SimpleStatementLine):
-            return self._replace_in_block(holder, lines)
+            return holder, lines
         owner = self.parents[holder]
-        return self.module.deep_replace(owner, owner.with_changes(body=cst.IndentedBlock(body=lines)))
+        return self._in_its_statement(owner, owner.with_changes(body=cst.IndentedBlock(body=lines)))
 
-    def _replace_in_block(self, old: cst.BaseStatement, new: Sequence[cst.BaseStatement]) -> cst.Module | None:
-        block = self.parents[old]
-        if not isinstance(block, (cst.Module, cst.IndentedBlock)):  # an `elif`
+    def statement_at(self, pos: Pos) -> cst.BaseStatement | None:
+        """The statement of its block that holds the ast statement at `pos`."""
+        node = self.statements.get((pos.line, pos.col)) or self.small_statements.get((pos.line, pos.col))
+        while node is not None and not self._in_block(node):
+            node = self.parents.get(node)
+        return node  # type: ignore[return-value]
+
+    def code_with(self, old: cst.BaseStatement, new: Sequence[cst.BaseStatement]) -> str | None:
+        """The script's text with the statement `old` (of a block) replaced by `new`; None when
+        `old` does not render as it reads in the file."""
+        newline = "" if self.module.has_trailing_newline else self.module.default_newline  # a statement renders with one
+        text = self.text.text + newline
+        before = self._in_place([old], old)
+        start = self.text.offset(self.first_lines[old] - len(old.leading_lines), 0)  # type: ignore[attr-defined]
+        if text[start:start + len(before)] != before:
             return None
-        body = [s for kept in block.body for s in (new if kept is old else (kept,))]  # type: ignore[attr-defined]
-        if block is self.module:
-            return self.module.with_changes(body=body)
-        return self.module.deep_replace(block, block.with_changes(body=body))  # type: ignore[return-value]
+        code = text[:start] + self._in_place(new, old) + text[start + len(before):]
+        return code[:len(code) - len(newline)]
+
+    def _in_place(self, stmts: Sequence[cst.BaseStatement], old: cst.BaseStatement) -> str:
+        """`stmts` rendered as they read in place of `old`: inside stand-ins (`if _:`) for the
+        blocks around it, so at their indentation, whose header lines are then dropped."""
+        wrapped, depth, block = list(stmts), 0, self._block_of(old)
+        while block is not self.module:
+            body = block.with_changes(body=wrapped, header=cst.TrailingWhitespace(), footer=())
+            wrapped, depth, block = [cst.If(test=cst.Name("_"), body=body)], depth + 1, self._block_of(block)
+        code = "".join(self.module.code_for_node(s) for s in wrapped)
+        return code.split(self.module.default_newline, depth)[depth]
+
+    def _in_its_statement(self, node: cst.CSTNode, new: cst.CSTNode) -> tuple[cst.BaseStatement, list[cst.BaseStatement]]:
+        """The statement of its block that holds `node` (an `else:`, or the statement itself), with `node` replaced by `new`."""
+        while not self._in_block(node):
+            parent = self.parents[node]
+            node, new = parent, parent.deep_replace(node, new)
+        return node, [new]  # type: ignore[list-item]
+
+    def _in_block(self, node: cst.CSTNode) -> bool:
+        return isinstance(self.parents.get(node), (cst.Module, cst.IndentedBlock))
+
+    def _block_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The module or indented block that holds the statement that is or holds `node`."""
+        parent = self.parents[node]
+        while not isinstance(parent, (cst.Module, cst.IndentedBlock)):
+            parent = self.parents[parent]
+        return parent
 
 
 @per_anatomy
@@ -116,44 +161,38 @@ def _parsed(a: Anatomy) -> _Parsed | None:
         module = cst.parse_module(a.text)
     except cst.ParserSyntaxError:
         return None
-    index = _Index()
-    MetadataWrapper(module, unsafe_skip_copy=True).visit(index)
-    return _Parsed(module, index.statements, index.small_statements, index.expressions, index.parents)
-
-
-class _Index(cst.CSTVisitor):
-    """Statements and expressions by where they start (and end), with the parents of statements."""
-
-    METADATA_DEPENDENCIES = (PositionProvider,)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.statements: dict[Key, cst.BaseStatement] = {}
-        self.small_statements: dict[Key, cst.BaseSmallStatement] = {}
-        self.expressions: dict[Span, cst.BaseExpression] = {}
-        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
-        self._path: list[cst.CSTNode] = []
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, (cst.BaseStatement, cst.BaseSmallStatement, cst.BaseSuite)) and self._path:
-            self.parents[node] = self._path[-1]
-        if isinstance(node, (cst.BaseStatement, cst.BaseSmallStatement, cst.BaseExpression)):
-            self._record(node)
-        self._path.append(node)
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        self._path.pop()
-
-    def _record(self, node: cst.CSTNode) -> None:
-        where = self.get_metadata(PositionProvider, node)
+    statements: dict[Key, cst.BaseStatement] = {}
+    small_statements: dict[Key, cst.BaseSmallStatement] = {}
+    expressions: dict[Span, cst.BaseExpression] = {}
+    first_lines: dict[cst.BaseStatement, int] = {}
+    parents: dict[cst.CSTNode, cst.CSTNode] = {}
+    for node, where in MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider).items():
         start, end = where.start, where.end
-        if isinstance(node, cst.BaseCompoundStatement) or (isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1):
-            self.statements[start.line, start.column] = node
+        if isinstance(node, cst.BaseStatement):
+            statements[start.line, start.column] = node
+            first_lines[node] = start.line
         elif isinstance(node, cst.BaseSmallStatement):
-            self.small_statements[start.line, start.column] = node
+            small_statements[start.line, start.column] = node
         elif isinstance(node, cst.BaseExpression):
-            self.expressions.setdefault((start.line, start.column, end.line, end.column), node)
+            expressions.setdefault((start.line, start.column, end.line, end.column), node)
+        _note_parent(node, parents)
+    return _Parsed(module, LineIndex(a.text), statements, small_statements, expressions, first_lines, parents)
+
+
+_CLAUSES = ("body", "orelse", "handlers", "finalbody", "cases")
+
+
+def _note_parent(node: cst.CSTNode, parents: dict[cst.CSTNode, cst.CSTNode]) -> None:
+    """Record `node` as the parent of the statements of its block (or line), and of its suites and
+    clauses (`else:`, `except:`, an `elif`)."""
+    if isinstance(node, (cst.Module, cst.BaseSuite, cst.SimpleStatementLine)):
+        parents.update((child, node) for child in node.body)
+        return
+    for name in _CLAUSES:
+        value = getattr(node, name, None)
+        for child in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(child, cst.CSTNode):
+                parents[child] = node
 
 
 def _spread_body(stmt: cst.BaseStatement) -> cst.BaseStatement:
