@@ -343,13 +343,30 @@ class Transform(VisitorBasedCodemodCommand):
 
 
 def first_in_body(compound: cst.BaseStatement, stmts: Sequence[cst.BaseStatement]) -> cst.BaseStatement:
-    """`compound` with `stmts` as the first statements of its indented body (after a docstring);
-    unchanged when its body sits on its header line."""
-    if not isinstance(getattr(compound, "body", None), cst.IndentedBlock):
+    """`compound` with `stmts` as the first statements of its body (after a docstring); a body on
+    its header line (`for x in y: a; b`) is spread out first, one statement a line."""
+    block = getattr(compound, "body", None)
+    if isinstance(block, cst.SimpleStatementSuite):
+        block = cst.IndentedBlock(body=one_statement_a_line(block))
+    if not isinstance(block, cst.IndentedBlock):
         return compound
-    block: cst.IndentedBlock = compound.body  # type: ignore[attr-defined]
     head = 1 if block.body and _is_docstring(block.body[0]) else 0
     return compound.with_changes(body=block.with_changes(body=[*block.body[:head], *stmts, *block.body[head:]]))  # type: ignore[attr-defined]
+
+
+def one_statement_a_line(holder: cst.SimpleStatementLine | cst.SimpleStatementSuite) -> list[cst.BaseStatement]:
+    """The statements of `a; b` (a line, or the body of `if x: a; b`) on lines of their own; the
+    comments above stay above the first, the comment after stays after the last."""
+    last = len(holder.body) - 1
+    lines: list[cst.BaseStatement] = [
+        cst.SimpleStatementLine(
+            body=[small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)],
+            trailing_whitespace=holder.trailing_whitespace if i == last else cst.TrailingWhitespace(),
+        )
+        for i, small in enumerate(holder.body)
+    ]
+    lines[0] = lines[0].with_changes(leading_lines=getattr(holder, "leading_lines", ()))
+    return lines
 
 
 def _chain(first: StatementRewrite, second: StatementRewrite, stmt: cst.BaseStatement) -> list[cst.BaseStatement]:

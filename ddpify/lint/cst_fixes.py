@@ -20,7 +20,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpify.anatomy import Anatomy, Pos
 from ddpify.anatomy.cache import per_anatomy
-from ddpify.codemods.base import Key, Span, StatementRewrite
+from ddpify.codemods.base import Key, Span, StatementRewrite, one_statement_a_line
 from ddpify.lint.fixes import LineIndex
 from ddpify.lint.rule import Edit
 
@@ -95,12 +95,12 @@ class _Parsed:
         statement rewritten, its line first spread out if it shares it (`a; b`, `if x: a`)."""
         stmt = self.statements.get(key)
         if stmt is not None and not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) > 1):
-            return (stmt, list(rewrite(_spread_body(stmt)))) if self._in_block(stmt) else None
+            return (stmt, list(rewrite(stmt))) if self._in_block(stmt) else None
         small = self.small_statements.get(key)
         if small is None:
             return None
         holder = self.parents[small]
-        lines = _one_statement_a_line(holder)  # type: ignore[arg-type]
+        lines = one_statement_a_line(holder)  # type: ignore[arg-type]
         index = next(i for i, s in enumerate(holder.body) if s is small)  # type: ignore[attr-defined]
         lines[index:index + 1] = rewrite(lines[index])
         if isinstance(holder, cst.SimpleStatementLine):
@@ -193,29 +193,6 @@ def _note_parent(node: cst.CSTNode, parents: dict[cst.CSTNode, cst.CSTNode]) -> 
         for child in value if isinstance(value, (list, tuple)) else (value,):
             if isinstance(child, cst.CSTNode):
                 parents[child] = node
-
-
-def _spread_body(stmt: cst.BaseStatement) -> cst.BaseStatement:
-    """`for x in y: a; b` -> the same loop with `a` and `b` on lines of their own (other statements as they are)."""
-    body = getattr(stmt, "body", None)
-    if not isinstance(body, cst.SimpleStatementSuite):
-        return stmt
-    return stmt.with_changes(body=cst.IndentedBlock(body=_one_statement_a_line(body)))
-
-
-def _one_statement_a_line(holder: cst.SimpleStatementLine | cst.SimpleStatementSuite) -> list[cst.BaseStatement]:
-    """The statements of `a; b` (a line, or the body of `if x: a; b`) on lines of their own; the
-    comments above stay above the first, the comment after stays after the last."""
-    last = len(holder.body) - 1
-    lines: list[cst.BaseStatement] = [
-        cst.SimpleStatementLine(
-            body=[small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)],
-            trailing_whitespace=holder.trailing_whitespace if i == last else cst.TrailingWhitespace(),
-        )
-        for i, small in enumerate(holder.body)
-    ]
-    lines[0] = lines[0].with_changes(leading_lines=getattr(holder, "leading_lines", ()))
-    return lines
 
 
 def _changed_lines(old: str, new: str) -> Edit | None:
