@@ -45,6 +45,11 @@ def test_insertion_keeps_crlf_line_endings():
     assert fixed(text, "DDP003") == text.replace("range(3):\r\n", "range(3):\r\n\tsampler.set_epoch(epoch)\r\n")
 
 
+def test_keyword_added_in_a_tab_indented_crlf_call_spread_over_lines():
+    text = "import torch\r\nimport torch.multiprocessing as mp\r\n\r\ndef worker(rank):\r\n\tstate = torch.load(\r\n\t\t'ckpt.pt',\r\n\t)\r\n\r\nmp.spawn(worker, nprocs=2)\r\n"
+    assert fixed(text, "DDP001") == text.replace("'ckpt.pt',\r\n", "'ckpt.pt',\r\n\t\tmap_location=\"cpu\",\r\n")
+
+
 def test_guard_of_the_last_line_without_a_line_break():
     assert fixed(HEAD + "print('done')", "DDP007") == HEAD + "if rank == 0:\n    print('done')"
 
