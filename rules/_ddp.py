@@ -12,10 +12,12 @@ from ddpify.anatomy import Anatomy, Pos, ScriptKind
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.anatomy.cache import per_anatomy
+from ddpify.codemods.base import first_in_body, guard, parse_statements, remove_keyword
+from ddpify.codemods.module_access import module_of
 from ddpify.lint import Edit, Fix
+from ddpify.lint.cst_fixes import expression_edit, statement_edit
 
 DDP_KINDS = frozenset({ScriptKind.DDP, ScriptKind.SPAWN})
-INDENT = "    "
 
 
 def header_pos(a: Anatomy, stmt: ast.stmt) -> Pos:
@@ -28,75 +30,22 @@ def header_pos(a: Anatomy, stmt: ast.stmt) -> Pos:
     return Pos(start.line, start.col, end.end_line, end.end_col)
 
 
-def line_indent(a: Anatomy, line: int) -> str:
-    text = a.lines[line - 1]
-    return text[: len(text) - len(text.lstrip())]
-
-
-def owns_its_lines(a: Anatomy, stmt: ast.stmt) -> bool:
-    """Does `stmt` start its first line and end its last one (no `a; b`, no `if x: y`)?"""
-    pos = a.pos(stmt)
-    first, last = a.lines[pos.line - 1], a.lines[pos.end_line - 1]
-    tail = last[pos.end_col:].strip()
-    return first[: pos.col].strip() == "" and (tail == "" or tail.startswith("#"))
-
-
-def insert_before(a: Anatomy, stmt: ast.stmt, code: str) -> Edit | None:
-    """Insert the line `code` before `stmt`, at its indentation."""
-    if not owns_its_lines(a, stmt):
-        return None
-    return Edit.insert(stmt.lineno, 0, f"{line_indent(a, stmt.lineno)}{code}\n")
-
-
 def insert_at_top_of_body(a: Anatomy, compound: ast.stmt, code: str) -> Edit | None:
-    """Insert the line `code` as the first statement of a `for`/`if`/`with` body."""
-    first = compound.body[0]  # type: ignore[attr-defined]
-    if first.lineno == compound.lineno:
-        return None
-    return insert_before(a, first, code)
+    """Insert the statement `code` as the first of a `for`/`if`/`with` body, as convert's
+    `insert_at_body_start` does (after a docstring; a body on the header line is spread out first)."""
+    return statement_edit(a, compound, lambda stmt: [first_in_body(stmt, parse_statements(code))])
 
 
-def wrap_in_if(a: Anatomy, stmt: ast.stmt, test: str) -> Edit | None:
-    """Put `stmt` under `if <test>:`, indenting its lines; None when that would change a string."""
-    if not owns_its_lines(a, stmt) or _spans_multiline_string(stmt):
-        return None
-    indent = line_indent(a, stmt.lineno)
-    lines = a.lines[stmt.lineno - 1 : stmt.end_lineno]
-    body = "\n".join(INDENT + line if line.strip() else line for line in lines)
-    end = len(a.lines[stmt.end_lineno - 1])  # type: ignore[index]
-    return Edit(stmt.lineno, 0, stmt.end_lineno, end, f"{indent}if {test}:\n{body}")  # type: ignore[arg-type]
+def remove_keyword_fix(a: Anatomy, call: ast.Call, kw: ast.keyword, safe: bool, description: str) -> Fix | None:
+    """Drop `kw=value` from the call, keeping its layout, with the codemods' `remove_keyword`."""
+    edit = expression_edit(a, call, lambda node: remove_keyword(node, kw.arg))  # type: ignore[arg-type,return-value]
+    return Fix((edit,), safe=safe, description=description) if edit else None
 
 
-def _spans_multiline_string(stmt: ast.stmt) -> bool:
-    return any(
-        isinstance(n, (ast.Constant, ast.JoinedStr)) and getattr(n, "end_lineno", n.lineno) != n.lineno
-        for n in ast.walk(stmt)
-    )
-
-
-def remove_keyword(a: Anatomy, call: ast.Call, kw: ast.keyword) -> Edit:
-    """Delete `kw=value` from the call, with the comma that separates it from its neighbour."""
-    args: list[ast.AST] = sorted([*call.args, *call.keywords], key=lambda n: (n.lineno, n.col_offset))
-    index = args.index(kw)
-    here = a.pos(kw)
-    if index > 0:
-        before = a.pos(args[index - 1])
-        return Edit(before.end_line, before.end_col, here.end_line, here.end_col, "")
-    if len(args) > 1:
-        after = a.pos(args[1])
-        return Edit(here.line, here.col, after.line, after.col, "")
-    return Edit.replace(here, "")
-
-
-def insert_module(a: Anatomy, wrapper_expr: ast.AST) -> Edit:
-    """`model.x` -> `model.module.x`.
-
-    Spelled as a replacement of the wrapper expression rather than a bare insertion, so that the
-    engine sees it overlap a fix that rewrites the whole statement (e.g. DDP006 wrapping it in an
-    `if`) and defers it to the next round.
-    """
-    text = ast.get_source_segment(a.text, wrapper_expr) or ""
-    return Edit.replace(a.pos(wrapper_expr), f"{text}.module")
+def module_fix(a: Anatomy, wrapper_expr: ast.AST, safe: bool, description: str) -> Fix | None:
+    """`model.x` -> `model.module.x`, built by convert's `.module` rewrite (`module_of`)."""
+    edit = expression_edit(a, wrapper_expr, module_of)  # type: ignore[arg-type]
+    return Fix((edit,), safe=safe, description=description) if edit else None
 
 
 def rank_zero_test(a: Anatomy, node: ast.AST) -> tuple[str, bool] | None:
@@ -128,12 +77,13 @@ def _rank_zero_guards(a: Anatomy) -> list[ast.If]:
 
 
 def rank_zero_guard_fix(a: Anatomy, stmt: ast.stmt, may_be_safe: bool) -> Fix | None:
-    """Put `stmt` under a rank-0 test; safe only if `may_be_safe` and the test is known to work there."""
+    """Put `stmt` under a rank-0 test with convert's `guard`; safe only if `may_be_safe` and the
+    test is known to work there."""
     test = rank_zero_test(a, stmt)
     if test is None:
         return None
     text, known = test
-    edit = wrap_in_if(a, stmt, text)
+    edit = statement_edit(a, stmt, lambda node: [guard([node], text)])
     if edit is None:
         return None
     return Fix((edit,), safe=may_be_safe and known, description=f"run it on rank 0 only (`if {text}:`)")

@@ -1,5 +1,5 @@
 """Helpers shared by the DataParallel rules: the kind they apply to, which values are the
-DataParallel wrapper, which forwards its replicas run, and the edits of their fixes.
+DataParallel wrapper, and which forwards its replicas run.
 
 The facts about `forward` and its outputs come from `ddpify.anatomy.forward` (the DP codemod reads
 the same ones); this module turns them into what the rules report.
@@ -12,7 +12,6 @@ import ast
 from ddpify.anatomy import DP_WRAPPER, Anatomy, ScriptKind
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy.forward import dp_wrapped_models, replica_forward_methods
-from ddpify.lint import Edit
 
 DP_KINDS = frozenset({ScriptKind.DATA_PARALLEL})
 
@@ -41,8 +40,3 @@ def dp_replica_forwards(a: Anatomy) -> list[ast.FunctionDef]:
     """Every `forward` (this file's classes) that the replicas of a DataParallel-wrapped model run."""
     return replica_forward_methods(a, dp_wrapped_models(a))
 
-
-def insert_after(a: Anatomy, expr: ast.AST, text: str) -> Edit:
-    """Insert `text` right after the expression (`.mean()`, `.module`)."""
-    end = a.pos(expr)
-    return Edit.insert(end.end_line, end.end_col, text)

@@ -6,7 +6,9 @@ import ast
 from typing import Iterable
 
 from ddpify.anatomy import MODULE_SCOPE, Anatomy, CallSite, ScriptKind
-from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
+from ddpify.codemods.base import add_keyword
+from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.lint.cst_fixes import expression_edit
 
 
 class TorchLoadWithoutMapLocation(Rule):
@@ -71,7 +73,7 @@ class TorchLoadWithoutMapLocation(Rule):
             "    state = torch.load(\n        'ckpt.pt',\n    )\n\n\nmp.spawn(worker, nprocs=2)\n",
             line=6,
             fixed="import torch\nimport torch.multiprocessing as mp\n\n\ndef worker(rank):\n"
-            "    state = torch.load(\n        'ckpt.pt', map_location=\"cpu\",\n    )\n\n\nmp.spawn(worker, nprocs=2)\n",
+            "    state = torch.load(\n        'ckpt.pt',\n        map_location=\"cpu\",\n    )\n\n\nmp.spawn(worker, nprocs=2)\n",
         ),
     )
 
@@ -89,13 +91,12 @@ def _lacks_map_location(call: ast.Call) -> bool:
     return all(kw.arg not in ("map_location", None) for kw in call.keywords)
 
 
-def _fix(anatomy: Anatomy, site: CallSite, call: ast.Call) -> Fix:
-    last = max((call.args[0], *(kw.value for kw in call.keywords)), key=lambda n: (n.end_lineno, n.end_col_offset))
-    end = anatomy.pos(last)
+def _fix(anatomy: Anatomy, site: CallSite, call: ast.Call) -> Fix | None:
+    """`map_location=<device>` appended with convert's `add_keyword`, keeping the call's layout."""
     device = _device_name(anatomy, site)
     value = device or '"cpu"'
-    edit = Edit.insert(end.end_line, end.end_col, f", map_location={value}")
-    return Fix((edit,), safe=device is not None, description=f"Add map_location={value}")
+    edit = expression_edit(anatomy, call, lambda node: add_keyword(node, "map_location", value))  # type: ignore[arg-type,return-value]
+    return Fix((edit,), safe=device is not None, description=f"Add map_location={value}") if edit else None
 
 
 def _device_name(anatomy: Anatomy, site: CallSite) -> str | None:

@@ -6,8 +6,8 @@ import ast
 
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
-from ddpify.lint import Finding, Fix, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS, insert_module
+from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS, module_fix
 
 
 class CollectiveUnderRankCondition(Rule):
@@ -65,7 +65,7 @@ class CollectiveUnderRankCondition(Rule):
                 a.pos(call),
                 "forward of the DDP wrapper runs on some ranks only (it syncs buffers and gradients "
                 "with all ranks); call the plain module (`.module(...)`) for rank-0-only work",
-                Fix((insert_module(a, call.func),), safe=False, description="call the module inside the DDP wrapper"),
+                module_fix(a, call.func, safe=False, description="call the module inside the DDP wrapper"),
             )
 
 

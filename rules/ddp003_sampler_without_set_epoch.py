@@ -146,4 +146,12 @@ SamplerWithoutSetEpoch.INVALID = (
         fixed=_HEAD + "train_loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=2)\n"
         "for ep in range(3):\n    train_loader.sampler.set_epoch(ep)\n    for x, y in train_loader:\n" + _STEP,
     ),
+    # a body on the loop's own line is spread out first
+    Invalid(
+        _HEAD + "sampler = DistributedSampler(data)\nloader = DataLoader(data, sampler=sampler)\n\n\ndef train():\n"
+        "    for x, y in loader:\n" + _STEP + "\n\nfor epoch in range(3): train()\n",
+        line=20,
+        fixed=_HEAD + "sampler = DistributedSampler(data)\nloader = DataLoader(data, sampler=sampler)\n\n\ndef train():\n"
+        "    for x, y in loader:\n" + _STEP + "\n\nfor epoch in range(3):\n    sampler.set_epoch(epoch)\n    train()\n",
+    ),
 )

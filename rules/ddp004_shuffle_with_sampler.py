@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
-from ddpify.lint import Finding, Fix, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS, remove_keyword
+from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS, remove_keyword_fix
 
 
 class ShuffleWithSampler(Rule):
@@ -43,8 +43,7 @@ class ShuffleWithSampler(Rule):
             shuffle = syntax.keyword(loader.call, "shuffle")
             if shuffle is None or not syntax.constant(shuffle.value, True) or not ddp.has_sampler_argument(loader):
                 continue
-            edit = remove_keyword(a, loader.call, shuffle)
-            yield Finding(a.pos(shuffle), fix=Fix((edit,), safe=True, description="drop `shuffle=True`"))
+            yield Finding(a.pos(shuffle), fix=remove_keyword_fix(a, loader.call, shuffle, safe=True, description="drop `shuffle=True`"))
 
 
 _HEAD = """import torch
@@ -71,5 +70,11 @@ ShuffleWithSampler.INVALID = (
         _HEAD + "sampler = DistributedSampler(data)\nloader = DataLoader(\n    data,\n    shuffle=True,\n    sampler=sampler,\n)\n",
         line=10,
         fixed=_HEAD + "sampler = DistributedSampler(data)\nloader = DataLoader(\n    data,\n    sampler=sampler,\n)\n",
+    ),
+    # the last argument: the one before it takes over the trailing comma
+    Invalid(
+        _HEAD + "loader = DataLoader(\n    data,\n    sampler=DistributedSampler(data),\n    shuffle=True,  # as before\n)\n",
+        line=10,
+        fixed=_HEAD + "loader = DataLoader(\n    data,\n    sampler=DistributedSampler(data),  # as before\n)\n",
     ),
 )

@@ -119,4 +119,22 @@ SaveOnEveryRank.INVALID = (
         line=9,
         fixed=_HEAD + "if rank == 0:\n    print('saving')\nif rank == 0:\n    with open('log.txt', 'a') as f:\n        f.write('x')\n",
     ),
+    # a multi-line string keeps its contents: only the code lines move in
+    Invalid(
+        _HEAD + 'with open("README.txt", "w") as f:\n    f.write(f"""model\n{model}\n""")\n',
+        line=7,
+        fixed=_HEAD + 'if rank == 0:\n    with open("README.txt", "w") as f:\n        f.write(f"""model\n{model}\n""")\n',
+    ),
+    # a one-line `if` is spread over two lines first, its comment kept
+    Invalid(
+        _HEAD + "if model.weight.sum() > 0: torch.save(model.state_dict(), 'best.pt')  # best so far\n",
+        line=7,
+        fixed=_HEAD + "if model.weight.sum() > 0:\n    if rank == 0:\n        torch.save(model.state_dict(), 'best.pt')  # best so far\n",
+    ),
+    # so is `a; b`
+    Invalid(
+        _HEAD + "model.eval(); torch.save(model.state_dict(), 'model.pt'); model.train()\n",
+        line=7,
+        fixed=_HEAD + "model.eval()\nif rank == 0:\n    torch.save(model.state_dict(), 'model.pt')\nmodel.train()\n",
+    ),
 )

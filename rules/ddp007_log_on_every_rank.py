@@ -176,6 +176,18 @@ LogOnEveryRank.INVALID = (
         "if rank == 0:\n    logger.info('loss %f', loss.item())\n",
     ),
     Invalid(_HEAD + "from torch.utils.tensorboard import SummaryWriter\nwriter = SummaryWriter('runs/exp')\n", line=8),
+    # a triple-quoted f-string keeps its contents: only the code lines move in
+    Invalid(
+        _HEAD + "if rank == 0:\n    print('start')\nprint(f\"\"\"done\n  loss {loss.item():.4f}\n\"\"\")\n",
+        line=9,
+        fixed=_HEAD + "if rank == 0:\n    print('start')\nif rank == 0:\n    print(f\"\"\"done\n  loss {loss.item():.4f}\n\"\"\")\n",
+    ),
+    # an implicit concatenation over lines is re-indented with the call
+    Invalid(
+        _HEAD + "if rank == 0:\n    print('start')\nprint('loss',\n      'is',\n      loss.item())\n",
+        line=9,
+        fixed=_HEAD + "if rank == 0:\n    print('start')\nif rank == 0:\n    print('loss',\n          'is',\n          loss.item())\n",
+    ),
     Invalid(
         """import torch.distributed as dist
 import torch.multiprocessing as mp

@@ -6,8 +6,8 @@ import ast
 
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
-from ddpify.lint import Finding, Fix, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS, insert_module
+from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS, module_fix
 
 
 class WrapperStateDictSaved(Rule):
@@ -54,8 +54,8 @@ class WrapperStateDictSaved(Rule):
             if syntax.method_name(call) != "state_dict" or not ddp.is_wrapper(a, call.func.value):  # type: ignore[attr-defined]
                 continue
             if _is_saved(a, call):
-                edit = insert_module(a, call.func.value)  # type: ignore[attr-defined]
-                yield Finding(site.pos, fix=Fix((edit,), safe=safe, description="save the state dict of `.module`"))
+                fix = module_fix(a, call.func.value, safe=safe, description="save the state dict of `.module`")  # type: ignore[attr-defined]
+                yield Finding(site.pos, fix=fix)
 
 
 def _loads_into_wrapper(a) -> bool:

@@ -8,8 +8,8 @@ from ddpify.anatomy import ROLE_MODEL
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import DDP_WRAPPER, wrapper_lacks
-from ddpify.lint import Finding, Fix, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS, insert_module
+from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS, module_fix
 
 
 class WrapperAttribute(Rule):
@@ -78,7 +78,7 @@ def _receiver_is_wrapper(a, node: ast.Attribute) -> bool:
 def _missing_attribute(a, node: ast.Attribute) -> Finding | None:
     if not _receiver_is_wrapper(a, node):
         return None
-    fix = Fix((insert_module(a, node.value),), safe=True, description=f"read `{node.attr}` from `.module`")
+    fix = module_fix(a, node.value, safe=True, description=f"read `{node.attr}` from `.module`")
     return Finding(a.pos(node), f"the DDP wrapper has no attribute `{node.attr}` (AttributeError); use `.module.{node.attr}`", fix)
 
 
@@ -88,7 +88,7 @@ def _load_into_wrapper(a, node: ast.Attribute) -> Finding | None:
         return None
     if _comes_from_wrapper_state_dict(a, call.args[0]):
         return None
-    fix = Fix((insert_module(a, node.value),), safe=False, description="load into `.module`")
+    fix = module_fix(a, node.value, safe=False, description="load into `.module`")
     return Finding(
         a.pos(node),
         "load_state_dict on the DDP wrapper expects `module.`-prefixed keys; load into `.module` instead",

@@ -7,8 +7,8 @@ import ast
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import MODEL_CONTAINERS, is_builtin_layer
-from ddpify.lint import Finding, Fix, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS, remove_keyword
+from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._ddp import DDP_KINDS, remove_keyword_fix
 
 _BRANCHES = (ast.If, ast.IfExp, ast.Try, ast.While, ast.Break, ast.Match)
 
@@ -62,7 +62,7 @@ class NeedlessFindUnusedParameters(Rule):
                 continue
             origins = ddp.model_origins(a, inner)
             if origins and all(_uses_every_parameter(a, o) for o in origins):
-                fix = Fix((remove_keyword(a, call, flag),), safe=False, description="drop find_unused_parameters=True")
+                fix = remove_keyword_fix(a, call, flag, safe=False, description="drop find_unused_parameters=True")
                 yield Finding(a.pos(flag), fix=fix)
 
 

@@ -14,8 +14,10 @@ from ddpify.anatomy.forward import (
     model_calls,
     reads_after,
 )
+from ddpify.codemods.dp._edits import mean_of
 from ddpify.lint import Finding, Fix, Invalid, Rule
-from ddpify.rules._dp import DP_KINDS, insert_after, is_dp_wrapper
+from ddpify.lint.cst_fixes import expression_edit
+from ddpify.rules._dp import DP_KINDS, is_dp_wrapper
 
 _SCALAR_METHODS = frozenset({"backward", "item"})
 _MAX_HOPS = 4
@@ -68,7 +70,8 @@ class LossWithoutMean(Rule):
                 continue
             for access in loss_accesses(a, call, returned):
                 for use in _unreduced_uses(a, access):
-                    fix = Fix((insert_after(a, use, ".mean()"),), safe=False, description="average the per-GPU losses")
+                    edit = expression_edit(a, use, mean_of)  # type: ignore[arg-type]
+                    fix = Fix((edit,), safe=False, description="average the per-GPU losses") if edit else None
                     yield Finding(a.pos(use), fix=fix)
 
 

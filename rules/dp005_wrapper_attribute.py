@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.lint import Finding, Invalid, Rule
 from ddpify.anatomy.vocabulary import DP_WRAPPER, wrapper_lacks
-from ddpify.rules._dp import DP_KINDS, insert_after, is_dp_wrapper
+from ddpify.rules._ddp import module_fix
+from ddpify.rules._dp import DP_KINDS, is_dp_wrapper
 
 
 class WrapperAttribute(Rule):
@@ -48,7 +49,7 @@ class WrapperAttribute(Rule):
                 continue
             if not wrapper_lacks(DP_WRAPPER, node.attr) or not is_dp_wrapper(a, node.value):
                 continue
-            fix = Fix((insert_after(a, node.value, ".module"),), safe=True, description=f"read `{node.attr}` from `.module`")
+            fix = module_fix(a, node.value, safe=True, description=f"read `{node.attr}` from `.module`")
             yield Finding(a.pos(node), f"DataParallel has no attribute `{node.attr}` (AttributeError); use `.module.{node.attr}`", fix)
 
 

@@ -6,8 +6,9 @@ import ast
 
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
-from ddpify.lint import Finding, Fix, Invalid, Rule
-from ddpify.rules._dp import DP_KINDS, insert_after, is_dp_wrapper
+from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._ddp import module_fix
+from ddpify.rules._dp import DP_KINDS, is_dp_wrapper
 from ddpify.rules.ddp008_wrapper_state_dict_saved import _is_saved
 
 
@@ -54,11 +55,11 @@ class WrapperCheckpoint(Rule):
         calls = [(site, receiver) for site, receiver in calls if is_dp_wrapper(a, receiver)]
         loads = [(site, receiver) for site, receiver in calls if syntax.method_name(site.node) == "load_state_dict" and _reads_checkpoint(a, site.node)]
         for site, receiver in loads:
-            fix = Fix((insert_after(a, receiver, ".module"),), safe=False, description="load into `.module`")
+            fix = module_fix(a, receiver, safe=False, description="load into `.module`")
             yield Finding(site.pos, "load_state_dict on the DataParallel wrapper expects `module.` keys; load into `model.module`", fix)
         for site, receiver in calls:
             if syntax.method_name(site.node) == "state_dict" and _is_saved(a, site.node):
-                fix = Fix((insert_after(a, receiver, ".module"),), safe=not loads, description="save the state dict of `.module`")
+                fix = module_fix(a, receiver, safe=not loads, description="save the state dict of `.module`")
                 yield Finding(site.pos, "state_dict() of the DataParallel wrapper is saved: its keys start with `module.`", fix)
 
 

@@ -571,6 +571,18 @@ class TestSamplers:
             ),
         )
 
+    def test_an_epoch_loop_on_one_line_is_spread_out_for_set_epoch(self):
+        helper = "loader = DataLoader(ds, batch_size=4{})\n\n\ndef train():\n    for x, y in loader:\n" + STEP + "\n\n"
+        assert_codemod(
+            [DistributedSamplers],
+            loader_script(helper.format("") + "for epoch in range(2): train()\n"),
+            loader_script(
+                PER_GPU + helper.format(", sampler=DistributedSampler(ds, shuffle=False)")
+                + "for epoch in range(2):\n    loader.sampler.set_epoch(epoch)\n    train()\n",
+                sampler_import=True,
+            ),
+        )
+
     def test_a_loader_built_inside_the_epoch_loop(self):
         assert_codemod(
             [DistributedSamplers],

@@ -145,11 +145,23 @@ def add_keyword(node: cst.CSTNode, keyword: str, value: str) -> cst.CSTNode:
     args = list(node.args)
     last = args[-1]
     if isinstance(last.comma, cst.Comma):  # trailing comma: keep the call's own layout
-        separator = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else last.comma
+        separator = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else cst.Comma(whitespace_after=node.whitespace_before_args)
         args[-1] = last.with_changes(comma=separator)
         return node.with_changes(args=[*args, new.with_changes(comma=last.comma)])
     args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
     return node.with_changes(args=[*args, new])
+
+
+def remove_keyword(node: cst.CSTNode, keyword: str) -> cst.CSTNode:
+    """The call without its `keyword=` argument, keeping its layout (a last argument's trailing
+    comma, or its absence, passes to the argument before it)."""
+    assert isinstance(node, cst.Call)
+    args = list(node.args)
+    index = next(i for i, arg in enumerate(args) if arg.keyword is not None and arg.keyword.value == keyword)
+    removed = args.pop(index)
+    if index == len(args) and args:
+        args[-1] = args[-1].with_changes(comma=removed.comma)
+    return node.with_changes(args=args)
 
 
 class Transform(VisitorBasedCodemodCommand):
@@ -327,13 +339,34 @@ class Transform(VisitorBasedCodemodCommand):
 
     def _with_body_start(self, key: Key, stmt: cst.BaseStatement) -> cst.BaseStatement:
         extra = self._body_start.pop(key, None)
-        if not extra or not isinstance(getattr(stmt, "body", None), cst.IndentedBlock):
-            return stmt
-        block: cst.IndentedBlock = stmt.body  # type: ignore[attr-defined]
-        head = 1 if block.body and _is_docstring(block.body[0]) else 0
-        return stmt.with_changes(body=block.with_changes(body=[*block.body[:head], *extra, *block.body[head:]]))  # type: ignore[attr-defined]
+        return first_in_body(stmt, extra) if extra else stmt
 
 
+def first_in_body(compound: cst.BaseStatement, stmts: Sequence[cst.BaseStatement]) -> cst.BaseStatement:
+    """`compound` with `stmts` as the first statements of its body (after a docstring); a body on
+    its header line (`for x in y: a; b`) is spread out first, one statement a line."""
+    block = getattr(compound, "body", None)
+    if isinstance(block, cst.SimpleStatementSuite):
+        block = cst.IndentedBlock(body=one_statement_a_line(block))
+    if not isinstance(block, cst.IndentedBlock):
+        return compound
+    head = 1 if block.body and _is_docstring(block.body[0]) else 0
+    return compound.with_changes(body=block.with_changes(body=[*block.body[:head], *stmts, *block.body[head:]]))  # type: ignore[attr-defined]
+
+
+def one_statement_a_line(holder: cst.SimpleStatementLine | cst.SimpleStatementSuite) -> list[cst.BaseStatement]:
+    """The statements of `a; b` (a line, or the body of `if x: a; b`) on lines of their own; the
+    comments above stay above the first, the comment after stays after the last."""
+    last = len(holder.body) - 1
+    lines: list[cst.BaseStatement] = [
+        cst.SimpleStatementLine(
+            body=[small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)],
+            trailing_whitespace=holder.trailing_whitespace if i == last else cst.TrailingWhitespace(),
+        )
+        for i, small in enumerate(holder.body)
+    ]
+    lines[0] = lines[0].with_changes(leading_lines=getattr(holder, "leading_lines", ()))
+    return lines
 
 
 def _chain(first: StatementRewrite, second: StatementRewrite, stmt: cst.BaseStatement) -> list[cst.BaseStatement]:

@@ -56,7 +56,7 @@ class ModuleAccess(Transform):
         return ddp.is_wrapper(self.anatomy, expr, self.WRAPPER)
 
     def _unwrap(self, expr: ast.expr) -> None:
-        self.rewrite_node(expr, type(_cst_name(expr)), _module_of)
+        self.rewrite_node(expr, type(_cst_name(expr)), module_of)
 
     def _index_module(self, node: ast.Subscript) -> None:
         """`net[0]`: a wrapper has no items (`nn.Sequential`, `nn.ModuleList`), its module has."""
@@ -74,7 +74,8 @@ def _cst_name(expr: ast.AST) -> cst.CSTNode:
     return cst.Name("x") if isinstance(expr, ast.Name) else cst.Attribute(cst.Name("x"), cst.Name("y"))
 
 
-def _module_of(node: cst.CSTNode) -> cst.CSTNode:
+def module_of(node: cst.CSTNode) -> cst.CSTNode:
+    """`model` -> `model.module`: the model inside its wrapper."""
     return cst.Attribute(value=node, attr=cst.Name("module"))  # type: ignore[arg-type]
 
 

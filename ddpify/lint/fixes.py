@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 from typing import Iterable
 
@@ -21,6 +22,11 @@ class LineIndex:
         if not 1 <= line <= len(self.starts):
             raise ValueError(f"line {line} is outside the file (1..{len(self.starts)})")
         return min(self.starts[line - 1] + col, len(self.text))
+
+    def position(self, offset: int) -> tuple[int, int]:
+        """The (line, column) of an offset into the text."""
+        line = bisect.bisect_right(self.starts, offset)
+        return line, offset - self.starts[line - 1]
 
     def span(self, edit: Edit) -> tuple[int, int]:
         start, end = self.offset(edit.line, edit.col), self.offset(edit.end_line, edit.end_col)
@@ -45,5 +51,6 @@ def apply_fixes(text: str, fixes: Iterable[Fix]) -> tuple[str, int]:
 
 
 def _overlap(a: tuple[int, int, str], b: tuple[int, int, str]) -> bool:
-    """Two edits touch the same text, or insert at the same place (their order would be ambiguous)."""
-    return a[0] == b[0] or max(a[0], b[0]) < min(a[1], b[1])
+    """Two edits touch the same text, one inserts inside the text the other replaces, or both start
+    at the same place (their order would be ambiguous)."""
+    return a[0] == b[0] or (a[0] < b[1] and b[0] < a[1])

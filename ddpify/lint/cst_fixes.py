@@ -1,0 +1,214 @@
+"""Fix edits built by the convert transforms' own LibCST machinery, serialised as text `Edit`s.
+
+A structural fix finds the CST node at an ast node's position in a LibCST parse of the script and
+applies the builder the codemods use (`guard`, `first_in_body`, `add_keyword`, `module_of`, ...).
+The statement that changes is rendered in place, with the module's indentation and line endings
+and inside stand-ins for the blocks around it: LibCST re-indents statements and leaves string
+contents alone, so multi-line strings, tabs and CRLF files come out right. A statement that shares
+its line (`a; b`, `if x: a`) is first spread out, one statement a line.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence, TypeVar
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from ddpify.anatomy import Anatomy, Pos
+from ddpify.anatomy.cache import per_anatomy
+from ddpify.codemods.base import Key, Span, StatementRewrite, one_statement_a_line
+from ddpify.lint.fixes import LineIndex
+from ddpify.lint.rule import Edit
+
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+_Seq = TypeVar("_Seq", str, list)
+
+
+def statement_edit(a: Anatomy, stmt: ast.stmt, rewrite: StatementRewrite) -> Edit | None:
+    """The Edit that replaces `stmt` by `rewrite(its CST statement)`: the whole lines that change.
+
+    None when LibCST cannot parse the script or has no statement where `stmt` starts."""
+    parsed = _parsed(a)
+    pos = a.pos(stmt)
+    rewritten = parsed.rewritten((pos.line, pos.col), rewrite) if parsed else None
+    code = parsed.code_with(*rewritten) if parsed and rewritten else None
+    return _changed_lines(a.text, code) if code else None
+
+
+def expression_edit(a: Anatomy, node: ast.AST, rewrite: Callable[[cst.BaseExpression], cst.BaseExpression]) -> Edit | None:
+    """The Edit that replaces the expression `node` (with any parentheses around it) by
+    `rewrite(its CST expression)`, narrowed to the characters that change (`model` ->
+    `model.module` inserts `.module`). None when no CST expression spans exactly what `node` spans."""
+    parsed, holder = _parsed(a), a.stmt_of.get(node)
+    if parsed is None or holder is None:
+        return None
+    pos = a.pos(node)
+    target = parsed.expressions.get((pos.line, pos.col, pos.end_line, pos.end_col))
+    stmt = parsed.statement_at(a.pos(holder))
+    code = parsed.code_with(stmt, [stmt.deep_replace(target, rewrite(target))]) if target and stmt else None  # type: ignore[list-item]
+    if code is None:
+        return None
+    node_range = parsed.text.offset(pos.line, pos.col), parsed.text.offset(pos.end_line, pos.end_col)
+    return _changed_characters(parsed.text, code, node_range)
+
+
+def _changed_characters(index: LineIndex, new: str, node_range: tuple[int, int]) -> Edit:
+    """The Edit of the one run of characters that differs between the indexed text and `new`,
+    anchored to the node's range where that is ambiguous (`model.x` -> `model.module.x` inserts
+    `.module` after `model`, not `module.` after `model.`)."""
+    old = index.text
+    head = min(_shared_length(old, new, lambda text, n: text[:n]), node_range[1])
+    tail = min(_shared_length(old[head:], new[head:], lambda text, n: text[len(text) - n:]), len(old) - node_range[0])
+    line, col = index.position(head)
+    end_line, end_col = index.position(len(old) - tail)
+    return Edit(line, col, end_line, end_col, new[head:len(new) - tail])
+
+
+def _shared_length(a: _Seq, b: _Seq, part: Callable[[_Seq, int], _Seq]) -> int:
+    """The largest n with part(a, n) == part(b, n) (a shared start or end of two texts, or of
+    their lists of lines): a binary search over slice comparisons, which run in C."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if part(a, mid) == part(b, mid) else (low, mid - 1)
+    return low
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    """A LibCST parse of the script, with its statements and expressions by position."""
+
+    module: cst.Module
+    text: LineIndex
+    statements: Mapping[Key, cst.BaseStatement]  # a compound statement, or a line of simple ones
+    small_statements: Mapping[Key, cst.BaseSmallStatement]
+    expressions: Mapping[Span, cst.BaseExpression]
+    first_lines: Mapping[cst.BaseStatement, int]
+    parents: Mapping[cst.CSTNode, cst.CSTNode]  # of statements, suites and clauses (`else:`)
+
+    def rewritten(self, key: Key, rewrite: StatementRewrite) -> tuple[cst.BaseStatement, list[cst.BaseStatement]] | None:
+        """The statement of its block that holds the statement at `key`, and what replaces it: that
+        statement rewritten, its line first spread out if it shares it (`a; b`, `if x: a`)."""
+        stmt = self.statements.get(key)
+        if stmt is not None and not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) > 1):
+            return (stmt, list(rewrite(stmt))) if self._in_block(stmt) else None
+        small = self.small_statements.get(key)
+        if small is None:
+            return None
+        holder = self.parents[small]
+        lines = one_statement_a_line(holder)  # type: ignore[arg-type]
+        index = next(i for i, s in enumerate(holder.body) if s is small)  # type: ignore[attr-defined]
+        lines[index:index + 1] = rewrite(lines[index])
+        if isinstance(holder, cst.SimpleStatementLine):
+            return holder, lines
+        owner = self.parents[holder]
+        return self._in_its_statement(owner, owner.with_changes(body=cst.IndentedBlock(body=lines)))
+
+    def statement_at(self, pos: Pos) -> cst.BaseStatement | None:
+        """The statement of its block that holds the ast statement at `pos`."""
+        node = self.statements.get((pos.line, pos.col)) or self.small_statements.get((pos.line, pos.col))
+        while node is not None and not self._in_block(node):
+            node = self.parents.get(node)
+        return node  # type: ignore[return-value]
+
+    def code_with(self, old: cst.BaseStatement, new: Sequence[cst.BaseStatement]) -> str | None:
+        """The script's text with the statement `old` (of a block) replaced by `new`; None when
+        `old` does not render as it reads in the file."""
+        newline = "" if self.module.has_trailing_newline else self.module.default_newline  # a statement renders with one
+        text = self.text.text + newline
+        before = self._in_place([old], old)
+        start = self.text.offset(self.first_lines[old] - len(old.leading_lines), 0)  # type: ignore[attr-defined]
+        if text[start:start + len(before)] != before:
+            return None
+        code = text[:start] + self._in_place(new, old) + text[start + len(before):]
+        return code[:len(code) - len(newline)]
+
+    def _in_place(self, stmts: Sequence[cst.BaseStatement], old: cst.BaseStatement) -> str:
+        """`stmts` rendered as they read in place of `old`: inside stand-ins (`if _:`) for the
+        blocks around it, so at their indentation, whose header lines are then dropped."""
+        wrapped, depth, block = list(stmts), 0, self._block_of(old)
+        while block is not self.module:
+            body = block.with_changes(body=wrapped, header=cst.TrailingWhitespace(), footer=())
+            wrapped, depth, block = [cst.If(test=cst.Name("_"), body=body)], depth + 1, self._block_of(block)
+        code = "".join(self.module.code_for_node(s) for s in wrapped)
+        return code.split(self.module.default_newline, depth)[depth]
+
+    def _in_its_statement(self, node: cst.CSTNode, new: cst.CSTNode) -> tuple[cst.BaseStatement, list[cst.BaseStatement]]:
+        """The statement of its block that holds `node` (an `else:`, or the statement itself), with `node` replaced by `new`."""
+        while not self._in_block(node):
+            parent = self.parents[node]
+            node, new = parent, parent.deep_replace(node, new)
+        return node, [new]  # type: ignore[list-item]
+
+    def _in_block(self, node: cst.CSTNode) -> bool:
+        return isinstance(self.parents.get(node), (cst.Module, cst.IndentedBlock))
+
+    def _block_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The module or indented block that holds the statement that is or holds `node`."""
+        parent = self.parents[node]
+        while not isinstance(parent, (cst.Module, cst.IndentedBlock)):
+            parent = self.parents[parent]
+        return parent
+
+
+@per_anatomy
+def _parsed(a: Anatomy) -> _Parsed | None:
+    try:
+        module = cst.parse_module(a.text)
+    except cst.ParserSyntaxError:
+        return None
+    statements: dict[Key, cst.BaseStatement] = {}
+    small_statements: dict[Key, cst.BaseSmallStatement] = {}
+    expressions: dict[Span, cst.BaseExpression] = {}
+    first_lines: dict[cst.BaseStatement, int] = {}
+    parents: dict[cst.CSTNode, cst.CSTNode] = {}
+    for node, where in MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider).items():
+        start, end = where.start, where.end
+        if isinstance(node, cst.BaseStatement):
+            statements[start.line, start.column] = node
+            first_lines[node] = start.line
+        elif isinstance(node, cst.BaseSmallStatement):
+            small_statements[start.line, start.column] = node
+        elif isinstance(node, cst.BaseExpression):
+            expressions.setdefault((start.line, start.column, end.line, end.column), node)
+        _note_parent(node, parents)
+    return _Parsed(module, LineIndex(a.text), statements, small_statements, expressions, first_lines, parents)
+
+
+_CLAUSES = ("body", "orelse", "handlers", "finalbody", "cases")
+
+
+def _note_parent(node: cst.CSTNode, parents: dict[cst.CSTNode, cst.CSTNode]) -> None:
+    """Record `node` as the parent of the statements of its block (or line), and of its suites and
+    clauses (`else:`, `except:`, an `elif`)."""
+    if isinstance(node, (cst.Module, cst.BaseSuite, cst.SimpleStatementLine)):
+        parents.update((child, node) for child in node.body)
+        return
+    for name in _CLAUSES:
+        value = getattr(node, name, None)
+        for child in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(child, cst.CSTNode):
+                parents[child] = node
+
+
+def _changed_lines(old: str, new: str) -> Edit | None:
+    """The Edit of whole lines that turns `old` into `new`: everything between the lines they
+    share at their start and at their end."""
+    before, after = _LINE.findall(old), _LINE.findall(new)
+    if before == after:
+        return None
+    head = _shared_length(before, after, lambda lines, n: lines[:n])
+    tail = _shared_length(before[head:], after[head:], lambda lines, n: lines[len(lines) - n:])
+    end_line, end_col = _line_start(before, len(before) - tail)
+    return Edit(head + 1, 0, end_line, end_col, "".join(after[head:len(after) - tail]))
+
+
+def _line_start(lines: list[str], index: int) -> tuple[int, int]:
+    """Where line `index` (0-based) of `lines` starts; past the last line, where the text ends."""
+    if index < len(lines) or not lines or lines[-1].endswith(("\n", "\r")):
+        return index + 1, 0
+    return len(lines), len(lines[-1])

@@ -1,0 +1,77 @@
+"""Lint fixes built by the convert transforms' LibCST machinery: the file's own indentation and
+line endings, the smallest edits, and fixes of one statement that meet over several rounds."""
+
+from __future__ import annotations
+
+from ddpify.anatomy import analyze
+from ddpify.codemods.base import guard
+from ddpify.lint import engine
+from ddpify.lint.cst_fixes import statement_edit
+from ddpify.lint.engine import Options, check_text, fix_text
+from ddpify.lint.fixes import apply_fixes
+from ddpify.lint.rule import Edit, Fix
+
+HEAD = (
+    "import torch\nimport torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
+    "dist.init_process_group('gloo')\nrank = dist.get_rank()\nmodel = DDP(torch.nn.Linear(4, 1))\n"
+)
+
+
+def fixed(text: str, *codes: str) -> str:
+    out, _, left, errors = fix_text(text, "t.py", engine.rule_set(frozenset(codes)), Options(fix=True, unsafe_fixes=True))
+    assert not errors and not left
+    return out
+
+
+def test_guard_keeps_tab_indentation_and_multiline_string():
+    body = "def report(loss):\n\tprint('''loss\n\t{}'''.format(loss))\n"
+    assert fixed(HEAD + body, "DDP007") == HEAD + (
+        "def report(loss):\n\tif dist.get_rank() == 0:\n\t\tprint('''loss\n\t{}'''.format(loss))\n"
+    )
+
+
+def test_guard_keeps_crlf_line_endings():
+    text = (HEAD + "print(f'''model\n{model}''')\n").replace("\n", "\r\n")
+    assert fixed(text, "DDP007") == (HEAD + "if rank == 0:\n    print(f'''model\n{model}''')\n").replace("\n", "\r\n")
+
+
+def test_insertion_keeps_crlf_line_endings():
+    text = (
+        "import torch\r\nimport torch.distributed as dist\r\nfrom torch.utils.data import DataLoader, DistributedSampler\r\n\r\n"
+        "dist.init_process_group('gloo')\r\nmodel = torch.nn.Linear(4, 1)\r\nopt = torch.optim.SGD(model.parameters())\r\n"
+        "sampler = DistributedSampler(range(8))\r\nloader = DataLoader(range(8), sampler=sampler)\r\n"
+        "for epoch in range(3):\r\n\tfor x in loader:\r\n\t\tmodel(x).sum().backward()\r\n\t\topt.step()\r\n"
+    )
+    assert fixed(text, "DDP003") == text.replace("range(3):\r\n", "range(3):\r\n\tsampler.set_epoch(epoch)\r\n")
+
+
+def test_keyword_added_in_a_tab_indented_crlf_call_spread_over_lines():
+    text = "import torch\r\nimport torch.multiprocessing as mp\r\n\r\ndef worker(rank):\r\n\tstate = torch.load(\r\n\t\t'ckpt.pt',\r\n\t)\r\n\r\nmp.spawn(worker, nprocs=2)\r\n"
+    assert fixed(text, "DDP001") == text.replace("'ckpt.pt',\r\n", "'ckpt.pt',\r\n\t\tmap_location=\"cpu\",\r\n")
+
+
+def test_guard_of_the_last_line_without_a_line_break():
+    assert fixed(HEAD + "print('done')", "DDP007") == HEAD + "if rank == 0:\n    print('done')"
+
+
+def test_statement_edit_spans_only_the_lines_that_change():
+    text = HEAD + "print('''a\nb''')\n"
+    a = analyze(text, "t.py")
+    edit = statement_edit(a, a.tree.body[-1], lambda stmt: [guard([stmt], "rank == 0")])
+    assert edit == Edit(8, 0, 9, 0, "if rank == 0:\n    print('''a\n")
+
+
+def test_module_fix_is_the_smallest_insertion():
+    found, _ = check_text(HEAD + "torch.save(model.state_dict(), f'ckpt{rank}.pt')\n", "t.py", engine.rule_set(frozenset({"DDP008"})))
+    assert found[0].fix.edits == (Edit(8, 16, 8, 16, ".module"),)
+
+
+def test_fixes_of_one_statement_meet_over_rounds():
+    """DDP006's guard rewrites the line DDP008 inserts `.module` into: one per round, both applied."""
+    text = HEAD + "torch.save(model.state_dict(), 'model.pt')\n"
+    assert fixed(text, "DDP006", "DDP008") == HEAD + "if rank == 0:\n    torch.save(model.module.state_dict(), 'model.pt')\n"
+
+
+def test_an_insertion_inside_a_replaced_range_overlaps_it():
+    fixes = [Fix((Edit(1, 0, 1, 6, "XYZ"),), True, "replace"), Fix((Edit(1, 3, 1, 3, "!"),), True, "insert inside")]
+    assert apply_fixes("abcdef\n", fixes) == ("XYZ\n", 1)
