@@ -150,6 +150,9 @@ def test_ranks_that_saw_the_same_data_are_named():
     same = judge(make_plan(), record([3.0, 2.0, 1.0], STEPS), [record([3.0, 2.0, 1.0], STEPS)] * 2)
     sharded = judge(make_plan(), record([3.0, 2.0, 1.0], STEPS), [record([2.9, 2.1, 1.0], STEPS), record([3.1, 1.9, 1.0], STEPS)])
     assert any("train on the same data" in note for note in same["notes"])
+    unsharded = judge(make_plan(), record([3.0, 2.0, 1.0], STEPS, {RECUT_FLAG: "t.py:3"}), [record([2.0, 2.0, 1.0], STEPS)] * 2)
+    assert unsharded["message"].startswith("diverged at step 1 (every rank trained on the same data, the reference on "
+                                           "the 2 ranks' union: the data is not sharded)")
     assert not any("same data" in note for note in sharded["notes"])
     assert same["verdict"] == sharded["verdict"] == "equivalent"  # the training matches; the note says what it cost
 

@@ -187,7 +187,9 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
     step, problems = divergence
     cause = (" (a precondition failed, see preconditions)" if found else
              " (the reference's batches were not re-cut to the ranks', see notes: verify cannot tell a wrong port "
-             "from one that shards the data its own way)" if not_recut and not same_data else "")
+             "from one that shards the data its own way)" if not_recut and not same_data else
+             f" (every rank trained on the same data, the reference on the {plan.nproc} ranks' union: the data is not "
+             f"sharded)" if same_data else "")
     message = f"diverged at step {step}{cause}: " + "; ".join(problems)
     return {**result, "verdict": "diverged", "diverged_at": step, "message": message}
 
