@@ -33,6 +33,7 @@ class Verdict:
     convert_exit: int | None = None
     verdict: str = ""
     mode: str | None = None
+    compared: int = 0  # optimizer steps compared (fewer than --steps when the script ends first)
     message: str = ""
     figures: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
@@ -60,6 +61,7 @@ def survey(entry, work: Path, steps: int) -> Verdict:
         row.verdict, row.message = "no verdict", (done.stderr.strip().splitlines() or ["no output"])[-1]
         return row
     row.verdict, row.mode, row.message = result["verdict"], result["mode"], result["message"]
+    row.compared = len(result["steps"])
     row.figures = {key: largest(result["steps"], key) for key in FIGURES}
     row.notes = [note for note in result["notes"] if not note.startswith(("logs kept in", "converter advice"))]
     return row
@@ -70,11 +72,11 @@ def number(value: float | None) -> str:
 
 
 def table(rows: list) -> str:
-    lines = ["| entry | convert (exit) | verdict | mode | " + " | ".join(FIGURES.values()) + " |",
-             "|---|---|---|---|" + "---|" * len(FIGURES)]
+    lines = ["| entry | convert (exit) | verdict | mode | steps | " + " | ".join(FIGURES.values()) + " |",
+             "|---|---|---|---|---|" + "---|" * len(FIGURES)]
     for r in rows:
         figures = " | ".join(number(r.figures.get(key)) for key in FIGURES)
-        lines.append(f"| `{r.name}` | {r.convert} ({r.convert_exit}) | {r.verdict} | {r.mode or '-'} | {figures} |")
+        lines.append(f"| `{r.name}` | {r.convert} ({r.convert_exit}) | {r.verdict} | {r.mode or '-'} | {r.compared} | {figures} |")
     return "\n".join(lines)
 
 
