@@ -328,3 +328,13 @@ def test_random_augmentation_in_getitem_is_seeded_per_sample():
     code, result = verify_json("augmented_dataset.py", "--to", "ddp")
     assert (code, result["verdict"]) == (0, "equivalent"), result["message"]
     assert any("seed them by sample index and epoch" in note for note in result["notes"])
+
+
+def test_a_batch_size_written_into_a_shape_breaks_the_re_cut_reference_and_says_so_in_one_line():
+    """`x.reshape(batch_size, -1)` cannot take the reference's 2 ranks x batch: verify names that, not a traceback."""
+    code, result = verify_json("hardcoded_batch.py", "--to", "ddp", "--steps", "2")
+    assert (code, result["verdict"]) == (2, "error")
+    assert result["message"].startswith("could not run: the reference failed on the batches verify re-cut for it "
+                                        "(2 ranks x batch 8 = 16 samples a step from the loader at hardcoded_batch.py:14), "
+                                        "where no rank failed, at hardcoded_batch.py:20 `loss = ")
+    assert "\n" not in result["message"] and "write it from the batch (x.size(0))" in result["message"]

@@ -12,10 +12,10 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
 from ddpify.anatomy.vocabulary import RANDOM_DRAWS  # noqa: E402
-from ddpify.verify.alignment import AlignedBatchSampler, LoaderCensus, align_training_loaders, is_training_loader  # noqa: E402
+from ddpify.verify.alignment import RECUT_FLAG, AlignedBatchSampler, LoaderCensus, align_training_loaders, is_training_loader  # noqa: E402
 from ddpify.verify.compare import Record, judge  # noqa: E402
 from ddpify.verify.dataparallel import simulate_data_parallel  # noqa: E402
-from ddpify.verify.diagnose import hang_location, last_line  # noqa: E402
+from ddpify.verify.diagnose import hang_location, last_line, raise_location  # noqa: E402
 from ddpify.verify.plan import Plan, Run  # noqa: E402
 from ddpify.verify.rank_batchnorm import SPLIT_FLAG, UNSPLIT_FLAG, normalize_batchnorm_per_rank  # noqa: E402
 from ddpify.verify.report import render  # noqa: E402
@@ -133,7 +133,8 @@ def make_plan(target="ddp", nproc=2, **fields):
 
 
 def record(losses, params, flags=None):
-    return Record(losses, [torch.tensor(p, dtype=torch.float64) for p in params], flags or {}, [])
+    return Record(losses, [torch.tensor(p, dtype=torch.float64) for p in params], flags or {}, [],
+                  backward_losses=[[loss] for loss in losses])
 
 
 STEPS = [[1.0, 2.0], [1.1, 2.1], [1.2, 2.2]]
@@ -149,6 +150,9 @@ def test_ranks_that_saw_the_same_data_are_named():
     same = judge(make_plan(), record([3.0, 2.0, 1.0], STEPS), [record([3.0, 2.0, 1.0], STEPS)] * 2)
     sharded = judge(make_plan(), record([3.0, 2.0, 1.0], STEPS), [record([2.9, 2.1, 1.0], STEPS), record([3.1, 1.9, 1.0], STEPS)])
     assert any("train on the same data" in note for note in same["notes"])
+    unsharded = judge(make_plan(), record([3.0, 2.0, 1.0], STEPS, {RECUT_FLAG: "t.py:3"}), [record([2.0, 2.0, 1.0], STEPS)] * 2)
+    assert unsharded["message"].startswith("diverged at step 1 (every rank trained on the same data, the reference on "
+                                           "the 2 ranks' union: the data is not sharded)")
     assert not any("same data" in note for note in sharded["notes"])
     assert same["verdict"] == sharded["verdict"] == "equivalent"  # the training matches; the note says what it cost
 
@@ -201,13 +205,58 @@ def test_random_draws_are_flagged_once_training_forwards_record(recorder):
         torch.randperm(4, generator=torch.Generator())  # a sampler's own generator
         assert "training_randomness" not in recorder.flags
         NoisyLayer()(torch.ones(2))
-        assert recorder.flags["training_randomness"] == "torch.randn_like in a forward"
+        assert recorder.flags["training_randomness"].startswith("torch.randn_like in a forward, in forward() at test_verify_units.py:")
         recorder.flags.clear()
-        torch.randn(2)  # a GAN's noise for the next step
-        assert recorder.flags["training_randomness"] == "torch.randn between training steps"
+        for seed in (1, 1, 2):
+            torch.manual_seed(seed)
+            torch.randn(2)  # a GAN's noise for the next step, a get_batch's offsets
+        assert recorder.flags["training_randomness"].startswith("torch.randn between training steps, in "
+                                                               "test_random_draws_are_flagged_once_training_forwards_record() at ")
+        forward_noise, first, again, other = recorder.draws
+        assert first == again != other and first.startswith("(2,) torch.float32 ")
     finally:
         for name, function in saved.items():
             setattr(torch, name, function)
+
+
+def drawing(losses, params, draws, backward_losses=None, flags=None):
+    """A record whose training drew random numbers (fingerprints `draws`), with each step's backward losses."""
+    made = record(losses, params, {"training_randomness": "torch.randint between training steps, in get_batch() at t.py:9",
+                                   RECUT_FLAG: "t.py:3", **(flags or {})})
+    made.draws = draws
+    made.backward_losses = backward_losses or made.backward_losses
+    return made
+
+
+def test_draws_that_repeat_the_references_on_every_rank_keep_the_comparison_exact():
+    result = judge(make_plan(), drawing([1, 1, 1], STEPS, ["a", "b"]), [drawing([1, 1, 1], STEPS, ["a", "b"])] * 2)
+    assert (result["verdict"], result["mode"]) == ("equivalent", "exact")
+    assert any("(torch.randint between training steps, in get_batch() at t.py:9), and every rank drew exactly the "
+               "reference's numbers" in note for note in result["notes"])
+
+
+def test_draws_the_ranks_repeat_but_the_reference_does_not_are_statistical_and_said_so():
+    result = judge(make_plan(), drawing([1, 1, 1], STEPS, ["whole"]), [drawing([1, 1, 1], STEPS, ["half"])] * 2)
+    assert result["mode"] == "statistical"
+    assert any("the 2 ranks' draws repeat each other" in note for note in result["notes"])
+
+
+def test_ranks_with_one_loss_alike_but_another_apart_do_not_train_on_the_same_data():
+    """A GAN: the generator's loss on noise every rank draws alike, the discriminator's on each rank's real batch."""
+    ranks = [drawing([1, 1, 1], STEPS, ["n"], [[real, 1.0]] * 3) for real in (0.5, 0.7)]
+    result = judge(make_plan(), drawing([1, 1, 1], STEPS, ["N"]), ranks)
+    assert not any("same data" in note for note in result["notes"])
+
+
+def test_data_no_loader_fed_is_named_and_its_divergence_is_verifys_limit():
+    no_loader = {"training_randomness": "torch.randint between training steps, in get_batch() at t.py:9"}
+    same = judge(make_plan(), record([1, 1, 1], STEPS, no_loader), [record([1, 1, 1], STEPS, no_loader)] * 2)
+    assert same["verdict"] == "equivalent" and same["message"].endswith(", but every rank trained on the same data (see notes)")
+    assert any(note.startswith("no training DataLoader was re-cut") for note in same["notes"])
+    ranks = [record([1.5, 1, 1], [[1.0, 2.5], *STEPS[1:]]), record([0.5, 1, 1], [[1.0, 2.5], *STEPS[1:]])]
+    apart = judge(make_plan(), record([1, 1, 1], STEPS), ranks)
+    assert apart["message"].startswith("diverged at step 1 (the reference's batches were not re-cut to the ranks', see notes: "
+                                       "verify cannot tell a wrong port from one that shards the data its own way)")
 
 
 class NoisyLayer(torch.nn.Module):
@@ -324,6 +373,17 @@ def test_last_line_is_the_exception(tmp_path):
     traceback = tmp_path / "error.txt"
     traceback.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: boom\n\n")
     assert last_line(str(traceback)) == "ValueError: boom"
+
+
+def test_raise_location_is_the_innermost_frame_of_the_script_with_its_source(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("def step(x):\n    return x.reshape(8, -1)\nstep(None)\n")
+    traceback = tmp_path / "error.txt"
+    traceback.write_text(f'Traceback (most recent call last):\n  File "{script}", line 3, in <module>\n    step(None)\n'
+                         f'  File "{script}", line 2, in step\n    return x.reshape(8, -1)\n           ^^^^^^^^^\n'
+                         f'  File "/torch/nn/functional.py", line 9, in linear\nAttributeError: boom\n')
+    assert raise_location(str(traceback), str(script)) == "train.py:2 `return x.reshape(8, -1)`"
+    assert raise_location(str(traceback), "/elsewhere.py") is None
 
 
 def test_report_marks_the_diverged_step_and_ends_with_the_verdict():

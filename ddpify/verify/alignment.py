@@ -26,6 +26,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
 DISTRIBUTED_SAMPLER_SEED = 0  # DistributedSampler's default, which converted scripts keep
+RECUT_FLAG = "recut_loader"  # the record's flags: a training loader was re-cut (detail: how, and where it was made)
 
 
 class LoaderCensus:
@@ -221,6 +222,8 @@ def _aligned_sampler(arguments: dict, site: tuple[str, int], world: int, batch_m
 
     def describe(sampler: AlignedBatchSampler) -> None:
         order = "shuffled" if sampler.shuffle else "in order"
+        recorder.flag(RECUT_FLAG, f"{world} ranks x batch {per_rank_batch} = {world * per_rank_batch} samples a step "
+                                  f"from the loader at {_where(site)}")
         recorder.note(f"training loader at {_where(site)}: reference step = {world} ranks x batch {per_rank_batch}, "
                       f"{order} as DistributedSampler(seed={DISTRIBUTED_SAMPLER_SEED}) with set_epoch per pass")
         if sampler.size % world:

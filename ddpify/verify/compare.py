@@ -7,17 +7,19 @@ the reference normalizes each rank's part of the batch separately (see rank_batc
 Statistical mode (such BatchNorm fed a batch the ranks' parts cannot make up, or a GPU
 candidate's plain BatchNorm where the reference expected SyncBatchNorm; float16/bfloat16
 autocast under DDP or replicas, where a split batch rounds differently from the whole one; an FSDP2
-mixed-precision policy with float16/bfloat16 parameters): losses within
+mixed-precision policy with float16/bfloat16 parameters; random draws while training, unless every
+rank drew exactly the reference's numbers, as a `get_batch()` drawing offsets does): losses within
 STATISTICAL_LOSS_TOLERANCE and ranks agree. Runs in the launcher, which has torch
 imported already.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ddpify.verify.alignment import RECUT_FLAG
 from ddpify.verify.dataparallel import FORWARD_FLAG, UNEVEN_FLAG
 from ddpify.verify.plan import EXACT_TOLERANCE, STATISTICAL_LOSS_TOLERANCE, UPDATE_TOLERANCE, Plan
 from ddpify.verify.rank_batchnorm import SPLIT_FLAG, UNSPLIT_FLAG
@@ -45,6 +47,8 @@ class Record:
     flags: dict[str, str]
     notes: list[str]
     initial: torch.Tensor | None = None
+    backward_losses: list[list[float]] = field(default_factory=list)  # per step, every backward's loss
+    draws: list[str] = field(default_factory=list)  # fingerprints of the random draws made while training
 
     @classmethod
     def load(cls, path: str) -> Record:
@@ -134,20 +138,29 @@ def preconditions(plan: Plan, flags: dict[str, str]) -> list[str]:
 
 
 def same_data_on_every_rank(ranks: list[Record]) -> bool:
-    """Did every rank compute bit-identical losses at every step (more than one step)? With the
-    data sharded, the ranks' batches, and so their local losses, differ."""
-    steps = list(zip(*(rank.losses for rank in ranks)))
-    compared = [losses for losses in steps if None not in losses]
-    return len(ranks) > 1 and len(compared) > 1 and all(len(set(losses)) == 1 for losses in compared)
+    """Did every rank compute bit-identical losses in every backward of more than one step? With the
+    data sharded, the ranks' batches, and so the losses of their backwards, differ (one backward alone
+    may not: a GAN's generator loss on noise that every rank draws alike)."""
+    steps = [step for step in zip(*(rank.backward_losses for rank in ranks)) if all(step)]
+    return len(ranks) > 1 and len(steps) > 1 and all(len({tuple(losses) for losses in step}) == 1 for step in steps)
+
+
+def shared_draws(reference: Record, ranks: list[Record]) -> str | None:
+    """Whom the ranks' random draws while training repeat: "reference" (every rank drew exactly the
+    reference's numbers), "ranks" (every rank the same numbers, not the reference's), else None."""
+    if not reference.draws or any(rank.draws != ranks[0].draws for rank in ranks[1:]):
+        return None
+    return "reference" if ranks[0].draws == reference.draws else "ranks" if len(ranks) > 1 else None
 
 
 def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
     """The verdict, per-step rows, notes and preconditions, as a JSON-ready dict."""
     flags = _all_flags([reference, *ranks])
+    notes = list(dict.fromkeys(note for record in (reference, *ranks) for note in record.notes))
+    notes += _randomness_notes(plan, flags, shared_draws(reference, ranks))  # may take the randomness flag out
     statistical = (plan.splits_batches() and (bool({UNSPLIT_FLAG, "reduced_precision", "training_randomness"} & flags.keys())
                                               or _unsplit_plain_batchnorm(flags))
                    or "low_precision_parameters" in flags)
-    notes = list(dict.fromkeys(note for record in (reference, *ranks) for note in record.notes))
     notes += [flags[name] for name in ("dropout", "attention_dropout", "sample_randomness") if name in flags]
     if plan.dp_simulated and FORWARD_FLAG not in flags:
         notes.append("the candidate never called an nn.DataParallel forward: nothing about DataParallel was exercised")
@@ -157,9 +170,9 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
         notes.append(f"{_statistical_reason(plan, flags)}, so the runs are compared in statistical mode: "
                      f"losses within {STATISTICAL_LOSS_TOLERANCE:g} and ranks agree")
     found = preconditions(plan, flags)
-    if plan.averages_across_ranks() and same_data_on_every_rank(ranks):
-        notes.append(f"every rank computed the same loss at every step: the {plan.nproc} ranks train on the same data "
-                     f"(it is not sharded), so they do the work of one process; shard the data by rank")
+    same_data = plan.averages_across_ranks() and same_data_on_every_rank(ranks)
+    not_recut = plan.aligns_reference() and RECUT_FLAG not in flags
+    notes += _data_notes(plan, same_data, not_recut)
     counts = [len(reference.params), *(len(rank.params) for rank in ranks)]
     rows = [compare_step(k, reference, ranks, statistical) for k in range(min(counts))]
     result = {"mode": "statistical" if statistical else "exact", "steps": [asdict(row) for row in rows],
@@ -168,12 +181,45 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
         return {**error_result("the reference made no optimizer step"), **result}
     divergence = first_divergence(rows, counts)
     if divergence is None:  # no precondition held the runs apart (a summed loss scaled by WORLD_SIZE, say)
+        caveat = ", but every rank trained on the same data (see notes)" if same_data else ""
         return {**result, "verdict": "equivalent", "diverged_at": None, "preconditions": [],
-                "message": _equivalent_message(rows, plan, statistical)}
+                "message": _equivalent_message(rows, plan, statistical) + caveat}
     step, problems = divergence
-    cause = " (a precondition failed, see preconditions)" if found else ""
+    cause = (" (a precondition failed, see preconditions)" if found else
+             " (the reference's batches were not re-cut to the ranks', see notes: verify cannot tell a wrong port "
+             "from one that shards the data its own way)" if not_recut and not same_data else
+             f" (every rank trained on the same data, the reference on the {plan.nproc} ranks' union: the data is not "
+             f"sharded)" if same_data else "")
     message = f"diverged at step {step}{cause}: " + "; ".join(problems)
     return {**result, "verdict": "diverged", "diverged_at": step, "message": message}
+
+
+def _data_notes(plan: Plan, same_data: bool, not_recut: bool) -> list[str]:
+    """Where the compared batches come from, when it is not a re-cut DataLoader sharded over the ranks."""
+    notes = []
+    if not_recut:
+        notes.append(f"no training DataLoader was re-cut (none fed training, or its sampling is its own), so the "
+                     f"reference trains on the script's own batches, not the union of the {plan.nproc} ranks' parts")
+    if same_data:
+        notes.append(f"every rank computed the same losses at every step: the {plan.nproc} ranks train on the same "
+                     f"data (it is not sharded), so they do the work of one process; shard the data by rank")
+    return notes
+
+
+def _randomness_notes(plan: Plan, flags: dict[str, str], shared: str | None) -> list[str]:
+    """What the random draws made while training mean for the comparison. Draws that gave every rank
+    exactly the reference's numbers do not keep the runs apart: their flag is taken out of `flags`."""
+    if "training_randomness" not in flags or not plan.splits_batches():
+        return []
+    wrapper, part = _wrapper_and_part(plan)
+    if shared == "reference":
+        return [f"the script draws random numbers while it trains ({flags.pop('training_randomness')}), and every {part} "
+                f"drew exactly the reference's numbers (the same seed, the same sizes), so they do not keep the runs apart"]
+    if shared == "ranks":
+        return [f"every {part} drew the same random numbers while training ({flags['training_randomness']}): under "
+                f"{wrapper} the {plan.nproc} {part}s' draws repeat each other, where the one process draws fresh numbers for "
+                f"its whole batch"]
+    return []
 
 
 def _unsplit_plain_batchnorm(flags: dict[str, str]) -> bool:

@@ -5,10 +5,11 @@ Imports the standard library only.
 
 from __future__ import annotations
 
+import linecache
 import os
 import re
 
-_FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>.+)$')
+_FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+),? in (?P<func>.+)$')  # dumps and tracebacks
 _THREAD = re.compile(r"^(Current thread|Thread) ")
 
 
@@ -42,3 +43,14 @@ def hang_location(stack_path: str, script: str) -> str | None:
     in_script = [frame for frames in threads for frame in frames if os.path.realpath(frame[0]) == script]
     file, line, func = in_script[0] if in_script else threads[-1][0]
     return f"{os.path.basename(file)}:{line} in {func}"
+
+
+def raise_location(traceback_path: str, script: str) -> str | None:
+    """`file:line `source`` of the innermost frame of a traceback inside `script`, or None."""
+    with open(traceback_path, errors="replace") as f:
+        frames = [(frame["file"], int(frame["line"])) for text in f if (frame := _FRAME.match(text.rstrip()))]
+    in_script = [frame for frame in frames if os.path.realpath(frame[0]) == os.path.realpath(script)]
+    if not in_script:
+        return None
+    file, line = in_script[-1]
+    return f"{os.path.basename(file)}:{line} `{linecache.getline(file, line).strip()}`"

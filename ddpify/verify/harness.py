@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import functools
+import hashlib
 import inspect
 import io
 import os
@@ -61,6 +62,9 @@ class Recorder:
         self.flags: dict[str, str] = {}
         self.notes: list[str] = []
         self.initial: torch.Tensor | None = None  # parameters before the first optimizer step
+        self.backward_losses: list[list[float]] = []  # per step: the loss of every backward in it
+        self.draws: list[str] = []  # fingerprints of the random draws flagged while training
+        self.step_backwards: list[torch.Tensor] = []
         self.last_backward: torch.Tensor | None = None
         self.scaled: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -76,6 +80,11 @@ class Recorder:
         if self.scaled is not None and tensor is self.scaled[0]:
             tensor = self.scaled[1]
         self.last_backward = tensor
+        self.step_backwards.append(tensor.detach())
+
+    def drew(self, tensor: torch.Tensor) -> None:
+        """Remember a random draw made while training, by its fingerprint."""
+        self.draws.append(_fingerprint(tensor))
 
     def before_step(self, optimizer, args, kwargs) -> None:
         """Optimizer step pre-hook: the parameters the first update starts from."""
@@ -97,12 +106,15 @@ class Recorder:
         loss = self.last_backward
         self.losses.append(None if loss is None else float(loss.detach().double().mean()))
         self.params.append(_flat(params))
+        self.backward_losses.append([float(t.double().mean()) for t in self.step_backwards])
         self.last_backward = self.scaled = None
+        self.step_backwards = []
         if len(self.params) >= self.limit:
             self.finish(0)
 
     def save(self) -> None:
-        record = {"losses": self.losses, "params": self.params, "initial": self.initial, "flags": self.flags, "notes": self.notes}
+        record = {"losses": self.losses, "params": self.params, "initial": self.initial, "flags": self.flags, "notes": self.notes,
+                  "backward_losses": self.backward_losses, "draws": self.draws}
         torch.save(record, self.path + ".tmp")
         os.replace(self.path + ".tmp", self.path)
 
@@ -123,6 +135,13 @@ def _optimized(optimizer) -> list[torch.Tensor]:
 def _flat(params: list[torch.Tensor]) -> torch.Tensor:
     """The parameters' whole values (FSDP shards gathered) as one float64 CPU vector."""
     return torch.cat([_whole(p).reshape(-1).to("cpu", torch.float64) for p in params])
+
+
+def _fingerprint(tensor: torch.Tensor) -> str:
+    """Shape, dtype and a digest of the values: equal only for equal tensors."""
+    values = tensor.detach().to("cpu").clone(memory_format=torch.contiguous_format)
+    digest = hashlib.blake2b(bytes(values.untyped_storage()), digest_size=8).hexdigest()
+    return f"{tuple(values.shape)} {values.dtype} {digest}"
 
 
 def make_deterministic() -> None:
@@ -257,7 +276,8 @@ def watch_sum_reduction(recorder: Recorder) -> None:
 def watch_training_randomness(recorder: Recorder) -> None:
     """Flag random draws from the global generator made while autograd records, inside a module's
     forward (a VAE's `torch.randn_like` noise) or once training forwards have run (a GAN's noise for
-    the next step): split over ranks, each draws other numbers than the single process does."""
+    the next step, a `get_batch()` drawing offsets), with where they were drawn and a fingerprint of
+    each: split over ranks, each may draw other numbers than the single process does (compare tells)."""
     depth, trained = [0], [False]
 
     def entered(module, args):
@@ -271,12 +291,21 @@ def watch_training_randomness(recorder: Recorder) -> None:
     register_module_forward_hook(left)
     for name in RANDOM_DRAWS:
         def watched(*args, _function=getattr(torch, name), _name=name, **kwargs):
+            drawn = _function(*args, **kwargs)
             if torch.is_grad_enabled() and kwargs.get("generator") is None and (depth[0] > 0 or trained[0]):
                 where = "in a forward" if depth[0] > 0 else "between training steps"
-                recorder.flag("training_randomness", f"torch.{_name} {where}")
-            return _function(*args, **kwargs)
+                recorder.flag("training_randomness", f"torch.{_name} {where}, in {_caller(sys._getframe(1))}")
+                recorder.drew(drawn)
+            return drawn
 
         setattr(torch, name, watched)
+
+
+def _caller(frame) -> str:
+    """`function() at file:line` of a frame (`<module> at file:line` at module level)."""
+    name = frame.f_code.co_name
+    function = name if name.startswith("<") else f"{name}()"
+    return f"{function} at {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 def watch_plain_batchnorm(recorder: Recorder) -> None:

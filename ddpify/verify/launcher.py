@@ -33,9 +33,10 @@ import torch.distributed  # noqa: F401
 import torch.nn.parallel  # noqa: F401
 
 from ddpify.verify import harness
+from ddpify.verify.alignment import RECUT_FLAG
 from ddpify.verify.compare import Record, judge
 from ddpify.verify.dataparallel import failure_hint
-from ddpify.verify.diagnose import hang_location, last_line
+from ddpify.verify.diagnose import hang_location, last_line, raise_location
 from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan
 from ddpify.verify.rendezvous import AGENT_STORE_VARIABLE, client_environment, serve_store
 from ddpify.verify.result import error_result
@@ -140,8 +141,25 @@ def failure_message(plan: Plan) -> str | None:
             silent.append(f"{label} hung for {plan.timeout:g} s at {where}" if where
                           else f"{label} ended without a record (killed, or it called os._exit)")
     if failures:
-        return min(failures)[1]
+        return recut_failure(plan) or min(failures)[1]
     return "; ".join(silent) or None
+
+
+def recut_failure(plan: Plan) -> str | None:
+    """The reference failing on the larger batches verify re-cut for it, where no rank failed: one line
+    that says so (most likely a shape written with the script's batch size), or None."""
+    error, record = plan.file("error", REFERENCE, 0), plan.file("record", REFERENCE, 0)
+    ranks_failed = any(os.path.exists(plan.file("error", CANDIDATE, rank)) for rank in range(plan.candidate.ranks))
+    if ranks_failed or not (os.path.exists(error) and os.path.exists(record)):
+        return None
+    recut = Record.load(record).flags.get(RECUT_FLAG)
+    if recut is None:
+        return None
+    where = raise_location(error, plan.reference.script)
+    return (f"the reference failed on the batches verify re-cut for it ({recut}), where no rank failed"
+            f"{f', at {where}' if where else ''}: {last_line(error)}; a shape written with the script's batch size "
+            f"(x.reshape(batch_size, -1), a hidden state of batch_size rows) cannot take the larger batch: write it "
+            f"from the batch (x.size(0)) for verify to compare this script")
 
 
 def result_of(plan: Plan) -> dict:
