@@ -186,6 +186,19 @@ def torchrun(folder: Path, script: str, logs: Path) -> tuple:
 
 
 
+def over_entries(measure_one, chosen: list, jobs: int, progress) -> list:
+    """`measure_one(entry, folder)` for every chosen entry, each in a temporary folder of its own and
+    `jobs` at a time, saying `progress(row)` on stderr as each ends; the rows in entry order."""
+    def in_temp(entry: Entry):
+        with tempfile.TemporaryDirectory(prefix=f"corpus-{entry.name}-") as work:
+            row = measure_one(entry, Path(work))
+        print(f"{entry.name}: {progress(row)}", file=sys.stderr, flush=True)
+        return row
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(in_temp, chosen))
+
+
 def logs_once(outputs: dict) -> bool:
     """Rank 0 printed its log, the other ranks printed nothing."""
     return bool(outputs.get(0, "").strip()) and all(not outputs.get(r, "") for r in range(1, NPROC))
@@ -290,14 +303,8 @@ def main() -> None:
     options = parser.parse_args()
     started = time.perf_counter()
 
-    def measure_in_temp(entry: Entry) -> Row:
-        with tempfile.TemporaryDirectory(prefix=f"corpus-{entry.name}-") as work:
-            row = measure(entry, Path(work), with_verify=not options.no_verify)
-        print(f"{entry.name}: {row.ddp}", file=sys.stderr, flush=True)
-        return row
-
-    with ThreadPoolExecutor(max_workers=options.jobs) as pool:
-        rows = list(pool.map(measure_in_temp, entries(options.only)))
+    rows = over_entries(lambda entry, work: measure(entry, work, with_verify=not options.no_verify),
+                        entries(options.only), options.jobs, lambda row: row.ddp)
     if options.json:
         print(json.dumps({"rows": [asdict(r) for r in rows], "totals": totals(rows)}, indent=1))
         return

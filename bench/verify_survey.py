@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_corpus import VERIFY_TIMEOUT_S, convert, entries, run  # noqa: E402
+from real_corpus import VERIFY_TIMEOUT_S, convert, entries, over_entries, run  # noqa: E402
 
 FIGURES = {"rel_loss": "max rel Δloss", "max_rel_param": "max rel Δparam", "update_rel_param": "max Δparam/update"}
 
@@ -96,14 +94,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps verify compares (its --steps)")
     options = parser.parse_args()
 
-    def survey_in_temp(entry) -> Verdict:
-        with tempfile.TemporaryDirectory(prefix=f"survey-{entry.name}-") as work:
-            row = survey(entry, Path(work), options.steps)
-        print(f"{entry.name}: {row.convert}, {row.verdict}", file=sys.stderr, flush=True)
-        return row
-
-    with ThreadPoolExecutor(max_workers=options.jobs) as pool:
-        rows = list(pool.map(survey_in_temp, entries(options.only)))
+    rows = over_entries(lambda entry, work: survey(entry, work, options.steps), entries(options.only), options.jobs,
+                        lambda row: f"{row.convert}, {row.verdict}")
     if options.json:
         print(json.dumps({"rows": [asdict(r) for r in rows], "totals": totals(rows)}, indent=1))
         return

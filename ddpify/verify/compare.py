@@ -236,7 +236,7 @@ def _statistical_reason(plan: Plan, flags: dict[str, str]) -> str:
     wrapper, part = _wrapper_and_part(plan)
     if "training_randomness" in flags:
         return (f"the script draws random numbers while it trains ({flags['training_randomness']}): under {wrapper} each "
-                f"{part} draws its own for its part of the batch, not the reference's for the whole")
+                f"{part} draws numbers for its part of the batch, not the reference's for the whole")
     if UNSPLIT_FLAG in flags:
         return (f"plain {flags[UNSPLIT_FLAG]}, so the reference cannot normalize it part by part as the {part}s "
                 f"do under {wrapper}")
