@@ -391,8 +391,8 @@ def test_shape_converts_lints_clean_runs_on_two_ranks_and_verifies(script: Path,
     converted = tmp_path / f"{script.stem}_ddp.py"
     converted.write_text(result.output)
 
-    lint = ddpify("lint", str(converted))
-    assert lint.returncode == 0, lint.stdout + lint.stderr
+    lint = CliRunner().invoke(cli, ["lint", str(converted)])
+    assert lint.exit_code == 0, lint.output
 
     run_dir = tmp_path / "ddp"
     run_dir.mkdir()
