@@ -18,8 +18,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from ddpify.anatomy import ScriptKind, analyze
+from ddpify.cli import cli
 from ddpify.codemods.base import Options
 from ddpify.codemods.ddp import DistributedSetup, RankDevices, RemoveDataParallel, WrapModel
 from ddpify.codemods.pipeline import run_pipeline
