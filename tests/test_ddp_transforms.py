@@ -989,6 +989,53 @@ class TestRankZero:
         assert_codemod([RankZeroDuties], code, code)
 
 
+    def test_work_every_rank_joins_is_hoisted_out_of_a_print(self):
+        result = assert_codemod(
+            [RankZeroDuties],
+            joined(EVALUATED_HEAD, """\
+            def main(model):
+                evaluate_result = None
+                # report
+                print(f"acc {evaluate(model):.4f} then {len(str(evaluate(model)))}")
+                logger.info("acc %s", evaluate(model))
+            """),
+            joined(EVALUATED_HEAD, """\
+            def main(model):
+                evaluate_result = None
+                # report
+                evaluate_result1 = evaluate(model)
+                evaluate_result2 = evaluate(model)
+                if RANK == 0:
+                    print(f"acc {evaluate_result1:.4f} then {len(str(evaluate_result2))}")
+                evaluate_result3 = evaluate(model)
+                if RANK == 0:
+                    logger.info("acc %s", evaluate_result3)
+            """),
+        )
+        assert not messages(result)
+
+    def test_work_every_rank_joins_stays_in_a_conditional_part(self):
+        code = joined(EVALUATED_HEAD, "def main(model, full):\n    print(evaluate(model) if full else 0)\n")
+        result = assert_codemod([RankZeroDuties], code, code)
+        assert messages(result) == ["print left on every rank: `evaluate(model)` joins every rank and sits in a branch of "
+                                    "`a if c else b`; compute it on every rank before the statement, and output on rank 0, by hand"]
+
+
+EVALUATED_HEAD = """\
+import logging
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+def evaluate(model):
+    total = model.sum()
+    dist.all_reduce(total)
+    return total.item()
+
+"""
+
+
 # ===== no_sync =================================================================================
 ACCUM_HEAD = """\
 import torch

@@ -423,6 +423,62 @@ def calls_collective(a: Anatomy, body: Iterable[ast.AST]) -> bool:
     return a.body_contains(body, lambda n: isinstance(n, ast.Call) and a.qualname(n.func) in COLLECTIVES)
 
 
+# ----- work every rank must join ------------------------------------------------------------
+def joins_every_rank(a: Anatomy, body: Iterable[ast.AST]) -> bool:
+    """Does this code (or a local function it calls) train or call a collective?"""
+    return a.body_contains(body, lambda n: _trains_or_syncs(a, n))
+
+
+def _trains_or_syncs(a: Anatomy, node: ast.AST) -> bool:
+    return a.is_training_call(node) or (isinstance(node, ast.Call) and a.qualname(node.func) in COLLECTIVES)
+
+
+def calls_joining_every_rank(a: Anatomy, call: ast.Call) -> list[ast.Call]:
+    """The outermost calls in `call`'s arguments that train or call a collective themselves (or
+    through the local function they call), in source order: work a rank-0-only call would skip."""
+    found = [inner for arg in ast.iter_child_nodes(call) for inner in _outermost_joining(a, arg)]
+    return sorted(found, key=lambda n: (n.lineno, n.col_offset))
+
+
+def _outermost_joining(a: Anatomy, node: ast.AST) -> list[ast.Call]:
+    if isinstance(node, ast.Call) and joins_by_itself(a, node):
+        return [node]
+    return [inner for child in ast.iter_child_nodes(node) for inner in _outermost_joining(a, child)]
+
+
+def joins_by_itself(a: Anatomy, call: ast.Call) -> bool:
+    """Does the call train or call a collective (itself, or in the local function it calls), its arguments aside?"""
+    callee = a.callee(call)
+    return _trains_or_syncs(a, call) or (callee is not None and a.function_contains(callee, lambda n: _trains_or_syncs(a, n)))
+
+
+def conditional_part_holding(a: Anatomy, node: ast.AST, stmt: ast.stmt) -> str | None:
+    """The part of `stmt` around `node` that may not run, or runs many times (a branch of
+    `a if c else b`, a later `and`/`or` operand, a lambda, a comprehension); None when `node` runs
+    exactly once whenever `stmt` runs, so it can be computed just before it."""
+    for parent, child in ancestors(a, node):
+        if parent is stmt:
+            return None
+        reason = _conditional_part(parent, child)
+        if reason:
+            return reason
+    return None
+
+
+def _conditional_part(parent: ast.AST, child: ast.AST) -> str | None:
+    if isinstance(parent, ast.IfExp) and child is not parent.test:
+        return "a branch of `a if c else b`"
+    if isinstance(parent, ast.BoolOp) and child is not parent.values[0]:
+        return "an operand of `and`/`or` that may not run"
+    if isinstance(parent, ast.Lambda):
+        return "a lambda"
+    if isinstance(parent, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)) and child is not parent.generators[0]:
+        return "a comprehension"
+    if isinstance(parent, ast.comprehension) and child is not parent.iter:
+        return "a comprehension"
+    return None
+
+
 # ----- DDP wrappers --------------------------------------------------------------------------
 @per_anatomy
 def wrap_calls(a: Anatomy) -> list[CallSite]:
