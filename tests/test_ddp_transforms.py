@@ -25,6 +25,7 @@ from ddpify.codemods.ddp import (
     RankZeroDuties,
     ReducedLossPrints,
     RemoveDataParallel,
+    SameNoiseOnEveryRank,
     SameSplitOnEveryRank,
     SumLossScaling,
     WrapModel,
@@ -56,8 +57,8 @@ def messages(result: ConversionResult) -> list[str]:
 
 def test_the_ddp_transforms_in_order():
     assert DDP_TRANSFORMS == (
-        DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, DistributedSamplers,
-        EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
+        DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, SameNoiseOnEveryRank,
+        DistributedSamplers, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
     )
     for transform in DDP_TRANSFORMS:
         assert transform.NAME and transform.DESCRIPTION, transform
@@ -1034,6 +1035,54 @@ def evaluate(model):
     return total.item()
 
 """
+
+
+# ===== noise ===================================================================================
+class TestSameNoiseOnEveryRank:
+    SCRIPT = """\
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    SEED
+
+
+    class Noisy(Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return torch.rand(2)
+
+
+    class Generator(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.fc(x + torch.randn_like(x))
+
+
+    model = Generator()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in DataLoader(Noisy(), batch_size=2):
+        noise = torch.randn(x.shape[0], 2)
+        model(x + noise).sum().backward()
+        opt.step()
+    """
+
+    def advice(self, seed: str) -> list[tuple[int, str]]:
+        code = textwrap.dedent(self.SCRIPT).replace("SEED", seed)
+        result = run_pipeline(code, "snippet.py", [SameNoiseOnEveryRank], Options())
+        return [(a.line, a.message.split(":")[0]) for a in result.advice]
+
+    def test_a_draw_in_the_training_step_of_a_script_seeded_once_is_advised(self):
+        same = "every rank draws the same values here (the global RNG is seeded alike on every rank)"
+        assert self.advice("torch.manual_seed(0)") == [(27, same)]
+
+    def test_no_advice_without_a_seed_or_with_a_seed_per_rank(self):
+        assert self.advice("import os") == []
+        assert self.advice("torch.manual_seed(int(os.environ['RANK']))") == []
 
 
 # ===== no_sync =================================================================================

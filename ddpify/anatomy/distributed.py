@@ -18,12 +18,14 @@ import re
 from collections import defaultdict
 from typing import Iterable, Iterator
 
-from ddpify.anatomy.analyzer import ROLE_LOGGER, ROLE_MODEL, Anatomy
+from ddpify.anatomy.analyzer import ROLE_LOGGER, ROLE_MODEL, Anatomy, walk_body
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.sites import MODULE_SCOPE, CallSite, LoaderSite, Ref, ScriptKind
 from ddpify.anatomy.syntax import ancestors, argument, constant, contains, enclosing_function, identifier, keyword, method_name
-from ddpify.anatomy.vocabulary import ITERABLE_DATASETS, DDP_WRAPPER, LEGACY_FSDP, LOG_METHODS, MODULE_RETURNING_SELF
+from ddpify.anatomy.vocabulary import (
+    DDP_WRAPPER, ITERABLE_DATASETS, LEGACY_FSDP, LOG_METHODS, MODULE_RETURNING_SELF, RANDOM_DRAWS, RANDOM_FILLS,
+)
 
 DIST = "torch.distributed"
 COLLECTIVES = frozenset(
@@ -727,6 +729,29 @@ def seed_calls(a: Anatomy) -> list[CallSite]:
         return isinstance(n, ast.Call) and a.qualname(n.func) in SEED_CALLS
 
     return [c for c in a.calls if c.qualname in SEED_CALLS or ((s := a.callee(c.node)) and a.function_contains(s, seeds))]  # type: ignore[arg-type]
+
+
+def draws_alike_on_every_rank(a: Anatomy) -> list[ast.Call]:
+    """Draws from torch's global RNG in a training step loop's own code (not in a forward or a
+    Dataset it calls) when the script seeds that RNG with no rank, outside the step loops: each
+    rank draws the same values there."""
+    seeds = seed_calls(a)
+    steps = [loop.node for loop in a.step_loops if loop.trains]
+    if not seeds or any(mentions_rank(a, seed.node) or _inside_any(a, seed.node, steps) for seed in seeds):
+        return []
+    return list(dict.fromkeys(n for step in steps for n in walk_body(step.body) if _draws_from_global_rng(a, n)))  # type: ignore[attr-defined]
+
+
+def _inside_any(a: Anatomy, node: ast.AST, roots: list[ast.AST]) -> bool:
+    return any(parent in roots for parent, _ in ancestors(a, node))
+
+
+def _draws_from_global_rng(a: Anatomy, node: ast.AST) -> bool:
+    """`torch.randn(...)`, `torch.rand_like(x)`, `noise.normal_(0, 1)`, with no `generator=` of their own."""
+    if not isinstance(node, ast.Call) or keyword(node, "generator") is not None:
+        return False
+    module, _, name = (a.qualname(node.func) or "").rpartition(".")
+    return (module == "torch" and name in RANDOM_DRAWS) or method_name(node) in RANDOM_FILLS
 
 
 def unseeded_random_splits(a: Anatomy) -> list[CallSite]:
