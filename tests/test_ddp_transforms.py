@@ -1019,7 +1019,7 @@ class TestRankZero:
         code = joined(EVALUATED_HEAD, "def main(model, full):\n    print(evaluate(model) if full else 0)\n")
         result = assert_codemod([RankZeroDuties], code, code)
         assert messages(result) == ["print left on every rank: `evaluate(model)` joins every rank and sits in a branch of "
-                                    "`a if c else b`; compute it on every rank before the statement, and output on rank 0, by hand"]
+                                    "`a if c else b`; compute on every rank and output on rank 0 by hand"]
 
 
 EVALUATED_HEAD = """\

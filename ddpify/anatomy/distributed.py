@@ -435,6 +435,21 @@ def _trains_or_syncs(a: Anatomy, node: ast.AST) -> bool:
     return a.is_training_call(node) or (isinstance(node, ast.Call) and a.qualname(node.func) in COLLECTIVES)
 
 
+def calls_to_compute_first(a: Anatomy, stmt: ast.stmt) -> tuple[list[ast.Call], str | None]:
+    """For an output statement that joins every rank (`print(f"acc {evaluate(model)}")`): the calls
+    in its arguments to compute on every rank just before it, left to right, so that the output
+    alone can go on rank 0; and why that can't be done, if so."""
+    output = stmt.value if isinstance(stmt, ast.Expr) else None
+    if not isinstance(output, ast.Call) or joins_by_itself(a, output):
+        return [], "the statement also trains or calls a collective, which every rank must join"
+    calls = calls_joining_every_rank(a, output)
+    for call in calls:
+        part = conditional_part_holding(a, call, stmt)
+        if part:
+            return calls, f"`{ast.unparse(call)}` joins every rank and sits in {part}"
+    return calls, None
+
+
 def calls_joining_every_rank(a: Anatomy, call: ast.Call) -> list[ast.Call]:
     """The outermost calls in `call`'s arguments that train or call a collective themselves (or
     through the local function they call), in source order: work a rank-0-only call would skip."""

@@ -116,10 +116,13 @@ class RankZeroDuties(Transform):
     def _hoist_then_guard(self, stmt: ast.stmt, kind: str) -> bool:
         """`print(f"acc {evaluate(model):.4f}")` where the evaluation joins every rank: it runs on
         every rank into a fresh variable just before (left to right), the print on rank 0 only."""
-        calls = self._calls_to_hoist(stmt, kind)
-        if calls is None:
+        calls, reason = ddp.calls_to_compute_first(self.anatomy, stmt)
+        if reason is None and _shares_its_line(self.anatomy, stmt):
+            reason = "the statement shares its line and also trains or calls a collective, which every rank must join"
+        if reason is not None:
+            self.advise(stmt.lineno, f"{kind} left on every rank: {reason}; compute on every rank and output on rank 0 by hand")
             return False
-        names = [fresh_name(self.anatomy, f"{identifier(c.func) or 'value'}_result", self._names_taken) for c in calls]
+        names = hoisted_names(self.anatomy, calls, self._names_taken)
         values: dict[ast.Call, cst.CSTNode] = {}
         for call in calls:
             self.rewrite_node(call, cst.Call, lambda node, call=call: values.setdefault(call, node))
@@ -127,23 +130,6 @@ class RankZeroDuties(Transform):
         self._unwrap_for_rank_zero(stmt, keep=calls)
         self.changed(stmt.lineno, f"{kind} on rank 0 only, after computing {', '.join(names)} on every rank (it joins every rank)")
         return True
-
-    def _calls_to_hoist(self, stmt: ast.stmt, kind: str) -> list[ast.Call] | None:
-        """The calls in an output call's arguments that every rank must run, when each can run just before it."""
-        a = self.anatomy
-        output = stmt.value if isinstance(stmt, ast.Expr) else None
-        if not isinstance(output, ast.Call) or ddp.joins_by_itself(a, output) or _shares_its_line(a, stmt):
-            self.advise(stmt.lineno, f"{kind} left on every rank: the statement also trains or calls a collective, "
-                                     "which every rank must join; compute on every rank and output on rank 0 by hand")
-            return None
-        calls = ddp.calls_joining_every_rank(a, output)
-        for call in calls:
-            reason = ddp.conditional_part_holding(a, call, stmt)
-            if reason:
-                self.advise(stmt.lineno, f"{kind} left on every rank: `{ast.unparse(call)}` joins every rank and sits in {reason}; "
-                                         "compute it on every rank before the statement, and output on rank 0, by hand")
-                return None
-        return calls
 
     def _guard_expression(self, stmt: ast.stmt, kind: str) -> bool:
         """`a = 1; print(a)`, `if ok: print(a)`: the call itself becomes `print(a) if RANK == 0 else None`."""
@@ -273,6 +259,11 @@ class RankZeroDuties(Transform):
             return
         self.insert_after(anchor, "dist.barrier()  # the file rank 0 saved is read below\n")
         self.changed(line, f"barrier after {what}: other ranks read that checkpoint later")
+
+
+def hoisted_names(anatomy, calls: list[ast.Call], taken: set[str]) -> list[str]:
+    """A fresh variable for each hoisted call, after its callee: `evaluate(...)` -> `evaluate_result`."""
+    return [fresh_name(anatomy, f"{identifier(call.func) or 'value'}_result", taken) for call in calls]
 
 
 def hoisted_then_guarded(stmt: cst.BaseStatement, hoists: list[tuple[cst.CSTNode, str]], condition: str) -> list[cst.BaseStatement]:
