@@ -10,8 +10,10 @@ built on rank 0 only; directories are made with exist_ok=True (every rank makes 
 saved, a barrier waits for the file, outside any rank-0 block.
 
 Rank-0-only code never runs work that every rank must join: the DDP wrapper it would call or pass
-to a local function becomes `wrapper.module`, and a statement that also trains or calls a
-collective is left on every rank (with advice) rather than guarded into a deadlock.
+to a local function becomes `wrapper.module`. A call in a print's or log's arguments that trains or
+calls a collective (`print(f"acc {evaluate(model):.4f}")`) is computed first, on every rank, into a
+fresh variable the guarded output reads; any other statement that does is left on every rank (with
+advice) rather than guarded into a deadlock.
 """
 
 from __future__ import annotations
