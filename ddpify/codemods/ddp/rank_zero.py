@@ -19,7 +19,7 @@ advice) rather than guarded into a deadlock.
 from __future__ import annotations
 
 import ast
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import libcst as cst
 
@@ -128,7 +128,7 @@ class RankZeroDuties(Transform):
         values: dict[ast.Call, cst.CSTNode] = {}
         for call in calls:
             self.rewrite_node(call, cst.Call, lambda node, call=call: values.setdefault(call, node))
-        self.rewrite_statement(stmt, lambda s: hoisted_then_guarded(s, [(values[c], n) for c, n in zip(calls, names)], IS_RANK_ZERO))
+        self.rewrite_statement(stmt, lambda s: _hoist_found(s, calls, names, values))
         self._unwrap_for_rank_zero(stmt, keep=calls)
         self.changed(stmt.lineno, f"{kind} on rank 0 only, after computing {', '.join(names)} on every rank (it joins every rank)")
         return True
@@ -151,7 +151,7 @@ class RankZeroDuties(Transform):
     def _needs_every_rank(self, stmt: ast.stmt) -> bool:
         return ddp.joins_every_rank(self.anatomy, [stmt])
 
-    def _unwrap_for_rank_zero(self, stmt: ast.stmt, keep: list[ast.Call] = []) -> None:
+    def _unwrap_for_rank_zero(self, stmt: ast.stmt, keep: Sequence[ast.Call] = ()) -> None:
         """Rank-0-only code calls the plain model: the DDP wrapper's forward syncs with every rank.
         The calls in `keep` run on every rank: they keep the wrapper."""
         a = self.anatomy
@@ -268,6 +268,14 @@ def hoisted_names(anatomy, calls: list[ast.Call], taken: set[str]) -> list[str]:
     return [fresh_name(anatomy, f"{identifier(call.func) or 'value'}_result", taken) for call in calls]
 
 
+def _hoist_found(stmt: cst.BaseStatement, calls: list[ast.Call], names: list[str], values: dict[ast.Call, cst.CSTNode]) -> list[cst.BaseStatement]:
+    """`hoisted_then_guarded` with the CST calls found; the statement as it was where one wasn't
+    (its ast position off, as inside some f-strings): lint then reports the print as left undone."""
+    if any(call not in values for call in calls):
+        return [stmt]
+    return hoisted_then_guarded(stmt, [(values[call], name) for call, name in zip(calls, names)], IS_RANK_ZERO)
+
+
 def hoisted_then_guarded(stmt: cst.BaseStatement, hoists: list[tuple[cst.CSTNode, str]], condition: str) -> list[cst.BaseStatement]:
     """`print(f"{evaluate(m):.4f}")` -> `evaluate_result = evaluate(m)`, then the statement under
     `if <condition>:` reading `evaluate_result`; its comments stay above the first assignment."""
@@ -290,7 +298,7 @@ class _ReplaceNodes(cst.CSTTransformer):
         return self.new_by_id.get(id(original_node), updated_node)
 
 
-def _walk_outside(root: ast.AST, skipped: list[ast.Call]) -> Iterator[ast.AST]:
+def _walk_outside(root: ast.AST, skipped: Sequence[ast.Call]) -> Iterator[ast.AST]:
     """`ast.walk(root)`, not entering the `skipped` nodes."""
     stack = [root]
     while stack:
