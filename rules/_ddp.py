@@ -7,15 +7,17 @@ positions and source edits.
 from __future__ import annotations
 
 import ast
+from typing import Sequence
 
 from ddpify.anatomy import Anatomy, Pos, ScriptKind
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.codemods.base import first_in_body, guard, parse_statements, remove_keyword
+from ddpify.codemods.ddp.rank_zero import hoisted_names, hoisted_then_guarded
 from ddpify.codemods.module_access import module_of
 from ddpify.lint import Edit, Fix
-from ddpify.lint.cst_fixes import expression_edit, statement_edit
+from ddpify.lint.cst_fixes import expression_edit, statement_edit, statement_edit_with
 
 DDP_KINDS = frozenset({ScriptKind.DDP, ScriptKind.SPAWN})
 
@@ -76,17 +78,23 @@ def _rank_zero_guards(a: Anatomy) -> list[ast.If]:
     ]
 
 
-def rank_zero_guard_fix(a: Anatomy, stmt: ast.stmt, may_be_safe: bool) -> Fix | None:
-    """Put `stmt` under a rank-0 test with convert's `guard`; safe only if `may_be_safe` and the
-    test is known to work there."""
+def rank_zero_guard_fix(a: Anatomy, stmt: ast.stmt, may_be_safe: bool, hoisted: Sequence[ast.Call] = ()) -> Fix | None:
+    """Put `stmt` under a rank-0 test with convert's `guard`, first computing the `hoisted` calls
+    (work every rank joins) into fresh variables as convert does; safe only if `may_be_safe` and
+    the test is known to work there."""
     test = rank_zero_test(a, stmt)
     if test is None:
         return None
     text, known = test
-    edit = statement_edit(a, stmt, lambda node: [guard([node], text)])
+    names = hoisted_names(a, list(hoisted), set())
+    if hoisted:
+        edit = statement_edit_with(a, stmt, hoisted, lambda node, values: hoisted_then_guarded(node, list(zip(values, names)), text))
+    else:
+        edit = statement_edit(a, stmt, lambda node: [guard([node], text)])
     if edit is None:
         return None
-    return Fix((edit,), safe=may_be_safe and known, description=f"run it on rank 0 only (`if {text}:`)")
+    computed = f", after computing {', '.join(names)} on every rank" if names else ""
+    return Fix((edit,), safe=may_be_safe and known, description=f"run it on rank 0 only (`if {text}:`){computed}")
 
 
 def per_rank_target(a: Anatomy, *exprs: ast.AST | None, through_variables: bool = True) -> bool:

@@ -49,8 +49,11 @@ class LogOnEveryRank(Rule):
     A print or log statement is put under `if <rank-0 test>:`. The fix is safe when it reuses a
     rank-0 test that the same function already uses earlier and the printed expression calls
     nothing with side effects; otherwise (a new `dist.get_rank() == 0` that needs an initialised
-    process group at that point, or calls that other ranks would skip) it is unsafe. Writers and
-    progress bars have no fix: the object is used later on every rank.
+    process group at that point, or calls that other ranks would skip) it is unsafe. A call in the
+    arguments that every rank must join (an evaluation that calls a collective) is first computed
+    on every rank into a fresh variable, left to right, as `ddpify convert` does; where one sits in
+    a part that may not run (`a if c else b`, `and`/`or`, a lambda, a comprehension) there is no
+    fix. Writers and progress bars have no fix: the object is used later on every rank.
     """
 
     code = "DDP007"
@@ -109,7 +112,10 @@ def _fix(a, site, what: str):
     stmt = site.stmt
     if what not in ("print", "log record") or not (isinstance(stmt, ast.Expr) and stmt.value is site.node):
         return None
-    return rank_zero_guard_fix(a, stmt, may_be_safe=_only_harmless_calls(site.node))
+    hoisted, blocked = ddp.calls_to_compute_first(a, stmt) if ddp.joins_every_rank(a, [stmt]) else ([], None)
+    if blocked:
+        return None  # under a rank test, work every rank must join would hang the others
+    return rank_zero_guard_fix(a, stmt, may_be_safe=_only_harmless_calls(site.node), hoisted=hoisted)
 
 
 def _only_harmless_calls(call: ast.Call) -> bool:
@@ -123,6 +129,13 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 loss = torch.ones(1)
+"""
+_EVALUATE = """
+def evaluate(t):
+    dist.all_reduce(t)
+    return t.item()
+
+
 """
 
 LogOnEveryRank.VALID = (
@@ -176,6 +189,13 @@ LogOnEveryRank.INVALID = (
         "if rank == 0:\n    logger.info('loss %f', loss.item())\n",
     ),
     Invalid(_HEAD + "from torch.utils.tensorboard import SummaryWriter\nwriter = SummaryWriter('runs/exp')\n", line=8),
+    # an evaluation that every rank must join runs on every rank first, into a variable the print reads
+    Invalid(
+        _HEAD + _EVALUATE + "if rank == 0:\n    print('start')\nprint(f'acc {evaluate(loss):.4f}')\n",
+        line=15,
+        fixed=_HEAD + _EVALUATE + "if rank == 0:\n    print('start')\n"
+        "evaluate_result = evaluate(loss)\nif rank == 0:\n    print(f'acc {evaluate_result:.4f}')\n",
+    ),
     # a triple-quoted f-string keeps its contents: only the code lines move in
     Invalid(
         _HEAD + "if rank == 0:\n    print('start')\nprint(f\"\"\"done\n  loss {loss.item():.4f}\n\"\"\")\n",

@@ -25,6 +25,7 @@ from ddpify.codemods.ddp import (
     RankZeroDuties,
     ReducedLossPrints,
     RemoveDataParallel,
+    SameNoiseOnEveryRank,
     SameSplitOnEveryRank,
     SumLossScaling,
     WrapModel,
@@ -56,8 +57,8 @@ def messages(result: ConversionResult) -> list[str]:
 
 def test_the_ddp_transforms_in_order():
     assert DDP_TRANSFORMS == (
-        DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, DistributedSamplers,
-        EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
+        DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, SameNoiseOnEveryRank,
+        DistributedSamplers, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
     )
     for transform in DDP_TRANSFORMS:
         assert transform.NAME and transform.DESCRIPTION, transform
@@ -987,6 +988,101 @@ class TestRankZero:
     def test_print_inside_an_expression_is_not_guarded(self):
         code = "import torch\nok = print('x') or True\n"
         assert_codemod([RankZeroDuties], code, code)
+
+
+    def test_work_every_rank_joins_is_hoisted_out_of_a_print(self):
+        result = assert_codemod(
+            [RankZeroDuties],
+            joined(EVALUATED_HEAD, """\
+            def main(model):
+                evaluate_result = None
+                # report
+                print(f"acc {evaluate(model):.4f} then {len(str(evaluate(model)))}")
+                logger.info("acc %s", evaluate(model))
+            """),
+            joined(EVALUATED_HEAD, """\
+            def main(model):
+                evaluate_result = None
+                # report
+                evaluate_result1 = evaluate(model)
+                evaluate_result2 = evaluate(model)
+                if RANK == 0:
+                    print(f"acc {evaluate_result1:.4f} then {len(str(evaluate_result2))}")
+                evaluate_result3 = evaluate(model)
+                if RANK == 0:
+                    logger.info("acc %s", evaluate_result3)
+            """),
+        )
+        assert not messages(result)
+
+    def test_work_every_rank_joins_stays_in_a_conditional_part(self):
+        code = joined(EVALUATED_HEAD, "def main(model, full):\n    print(evaluate(model) if full else 0)\n")
+        result = assert_codemod([RankZeroDuties], code, code)
+        assert messages(result) == ["print left on every rank: `evaluate(model)` joins every rank and sits in a branch of "
+                                    "`a if c else b`; compute on every rank and output on rank 0 by hand"]
+
+
+EVALUATED_HEAD = """\
+import logging
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+def evaluate(model):
+    total = model.sum()
+    dist.all_reduce(total)
+    return total.item()
+
+"""
+
+
+# ===== noise ===================================================================================
+class TestSameNoiseOnEveryRank:
+    SCRIPT = """\
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    SEED
+
+
+    class Noisy(Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return torch.rand(2)
+
+
+    class Generator(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.fc(x + torch.randn_like(x))
+
+
+    model = Generator()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in DataLoader(Noisy(), batch_size=2):
+        noise = torch.randn(x.shape[0], 2)
+        model(x + noise).sum().backward()
+        opt.step()
+    """
+
+    def advice(self, seed: str) -> list[tuple[int, str]]:
+        code = textwrap.dedent(self.SCRIPT).replace("SEED", seed)
+        result = run_pipeline(code, "snippet.py", [SameNoiseOnEveryRank], Options())
+        return [(a.line, a.message.split(":")[0]) for a in result.advice]
+
+    def test_a_draw_in_the_training_step_of_a_script_seeded_once_is_advised(self):
+        same = "every rank draws the same values here (the global RNG is seeded alike on every rank)"
+        assert self.advice("torch.manual_seed(0)") == [(27, same)]
+
+    def test_no_advice_without_a_seed_or_with_a_seed_per_rank(self):
+        assert self.advice("import os") == []
+        assert self.advice("torch.manual_seed(int(os.environ['RANK']))") == []
 
 
 # ===== no_sync =================================================================================

@@ -18,12 +18,14 @@ import re
 from collections import defaultdict
 from typing import Iterable, Iterator
 
-from ddpify.anatomy.analyzer import ROLE_LOGGER, ROLE_MODEL, Anatomy
+from ddpify.anatomy.analyzer import ROLE_LOGGER, ROLE_MODEL, Anatomy, walk_body
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.sites import MODULE_SCOPE, CallSite, LoaderSite, Ref, ScriptKind
 from ddpify.anatomy.syntax import ancestors, argument, constant, contains, enclosing_function, identifier, keyword, method_name
-from ddpify.anatomy.vocabulary import ITERABLE_DATASETS, DDP_WRAPPER, LEGACY_FSDP, LOG_METHODS, MODULE_RETURNING_SELF
+from ddpify.anatomy.vocabulary import (
+    DDP_WRAPPER, ITERABLE_DATASETS, LEGACY_FSDP, LOG_METHODS, MODULE_RETURNING_SELF, RANDOM_DRAWS, RANDOM_FILLS,
+)
 
 DIST = "torch.distributed"
 COLLECTIVES = frozenset(
@@ -423,6 +425,77 @@ def calls_collective(a: Anatomy, body: Iterable[ast.AST]) -> bool:
     return a.body_contains(body, lambda n: isinstance(n, ast.Call) and a.qualname(n.func) in COLLECTIVES)
 
 
+# ----- work every rank must join ------------------------------------------------------------
+def joins_every_rank(a: Anatomy, body: Iterable[ast.AST]) -> bool:
+    """Does this code (or a local function it calls) train or call a collective?"""
+    return a.body_contains(body, lambda n: _trains_or_syncs(a, n))
+
+
+def _trains_or_syncs(a: Anatomy, node: ast.AST) -> bool:
+    return a.is_training_call(node) or (isinstance(node, ast.Call) and a.qualname(node.func) in COLLECTIVES)
+
+
+def calls_to_compute_first(a: Anatomy, stmt: ast.stmt) -> tuple[list[ast.Call], str | None]:
+    """For an output statement that joins every rank (`print(f"acc {evaluate(model)}")`): the calls
+    in its arguments to compute on every rank just before it, left to right, so that the output
+    alone can go on rank 0; and why that can't be done, if so."""
+    output = stmt.value if isinstance(stmt, ast.Expr) else None
+    if not isinstance(output, ast.Call) or joins_by_itself(a, output):
+        return [], "the statement also trains or calls a collective, which every rank must join"
+    calls = calls_joining_every_rank(a, output)
+    for call in calls:
+        part = conditional_part_holding(a, call, stmt)
+        if part:
+            return calls, f"`{ast.unparse(call)}` joins every rank and sits in {part}"
+    return calls, None
+
+
+def calls_joining_every_rank(a: Anatomy, call: ast.Call) -> list[ast.Call]:
+    """The outermost calls in `call`'s arguments that train or call a collective themselves (or
+    through the local function they call), in source order: work a rank-0-only call would skip."""
+    found = [inner for arg in ast.iter_child_nodes(call) for inner in _outermost_joining(a, arg)]
+    return sorted(found, key=lambda n: (n.lineno, n.col_offset))
+
+
+def _outermost_joining(a: Anatomy, node: ast.AST) -> list[ast.Call]:
+    if isinstance(node, ast.Call) and joins_by_itself(a, node):
+        return [node]
+    return [inner for child in ast.iter_child_nodes(node) for inner in _outermost_joining(a, child)]
+
+
+def joins_by_itself(a: Anatomy, call: ast.Call) -> bool:
+    """Does the call train or call a collective (itself, or in the local function it calls), its arguments aside?"""
+    callee = a.callee(call)
+    return _trains_or_syncs(a, call) or (callee is not None and a.function_contains(callee, lambda n: _trains_or_syncs(a, n)))
+
+
+def conditional_part_holding(a: Anatomy, node: ast.AST, stmt: ast.stmt) -> str | None:
+    """The part of `stmt` around `node` that may not run, or runs many times (a branch of
+    `a if c else b`, a later `and`/`or` operand, a lambda, a comprehension); None when `node` runs
+    exactly once whenever `stmt` runs, so it can be computed just before it."""
+    for parent, child in ancestors(a, node):
+        if parent is stmt:
+            return None
+        reason = _conditional_part(parent, child)
+        if reason:
+            return reason
+    return None
+
+
+def _conditional_part(parent: ast.AST, child: ast.AST) -> str | None:
+    if isinstance(parent, ast.IfExp) and child is not parent.test:
+        return "a branch of `a if c else b`"
+    if isinstance(parent, ast.BoolOp) and child is not parent.values[0]:
+        return "an operand of `and`/`or` that may not run"
+    if isinstance(parent, ast.Lambda):
+        return "a lambda"
+    if isinstance(parent, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)) and child is not parent.generators[0]:
+        return "a comprehension"
+    if isinstance(parent, ast.comprehension) and child is not parent.iter:
+        return "a comprehension"
+    return None
+
+
 # ----- DDP wrappers --------------------------------------------------------------------------
 @per_anatomy
 def wrap_calls(a: Anatomy) -> list[CallSite]:
@@ -671,6 +744,29 @@ def seed_calls(a: Anatomy) -> list[CallSite]:
         return isinstance(n, ast.Call) and a.qualname(n.func) in SEED_CALLS
 
     return [c for c in a.calls if c.qualname in SEED_CALLS or ((s := a.callee(c.node)) and a.function_contains(s, seeds))]  # type: ignore[arg-type]
+
+
+def draws_alike_on_every_rank(a: Anatomy) -> list[ast.Call]:
+    """Draws from torch's global RNG in a training step loop's own code (not in a forward or a
+    Dataset it calls) when the script seeds that RNG with no rank, outside the step loops: each
+    rank draws the same values there."""
+    seeds = seed_calls(a)
+    steps = [loop.node for loop in a.step_loops if loop.trains]
+    if not seeds or any(mentions_rank(a, seed.node) or _inside_any(a, seed.node, steps) for seed in seeds):
+        return []
+    return list(dict.fromkeys(n for step in steps for n in walk_body(step.body) if _draws_from_global_rng(a, n)))  # type: ignore[attr-defined]
+
+
+def _inside_any(a: Anatomy, node: ast.AST, roots: list[ast.AST]) -> bool:
+    return any(parent in roots for parent, _ in ancestors(a, node))
+
+
+def _draws_from_global_rng(a: Anatomy, node: ast.AST) -> bool:
+    """`torch.randn(...)`, `torch.rand_like(x)`, `noise.normal_(0, 1)`, with no `generator=` of their own."""
+    if not isinstance(node, ast.Call) or keyword(node, "generator") is not None:
+        return False
+    module, _, name = (a.qualname(node.func) or "").rpartition(".")
+    return (module == "torch" and name in RANDOM_DRAWS) or method_name(node) in RANDOM_FILLS
 
 
 def unseeded_random_splits(a: Anatomy) -> list[CallSite]:

@@ -75,6 +75,10 @@ RANDOM_DRAWS = frozenset({
     "rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "normal", "bernoulli", "multinomial",
     "poisson", "randperm",
 })
+# Tensor methods that fill a tensor in place from torch's global RNG (`noise.normal_(0, 1)`).
+RANDOM_FILLS = frozenset({
+    "normal_", "uniform_", "bernoulli_", "random_", "exponential_", "cauchy_", "log_normal_", "geometric_",
+})
 
 # Reads of a module's parameters: the methods that yield them, and the attributes layers keep them in.
 PARAMETER_METHODS = frozenset({"parameters", "named_parameters"})

@@ -39,6 +39,18 @@ def statement_edit(a: Anatomy, stmt: ast.stmt, rewrite: StatementRewrite) -> Edi
     return _changed_lines(a.text, code) if code else None
 
 
+def statement_edit_with(a: Anatomy, stmt: ast.stmt, nodes: Sequence[ast.AST],
+                        rewrite: Callable[[cst.BaseStatement, list[cst.CSTNode]], Sequence[cst.BaseStatement]]) -> Edit | None:
+    """Like `statement_edit`, `rewrite` also given the CST expressions that span the ast `nodes`
+    inside `stmt`. None when one has none."""
+    parsed = _parsed(a)
+    spans = [a.pos(node) for node in nodes]
+    values = [parsed.expressions.get((p.line, p.col, p.end_line, p.end_col)) for p in spans] if parsed else [None]
+    if any(value is None for value in values):
+        return None
+    return statement_edit(a, stmt, lambda node: rewrite(node, values))  # type: ignore[arg-type]
+
+
 def expression_edit(a: Anatomy, node: ast.AST, rewrite: Callable[[cst.BaseExpression], cst.BaseExpression]) -> Edit | None:
     """The Edit that replaces the expression `node` (with any parentheses around it) by
     `rewrite(its CST expression)`, narrowed to the characters that change (`model` ->

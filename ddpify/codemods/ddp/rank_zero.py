@@ -10,19 +10,23 @@ built on rank 0 only; directories are made with exist_ok=True (every rank makes 
 saved, a barrier waits for the file, outside any rank-0 block.
 
 Rank-0-only code never runs work that every rank must join: the DDP wrapper it would call or pass
-to a local function becomes `wrapper.module`, and a statement that also trains or calls a
-collective is left on every rank (with advice) rather than guarded into a deadlock.
+to a local function becomes `wrapper.module`. A call in a print's or log's arguments that trains or
+calls a collective (`print(f"acc {evaluate(model):.4f}")`) is computed first, on every rank, into a
+fresh variable the guarded output reads; any other statement that does is left on every rank (with
+advice) rather than guarded into a deadlock.
 """
 
 from __future__ import annotations
 
 import ast
+from typing import Iterator, Sequence
 
 import libcst as cst
 
 from ddpify.anatomy import MODULE_SCOPE, ROLE_PBAR, ROLE_WRITER, CallSite
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy.analyzer import walk_body
+from ddpify.anatomy.syntax import identifier
 from ddpify.anatomy.vocabulary import (
     DIRECTORY_CREATORS,
     FILE_WRITE_CALLS,
@@ -31,8 +35,9 @@ from ddpify.anatomy.vocabulary import (
     WRITER_CONSTRUCTORS,
     opens_for_writing,
 )
-from ddpify.codemods.base import Transform, add_keyword, parse_expr
+from ddpify.codemods.base import Transform, add_keyword, guard, parse_expr
 from ddpify.codemods.ddp.runtime import IS_RANK_ZERO, RANK_DEVICE
+from ddpify.codemods.ddp.samplers import fresh_name
 
 
 
@@ -42,6 +47,7 @@ class RankZeroDuties(Transform):
 
     def plan(self) -> None:
         self._barriers: set[ast.stmt] = set()
+        self._names_taken: set[str] = set()
         saves = []
         for call in self.anatomy.calls:
             kind = self._rank_zero_kind(call)
@@ -101,14 +107,30 @@ class RankZeroDuties(Transform):
         if not ddp.runs_on_every_rank(self.anatomy, stmt) or any(self._guarded_here(outer) for outer in self.anatomy.enclosing(stmt, ast.stmt)):
             return True
         if self._needs_every_rank(stmt):
-            self.advise(stmt.lineno, f"{kind} left on every rank: the statement also trains or calls a collective, "
-                                     "which every rank must join; compute on every rank and output on rank 0 by hand")
-            return False
+            return self._hoist_then_guard(stmt, kind)
         self._unwrap_for_rank_zero(stmt)
         if _shares_its_line(self.anatomy, stmt):
             return self._guard_expression(stmt, kind)
         self.guard_statement(stmt, IS_RANK_ZERO)
         self.changed(stmt.lineno, f"{kind} on rank 0 only")
+        return True
+
+    def _hoist_then_guard(self, stmt: ast.stmt, kind: str) -> bool:
+        """`print(f"acc {evaluate(model):.4f}")` where the evaluation joins every rank: it runs on
+        every rank into a fresh variable just before (left to right), the print on rank 0 only."""
+        calls, reason = ddp.calls_to_compute_first(self.anatomy, stmt)
+        if reason is None and _shares_its_line(self.anatomy, stmt):
+            reason = "the statement shares its line and also trains or calls a collective, which every rank must join"
+        if reason is not None:
+            self.advise(stmt.lineno, f"{kind} left on every rank: {reason}; compute on every rank and output on rank 0 by hand")
+            return False
+        names = hoisted_names(self.anatomy, calls, self._names_taken)
+        values: dict[ast.Call, cst.CSTNode] = {}
+        for call in calls:
+            self.rewrite_node(call, cst.Call, lambda node, call=call: values.setdefault(call, node))
+        self.rewrite_statement(stmt, lambda s: _hoist_found(s, calls, names, values))
+        self._unwrap_for_rank_zero(stmt, keep=calls)
+        self.changed(stmt.lineno, f"{kind} on rank 0 only, after computing {', '.join(names)} on every rank (it joins every rank)")
         return True
 
     def _guard_expression(self, stmt: ast.stmt, kind: str) -> bool:
@@ -127,14 +149,13 @@ class RankZeroDuties(Transform):
         return isinstance(stmt, (ast.With, ast.AsyncWith)) and any(opens_for_writing(self.anatomy, i.context_expr) for i in stmt.items)
 
     def _needs_every_rank(self, stmt: ast.stmt) -> bool:
-        """Does the statement (or a local function it calls) train or call a collective?"""
-        a = self.anatomy
-        return a.body_contains([stmt], lambda n: a.is_training_call(n) or (isinstance(n, ast.Call) and a.qualname(n.func) in ddp.COLLECTIVES))
+        return ddp.joins_every_rank(self.anatomy, [stmt])
 
-    def _unwrap_for_rank_zero(self, stmt: ast.stmt) -> None:
-        """Rank-0-only code calls the plain model: the DDP wrapper's forward syncs with every rank."""
+    def _unwrap_for_rank_zero(self, stmt: ast.stmt, keep: Sequence[ast.Call] = ()) -> None:
+        """Rank-0-only code calls the plain model: the DDP wrapper's forward syncs with every rank.
+        The calls in `keep` run on every rank: they keep the wrapper."""
         a = self.anatomy
-        for node in ast.walk(stmt):
+        for node in _walk_outside(stmt, keep):
             if not isinstance(node, ast.Call):
                 continue
             if isinstance(node.func, (ast.Name, ast.Attribute)) and ddp.is_wrapper(a, node.func):
@@ -240,6 +261,52 @@ class RankZeroDuties(Transform):
             return
         self.insert_after(anchor, "dist.barrier()  # the file rank 0 saved is read below\n")
         self.changed(line, f"barrier after {what}: other ranks read that checkpoint later")
+
+
+def hoisted_names(anatomy, calls: list[ast.Call], taken: set[str]) -> list[str]:
+    """A fresh variable for each hoisted call, after its callee: `evaluate(...)` -> `evaluate_result`."""
+    return [fresh_name(anatomy, f"{identifier(call.func) or 'value'}_result", taken) for call in calls]
+
+
+def _hoist_found(stmt: cst.BaseStatement, calls: list[ast.Call], names: list[str], values: dict[ast.Call, cst.CSTNode]) -> list[cst.BaseStatement]:
+    """`hoisted_then_guarded` with the CST calls found; the statement as it was where one wasn't
+    (its ast position off, as inside some f-strings): lint then reports the print as left undone."""
+    if any(call not in values for call in calls):
+        return [stmt]
+    return hoisted_then_guarded(stmt, [(values[call], name) for call, name in zip(calls, names)], IS_RANK_ZERO)
+
+
+def hoisted_then_guarded(stmt: cst.BaseStatement, hoists: list[tuple[cst.CSTNode, str]], condition: str) -> list[cst.BaseStatement]:
+    """`print(f"{evaluate(m):.4f}")` -> `evaluate_result = evaluate(m)`, then the statement under
+    `if <condition>:` reading `evaluate_result`; its comments stay above the first assignment."""
+    assigns: list[cst.BaseStatement] = [
+        cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], value)]) for value, name in hoists  # type: ignore[arg-type]
+    ]
+    stmt = stmt.visit(_ReplaceNodes({id(value): cst.Name(name) for value, name in hoists}))  # type: ignore[assignment]
+    assigns[0] = assigns[0].with_changes(leading_lines=getattr(stmt, "leading_lines", ()))
+    return [*assigns, guard([stmt.with_changes(leading_lines=())], condition)]
+
+
+class _ReplaceNodes(cst.CSTTransformer):
+    """Replaces nodes (by identity) in one pass: `deep_replace` copies the nodes around the one it replaces."""
+
+    def __init__(self, new_by_id: dict[int, cst.CSTNode]) -> None:
+        super().__init__()
+        self.new_by_id = new_by_id
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
+        return self.new_by_id.get(id(original_node), updated_node)
+
+
+def _walk_outside(root: ast.AST, skipped: Sequence[ast.Call]) -> Iterator[ast.AST]:
+    """`ast.walk(root)`, not entering the `skipped` nodes."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node in skipped:
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
 
 
 def _loads(anatomy, node: ast.AST) -> bool:
