@@ -1,6 +1,6 @@
-"""Seconds to convert and lint a 20,000-line training-like script, and to lint a 5,000-file tree.
+"""Seconds to convert and lint a 50,000-line training-like script, and to lint a 5,000-file tree.
 
-    python bench/bench_scale.py [--lines 20000] [--files 5000]
+    python bench/bench_scale.py [--lines 50000] [--files 5000]
 
 Each measurement runs `python -m ddpify ...` in its own process (so interpreter and torch start-up
 are included, as a user sees them) on generated inputs in a temporary directory.
@@ -31,7 +31,7 @@ def timed(args: list[str], cwd: Path) -> tuple[float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lines", type=int, default=20_000)
+    parser.add_argument("--lines", type=int, default=50_000)
     parser.add_argument("--files", type=int, default=5_000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
