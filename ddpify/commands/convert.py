@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -99,7 +98,7 @@ def summary_line(outcomes: Sequence[Outcome]) -> str:
 @click.option("--format", "report_format", type=click.Choice(["text", "markdown"]), default="text", show_default=True,
               help="markdown: print a review-ready summary per file (changes grouped, warnings, diff) instead of the per-line report.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Worker processes converting scripts at once; reports and files come out as with one.")
+              help="Worker processes converting files at once; reports and files come out as with one.")
 def convert(paths, target, output, in_place, show_diff, check, partial, batch_size, eval_mode, log_loss, checkpoint,
             mixed_precision, quiet, report_format, jobs):
     """Convert single-GPU training scripts to DDP, DataParallel or FSDP2.
@@ -128,10 +127,9 @@ def convert(paths, target, output, in_place, show_diff, check, partial, batch_si
     options = {"batch_size": batch_size, "eval": eval_mode, "log_loss": log_loss, "checkpoint": checkpoint,
                "mixed_precision": mixed_precision}
     job = _Job(target, mode, output, options, quiet, report_format, partial)
-    plan = _plan_projects(paths, files, target, options, mode, output)
-    converted = _convert_in_pool([i for i in plan.items if _standalone_script(i) and not plan.job(i)], target, options, jobs)
-    outcomes = [_convert_one(item, job.for_file(plan.output_for(item, output)), explicit=_named(item, paths), member=plan.job(item),
-                             converted=converted.get(item)) for item in plan.items]
+    plan = _plan_projects(paths, files, target, options, mode, output, jobs)
+    outcomes = [_convert_one(item, job.for_file(plan.output_for(item, output)), explicit=_named(item, paths), member=plan.job(item))
+                for item in plan.items]
     outcomes += [_fail(error) for error in plan.copy_unchanged_modules()] if mode == "write" else []
     if len(outcomes) > 1:
         click.echo(summary_line(outcomes), err=job.to_stderr)
@@ -164,12 +162,12 @@ class _Job:
         return self.mode in ("write", "in-place")
 
 
-def _plan_projects(paths, files, target, options, mode, output):
+def _plan_projects(paths, files, target, options, mode, output, jobs):
     """Entry scripts and the local modules they import, converted together (see ddpify.project)."""
     from ddpify.project import LayoutError, plan_conversion
 
     try:
-        return plan_conversion(paths, files, target, options, mode, output)
+        return plan_conversion(paths, files, target, options, mode, output, jobs)
     except LayoutError as error:
         raise click.UsageError(str(error)) from None
 
@@ -178,38 +176,10 @@ def _named(item, paths) -> bool:
     return not isinstance(item, SourceError) and any(Path(p) == item for p in paths)
 
 
-def _convert_in_pool(scripts: list[Path], target: str, options: dict, jobs: int) -> dict[Path, ConversionResult]:
-    """With more than one job: the conversions of the scripts that convert cleanly, done by worker processes."""
-    if jobs == 1 or len(scripts) < 2:
-        return {}
-    with ProcessPoolExecutor(max_workers=min(jobs, len(scripts))) as pool:
-        results = pool.map(_converted, scripts, [target] * len(scripts), [options] * len(scripts))
-        return {path: result for path, result in zip(scripts, results) if result is not None}
-
-
-def _converted(path: Path, target: str, options: dict) -> ConversionResult | None:
-    """A worker's conversion of one script; None where `_convert_one` has something else to say (it redoes those)."""
-    from ddpify.convert import convert_source
-
-    try:
-        source = read_source(path)
-        if not mentions_torch(source.text):
-            return None
-        check_syntax(source)
-        return convert_source(source.text, target, path=str(path), **options)
-    except Exception:
-        return None
-
-
-def _standalone_script(item) -> bool:
-    return isinstance(item, Path) and item.suffix != ".ipynb"
-
-
-def _convert_one(item, job: _Job, explicit: bool, member=None, converted: ConversionResult | None = None) -> Outcome:
+def _convert_one(item, job: _Job, explicit: bool, member=None) -> Outcome:
     """Convert one file, report it, and never let its failure stop the others.
 
-    `member`: the file's conversion as part of its project (ddpify.project), already done;
-    `converted`: the file's conversion done by a worker process (`--jobs`)."""
+    `member`: the file's conversion as part of its project (ddpify.project), already done."""
     if isinstance(item, SourceError):
         return _fail(item)
     if item.suffix == ".ipynb":
@@ -223,8 +193,7 @@ def _convert_one(item, job: _Job, explicit: bool, member=None, converted: Conver
         check_syntax(source)
         from ddpify.convert import convert_source
 
-        fresh = converted is not None and converted.source == source.text  # the worker read the same text
-        result = member.convert() if member else converted if fresh else convert_source(source.text, job.target, path=str(item), **job.options)
+        result = member.convert() if member else convert_source(source.text, job.target, path=str(item), **job.options)
         _ensure_compiles(item, result.output)
     except SourceError as error:
         return _fail(error)
