@@ -10,6 +10,7 @@ juggle parents themselves.
 from __future__ import annotations
 
 import ast
+import bisect
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Mapping, Sequence
 
@@ -317,6 +318,17 @@ class _EditApplier(cst.CSTTransformer):
         super().__init__()
         self.edits = edits
         self.positions = positions
+        keys = [*edits.before, *edits.after, *edits.rewrite, *edits.body_start, *edits.grouped, *(span for span, _ in edits.expr)]
+        self.edited_lines = sorted({key[0] for key in keys})
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        """Statements with no edit on their lines are left as they are, unvisited."""
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            lines = self.positions[node]
+            first = bisect.bisect_left(self.edited_lines, lines.start.line)
+            if first == len(self.edited_lines) or self.edited_lines[first] > lines.end.line:
+                return False
+        return super().on_visit(node)
 
     def _span(self, node: cst.CSTNode) -> Span:
         code_range = self.positions[node]
