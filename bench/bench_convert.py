@@ -8,19 +8,20 @@ its project's facts). For each target it prints the seconds of `libcst.parse_mod
 over the corpus, of `convert_source(text, target)`, their ratio, and files/s; `--breakdown` then
 profiles one more conversion of the corpus and prints where its time goes.
 
-Figures (101 files, 5,264 lines; 2 shared CPU cores, so expect noise of ~20%):
+Figures (101 files, 5,264 lines; 2 CPU cores shared with other work: expect noise of ~20% and
+compare only figures taken back to back):
 
-    before (one anatomy and one CST pass per transform):
-      --to ddp : parse+codegen 1.24 s, convert 57.12 s, ratio 46.0x, 1.8 files/s
-      --to dp  : parse+codegen 1.24 s, convert 21.53 s, ratio 17.3x, 4.7 files/s
-      --to fsdp: parse+codegen 1.24 s, convert 89.44 s, ratio 72.1x, 1.1 files/s
-      (ddp profile: analyze 29%, 1235 calls; CST passes 47%, 1053 calls; lint of the output 3.5%)
-    after (stages: transforms planned on one anatomy, their edits made in one pass; 4b3a719):
-      --to ddp : parse+codegen 1.18 s, convert 24.17 s, ratio 20.5x, 4.2 files/s
-      --to dp  : parse+codegen 1.18 s, convert  8.36 s, ratio  7.1x, 12.1 files/s
-      --to fsdp: parse+codegen 1.18 s, convert 23.51 s, ratio 20.0x, 4.3 files/s
-      (ddp profile: analyze 28%, 416 calls, ~4 per file with the lint's; CST passes ~43%, 3 per
-      converted file, of which LibCST positions ~26%; imports added ~10%; lint of the output ~10%)
+    back to back at 17:06 UTC, 1494d43 (before) then 65977ad (after):
+      before --to ddp : parse+codegen 0.45 s, convert 35.20 s, ratio 79.0x,  2.9 files/s
+      before --to dp  : parse+codegen 0.45 s, convert 11.11 s, ratio 24.9x,  9.1 files/s
+      before --to fsdp: parse+codegen 0.45 s, convert 30.88 s, ratio 69.3x,  3.3 files/s
+      after  --to ddp : parse+codegen 0.47 s, convert 11.05 s, ratio 23.6x,  9.1 files/s
+      after  --to dp  : parse+codegen 0.47 s, convert  3.28 s, ratio  7.0x, 30.7 files/s
+      after  --to fsdp: parse+codegen 0.47 s, convert  9.71 s, ratio 20.8x, 10.4 files/s
+    before, ddp profile: analyze 29% (1235 calls, ~12 per file), CST passes 47% (1053 calls).
+    after, ddp profile (--breakdown): analyze 33% (416 calls, ~4 per converted file with the lint's),
+      CST passes 32% (234 calls, ~3 per converted file; nearly all of it LibCST's position metadata),
+      codegen 11%, imports added (AddImportsVisitor) 12%, lint of the output 11%.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@
 
 Each measurement runs `python -m ddpify ...` in its own process (so interpreter and torch start-up
 are included, as a user sees them) on generated inputs in a temporary directory.
+
+convert_source --to ddp in one process (65977ad, 2 shared cores), the tests' big_script:
+    19,996 lines: parse+codegen 2.7 s, convert  39.4 s (14.4x)
+    49,997 lines: parse+codegen 6.7 s, convert 156.2 s (23.5x): it converts, but more than linearly
 """
 
 from __future__ import annotations
