@@ -27,11 +27,12 @@ def convert_source(text: str, target: str, *, path: str = "<string>", batch_size
     """
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
-    reason = _nothing_to_do(analyze(text, path, facts=facts), target, facts)
+    anatomy = analyze(text, path, facts=facts)
+    reason = _nothing_to_do(anatomy, target, facts)
     if reason:
         return ConversionResult(source=text, output=text, note=reason)
     options = Options(batch_size=batch_size, eval=eval, log_loss=log_loss, checkpoint=checkpoint, mixed_precision=mixed_precision)
-    result = run_pipeline(text, path, _transforms(target, library), options, facts, owns_duties=not library)
+    result = run_pipeline(text, path, _transforms(target, library), options, facts, owns_duties=not library, anatomy=anatomy)
     result.missing = sorted([*result.missing, *lint_leftovers(result, path)], key=lambda m: m.line)
     return result
 
@@ -59,9 +60,6 @@ def _nothing_to_do(anatomy: Anatomy, target: str, facts: ProjectFacts) -> str:
     kind = anatomy.kind
     if kind is ScriptKind.NOT_TORCH and not facts:  # a project module may handle torch objects without importing torch
         return "does not use torch"
-    if kind is ScriptKind.FRAMEWORK:
-        label, call = anatomy.framework  # type: ignore[misc]
-        return f"already distributed by {label} ({call.qualname} at line {call.line}); nothing to do"
     if kind is ScriptKind.FRAMEWORK:
         label, call = anatomy.framework  # type: ignore[misc]
         return f"already distributed by {label} ({call.qualname} at line {call.line}); nothing to do"

@@ -17,7 +17,9 @@ Where the converted files go (write mode):
 from __future__ import annotations
 
 import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Iterable
 
@@ -93,8 +95,10 @@ class ConversionPlan:
         return errors
 
 
-def plan_conversion(paths: Iterable, files: list, target: str, options: dict, mode: str, output: str | None) -> ConversionPlan:
-    """Find the projects among `files` (named files are entry points; walked ones are searched) and convert them."""
+def plan_conversion(paths: Iterable, files: list, target: str, options: dict, mode: str, output: str | None,
+                    jobs: int = 1) -> ConversionPlan:
+    """Find the projects among `files` (named files are entry points; walked ones are searched) and convert
+    them, in `jobs` worker processes."""
     named = {Path(p) for p in paths}
     plan = ConversionPlan()
     entries: dict[Path, list[Path]] = {}  # by the directory their imports resolve from
@@ -105,10 +109,12 @@ def plan_conversion(paths: Iterable, files: list, target: str, options: dict, mo
         if kind == "entry":
             entries.setdefault(import_roots(item)[0], []).append(item)
     sources: dict[Path, Source] = {}
+    projects = []
     for group in entries.values():
         project = Project(group, lambda path: _read(path, sources))
         project.entries = [e for e in group if e in named or not _imported_by_another(project, e)] or group
-        conversion = _convert_project(project, sources, target, options)
+        projects.append(project)
+    for group, conversion in zip(entries.values(), _convert_projects(projects, sources, target, options, jobs)):
         _lay_out(conversion, target, mode, output)
         _add_project(plan, conversion, group)
     return plan
@@ -155,7 +161,7 @@ def _imported_by_another(project: Project, entry: Path) -> bool:
 def convert_entry(entry: Path, target: str, options: dict) -> ProjectConversion:
     """Convert one entry script and the project modules it imports (what `ddpify verify` runs)."""
     sources: dict[Path, Source] = {}
-    return _convert_project(Project([entry], lambda path: _read(path, sources)), sources, target, options)
+    return _convert_projects([Project([entry], lambda path: _read(path, sources))], sources, target, options)[0]
 
 
 def write_mirror(conversion: ProjectConversion, mirror: Path) -> Path:
@@ -173,20 +179,34 @@ def write_mirror(conversion: ProjectConversion, mirror: Path) -> Path:
     return mirror / within(conversion.project.entries[0], root)
 
 
-def _convert_project(project: Project, sources: dict[Path, Source], target: str, options: dict) -> ProjectConversion:
-    """`options` are convert_source's (batch_size, eval, log_loss, checkpoint, mixed_precision)."""
+def _convert_projects(projects: list[Project], sources: dict[Path, Source], target: str, options: dict,
+                      jobs: int = 1) -> list[ProjectConversion]:
+    """Convert every module of the projects, in `jobs` worker processes; `options` are convert_source's
+    (batch_size, eval, log_loss, checkpoint, mixed_precision)."""
+    modules = [(project, module) for project in projects for module in project.files()]
+    work = [(module.text, str(module.path), module.facts, not project.is_entry(module)) for project, module in modules]
+    convert = partial(_convert_module, target=target, options=options)
+    if jobs == 1 or len(work) < 2:
+        outcomes = list(map(convert, work))
+    else:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
+            outcomes = list(pool.map(convert, work))
+    conversions = {id(project): ProjectConversion(project, []) for project in projects}
+    for (project, module), (result, error) in zip(modules, outcomes):
+        job = FileJob(module.path, sources[module.path], entry=project.is_entry(module), result=result, error=error)
+        conversions[id(project)].jobs.append(job)
+    return list(conversions.values())
+
+
+def _convert_module(work: tuple, target: str, options: dict) -> tuple[ConversionResult | None, Exception | None]:
+    """One module's conversion, or the error it raised (reported against that file by the command)."""
     from ddpify.convert import convert_source
 
-    jobs = []
-    for module in project.files():
-        job = FileJob(module.path, sources[module.path], entry=project.is_entry(module))
-        try:
-            job.result = convert_source(module.text, target, path=str(module.path), **options,
-                                        facts=module.facts, library=not job.entry)
-        except Exception as error:  # reported against this file by the command; the others go on
-            job.error = error
-        jobs.append(job)
-    return ProjectConversion(project, jobs)
+    text, path, facts, library = work
+    try:
+        return convert_source(text, target, path=path, **options, facts=facts, library=library), None
+    except Exception as error:  # the others go on
+        return None, error
 
 
 def _lay_out(conversion: ProjectConversion, target: str, mode: str, output: str | None) -> None:

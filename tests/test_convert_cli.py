@@ -251,6 +251,21 @@ def test_a_missing_path_exits_2_and_the_rest_goes_on(tmp_path):
     assert (tmp_path / "basic_main_ddp.py").exists()
 
 
+def test_jobs_convert_in_worker_processes_with_the_serial_reports_files_and_exit_code(tmp_path):
+    runs = {}
+    for jobs in ("1", "2"):
+        tree = tmp_path / jobs
+        make_tree(tree)
+        for name in ("checkpoint_resume.py", "basic_main.py", "two_loaders.py"):
+            copy_fixture(tree, name)
+        (tree / "a_bad.py").write_text("import torch\n\n\ndef main(:\n    pass\n")
+        result = invoke(tree, "--to", "ddp", "--jobs", jobs)
+        runs[jobs] = (result.exit_code, result.stdout.replace(str(tree), "<tree>"),
+                      result.stderr.replace(str(tree), "<tree>"), snapshot(tree))
+    assert runs["2"] == runs["1"]
+    assert runs["1"][0] == 2 and "would" not in runs["1"][1] and "basic_main_ddp.py" in runs["1"][3]
+
+
 # ----- as a program ----------------------------------------------------------------------------
 def test_python_dash_m_ddpify(tmp_path):
     script = copy_fixture(tmp_path, "notebook_style.py")

@@ -35,7 +35,8 @@ class ImportTable:
     """Maps each name bound by an import anywhere in the file to its qualified name."""
 
     def __init__(self, tree: ast.AST, pending: dict[str, str] | None = None) -> None:
-        self.aliases: dict[str, str] = dict(pending or {})
+        self.pending: dict[str, str] = dict(pending or {})  # imports a codemod will add later
+        self.aliases: dict[str, str] = dict(self.pending)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:

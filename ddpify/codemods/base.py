@@ -1,21 +1,22 @@
 """The pieces every codemod is made of: a Transform reads the anatomy, edits the CST at its positions.
 
-Each Transform is a thin LibCST `VisitorBasedCodemodCommand`. The anatomy (built on `ast`) says
-*where* things are; the transform finds the CST node at the same (line, column) and rewrites it.
-Statement-level surgery (insert after, wrap in a guard, ...) is queued by position and applied when
-LibCST leaves the block that holds the statement, so transforms never juggle parents themselves.
+Each Transform is a thin LibCST `Codemod`. The anatomy (built on `ast`) says *where* things are;
+the transform queues its `Edits` by (line, column), and one plain CSTTransformer pass finds the CST
+nodes at those positions and rewrites them. Statement-level surgery (insert after, wrap in a
+guard, ...) is applied when the pass leaves the block that holds the statement, so transforms never
+juggle parents themselves.
 """
 
 from __future__ import annotations
 
 import ast
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from typing import Callable, ClassVar, Iterator, Sequence
+import bisect
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Mapping, Sequence
 
 import libcst as cst
-from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.codemod import Codemod, CodemodContext
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from ddpify.anatomy import Anatomy, Pos
 
@@ -164,26 +165,83 @@ def remove_keyword(node: cst.CSTNode, keyword: str) -> cst.CSTNode:
     return node.with_changes(args=args)
 
 
-class Transform(VisitorBasedCodemodCommand):
+@dataclass
+class Edits:
+    """The edits a transform queued, keyed by positions in its input; `apply` makes them in one LibCST pass."""
+
+    before: dict[Key, list[cst.BaseStatement]] = field(default_factory=dict)
+    after: dict[Key, list[cst.BaseStatement]] = field(default_factory=dict)
+    rewrite: dict[Key, StatementRewrite] = field(default_factory=dict)
+    body_start: dict[Key, list[cst.BaseStatement]] = field(default_factory=dict)
+    module_end: list[cst.BaseStatement] = field(default_factory=list)
+    expr: dict[tuple[Span, type], Callable[[cst.CSTNode], cst.CSTNode]] = field(default_factory=dict)
+    grouped: dict[Key, tuple[object, GroupBuilder]] = field(default_factory=dict)
+    statements: dict[Key, ast.stmt] = field(default_factory=dict)  # each statement the edits above touch
+
+    def __bool__(self) -> bool:
+        return any((self.before, self.after, self.rewrite, self.body_start, self.module_end, self.expr, self.grouped))
+
+    def at(self, stmt: ast.stmt) -> Key:
+        """The key of a statement an edit touches (remembered, to tell whether edits interact)."""
+        key = key_of(stmt)
+        self.statements[key] = stmt
+        return key
+
+    def interferes_with(self, later: Edits, anatomy: Anatomy) -> bool:
+        """Would making `later` (planned on the same code) in the same pass as these give other code than
+        making it after these? It would when both touch one statement, when one groups statements of a
+        block where the other edits statements (an insertion splits a group, or lands inside it), and
+        when an expression rewrite lies within another's rewritten expression or statement."""
+        return bool(self.statements.keys() & later.statements.keys()
+                    or self._grouped_blocks(anatomy) & later._edited_blocks(anatomy)
+                    or later._grouped_blocks(anatomy) & self._edited_blocks(anatomy)
+                    or self._encloses_rewrites_of(later) or later._encloses_rewrites_of(self))
+
+    def merge(self, later: Edits) -> None:
+        """Take in the edits of a later transform that does not interfere with these."""
+        for mine, theirs in ((self.before, later.before), (self.after, later.after), (self.rewrite, later.rewrite),
+                             (self.body_start, later.body_start), (self.expr, later.expr), (self.grouped, later.grouped),
+                             (self.statements, later.statements)):
+            mine.update(theirs)  # type: ignore[attr-defined]
+        self.module_end.extend(later.module_end)
+
+    def _grouped_blocks(self, anatomy: Anatomy) -> set[int]:
+        return {id(anatomy.block_of(self.statements[key])) for key in self.grouped}
+
+    def _edited_blocks(self, anatomy: Anatomy) -> set[int]:
+        keys = self.before.keys() | self.after.keys() | self.rewrite.keys() | self.grouped.keys()
+        return {id(anatomy.block_of(self.statements[key])) for key in keys}
+
+    def _encloses_rewrites_of(self, other: Edits) -> bool:
+        """Does one of these expression or statement rewrites contain an expression `other` rewrites or a
+        statement it edits? (Statements compare by whole lines: ast and LibCST count columns apart.)"""
+        outer = [(span[:2], span[2:]) for span, _ in self.expr]
+        outer += [_lines_of(s) for key, s in self.statements.items() if key in self.rewrite]
+        inner = [(span[:2], span[2:]) for span, _ in other.expr] + [_lines_of(s) for s in other.statements.values()]
+        return any(start <= first and last <= end for start, end in outer for first, last in inner)
+
+    def apply(self, module: cst.Module) -> cst.Module:
+        """The module with every queued edit made (the queues are used up)."""
+        positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        return module.visit(_EditApplier(self, positions))
+
+
+class Transform(Codemod):
     """Base of every rewrite step. Subclasses set NAME and DESCRIPTION and override `plan()`."""
 
     NAME: ClassVar[str] = ""
     DESCRIPTION: ClassVar[str] = ""
     DUTY: ClassVar[Duty | None] = None
-    METADATA_DEPENDENCIES = (PositionProvider,)
+    # NAMEs of the earlier transforms whose edits this one's plan reads (it is planned on the code
+    # they produced); None: every earlier transform's. The others' edits may still be pending.
+    SEES_EDITS_OF: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, context: CodemodContext, anatomy: Anatomy, options: Options) -> None:
         super().__init__(context)
         self.anatomy = anatomy
         self.options = options
         self.report = Report()
-        self._before: dict[Key, list[cst.BaseStatement]] = {}
-        self._after: dict[Key, list[cst.BaseStatement]] = {}
-        self._rewrite: dict[Key, StatementRewrite] = {}
-        self._body_start: dict[Key, list[cst.BaseStatement]] = {}
-        self._module_end: list[cst.BaseStatement] = []
-        self._expr: dict[tuple[Span, type], Callable[[cst.CSTNode], cst.CSTNode]] = {}
-        self._grouped: dict[Key, tuple[object, GroupBuilder]] = {}
+        self.edits = Edits()
 
     # ----- what subclasses implement -----------------------------------------------------------
     def plan(self) -> None:
@@ -215,28 +273,28 @@ class Transform(VisitorBasedCodemodCommand):
 
     # ----- queuing edits ---------------------------------------------------------------------
     def insert_before(self, stmt: ast.stmt, code: str | Sequence[cst.BaseStatement]) -> None:
-        self._before.setdefault(key_of(stmt), []).extend(self._statements(code))
+        self.edits.before.setdefault(self.edits.at(stmt), []).extend(self._statements(code))
 
     def insert_after(self, stmt: ast.stmt, code: str | Sequence[cst.BaseStatement]) -> None:
-        self._after.setdefault(key_of(stmt), []).extend(self._statements(code))
+        self.edits.after.setdefault(self.edits.at(stmt), []).extend(self._statements(code))
 
     def insert_at_body_start(self, compound: ast.stmt, code: str | Sequence[cst.BaseStatement]) -> None:
         """Insert as the first statements of a def/for/while/with/if body (after a docstring)."""
-        self._body_start.setdefault(key_of(compound), []).extend(self._statements(code))
+        self.edits.body_start.setdefault(self.edits.at(compound), []).extend(self._statements(code))
 
     def append_to_module(self, code: str | Sequence[cst.BaseStatement]) -> None:
-        self._module_end.extend(self._statements(code))
+        self.edits.module_end.extend(self._statements(code))
 
     def rewrite_statement(self, stmt: ast.stmt, rewrite: StatementRewrite) -> None:
         """Replace a statement by what `rewrite(updated_cst_statement)` returns."""
-        key = key_of(stmt)
-        previous = self._rewrite.get(key)
-        self._rewrite[key] = rewrite if previous is None else (lambda s, p=previous: _chain(p, rewrite, s))
+        key = self.edits.at(stmt)
+        previous = self.edits.rewrite.get(key)
+        self.edits.rewrite[key] = rewrite if previous is None else (lambda s, p=previous: _chain(p, rewrite, s))
 
     def rewrite_node(self, node: ast.AST, cst_type: type, rewrite: Callable[[cst.CSTNode], cst.CSTNode]) -> None:
         """Replace the CST node of `cst_type` that spans exactly what `node` spans."""
         pos = self.anatomy.pos(node)
-        self._expr[((pos.line, pos.col, pos.end_line, pos.end_col), cst_type)] = rewrite
+        self.edits.expr[((pos.line, pos.col, pos.end_line, pos.end_col), cst_type)] = rewrite
 
     def guard_statement(self, stmt: ast.stmt, condition: str) -> None:
         """Put `stmt` under `if <condition>:`; neighbours guarded by the same condition share one `if`."""
@@ -244,7 +302,7 @@ class Transform(VisitorBasedCodemodCommand):
 
     def group_statement(self, stmt: ast.stmt, group: object, build: GroupBuilder) -> None:
         """Consecutive statements of the same `group` are replaced by `build(their CST statements)`."""
-        self._grouped[key_of(stmt)] = (group, build)
+        self.edits.grouped[self.edits.at(stmt)] = (group, build)
 
     def _statements(self, code: str | Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """Inserted code as CST statements, its line breaks (docstrings included) the file's own."""
@@ -255,48 +313,53 @@ class Transform(VisitorBasedCodemodCommand):
     def add_import(self, module: str, obj: str | None = None, asname: str | None = None) -> None:
         self.report.imports.append(Import(module, obj, asname))
 
-    @property
-    def has_edits(self) -> bool:
-        return any((self._before, self._after, self._rewrite, self._body_start, self._module_end, self._expr, self._grouped))
-
     # ----- applying them ---------------------------------------------------------------------
-    @contextmanager
-    def _handle_metadata_reference(self, module: cst.Module) -> Iterator[cst.Module]:
-        """Like LibCST's, without deep-copying the tree first (the pipeline never reuses it)."""
-        previous = self.context.wrapper
-        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-        with self.resolve(wrapper):
-            self.context = replace(self.context, wrapper=wrapper)
-            try:
-                yield wrapper.module
-            finally:
-                self.context = replace(self.context, wrapper=previous)
-
     def transform_module(self, tree: cst.Module) -> cst.Module:
         """Plan from the anatomy first; only a transform with edits pays for a CST pass."""
         self.plan()
-        if not self.has_edits:
-            return tree
-        return super().transform_module(tree)
+        return self.transform_module_impl(tree) if self.edits else tree
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        return self.edits.apply(tree)
+
+
+class _EditApplier(cst.CSTTransformer):
+    """One pass over the tree that makes the queued edits; `positions` locate its nodes."""
+
+    def __init__(self, edits: Edits, positions: Mapping[cst.CSTNode, CodeRange]) -> None:
+        super().__init__()
+        self.edits = edits
+        self.positions = positions
+        keys = [*edits.before, *edits.after, *edits.rewrite, *edits.body_start, *edits.grouped, *(span for span, _ in edits.expr)]
+        self.edited_lines = sorted({key[0] for key in keys})
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        """Statements with no edit on their lines are left as they are, unvisited."""
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            lines = self.positions[node]
+            first = bisect.bisect_left(self.edited_lines, lines.start.line)
+            if first == len(self.edited_lines) or self.edited_lines[first] > lines.end.line:
+                return False
+        return super().on_visit(node)
 
     def _span(self, node: cst.CSTNode) -> Span:
-        code_range = self.get_metadata(PositionProvider, node)
+        code_range = self.positions[node]
         return code_range.start.line, code_range.start.column, code_range.end.line, code_range.end.column
 
     def _key(self, node: cst.CSTNode) -> Key:
-        start = self.get_metadata(PositionProvider, node).start
+        start = self.positions[node].start
         return start.line, start.column
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
         updated = super().on_leave(original_node, updated_node)
-        if self._expr and isinstance(original_node, cst.BaseExpression):
-            rewrite = self._expr.get((self._span(original_node), type(original_node)))
+        if self.edits.expr and isinstance(original_node, cst.BaseExpression):
+            rewrite = self.edits.expr.get((self._span(original_node), type(original_node)))
             if rewrite is not None:
                 return rewrite(updated)  # type: ignore[arg-type]
         return updated
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        body = self._apply_to_block(original_node.body, updated_node.body) + self._module_end
+        body = self._apply_to_block(original_node.body, updated_node.body) + self.edits.module_end
         return updated_node.with_changes(body=body)
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
@@ -309,14 +372,14 @@ class Transform(VisitorBasedCodemodCommand):
         trailing: list[cst.BaseStatement] = []
         for orig, new in zip(originals, updated):
             key = self._key(orig)
-            group = self._grouped.pop(key, None)
+            group = self.edits.grouped.pop(key, None)
             if run and (group is None or group[0] != run_group[0]):  # type: ignore[index]
                 out.append(run_group[1](run))  # type: ignore[index]
                 out.extend(trailing)
                 run, trailing = [], []
-            before = self._before.pop(key, [])
+            before = self.edits.before.pop(key, [])
             produced = self._produce(key, new)
-            after = self._after.pop(key, [])
+            after = self.edits.after.pop(key, [])
             if group is None:
                 out.extend([*before, *produced, *after])
                 continue
@@ -331,14 +394,14 @@ class Transform(VisitorBasedCodemodCommand):
 
     def _produce(self, key: Key, new: cst.BaseStatement) -> list[cst.BaseStatement]:
         new = self._with_body_start(key, new)
-        rewrite = self._rewrite.pop(key, None)
+        rewrite = self.edits.rewrite.pop(key, None)
         produced = list(rewrite(new)) if rewrite else [new]
         if produced and produced[0] is not new:
             produced[0] = _keep_leading_lines(new, produced[0])
         return produced
 
     def _with_body_start(self, key: Key, stmt: cst.BaseStatement) -> cst.BaseStatement:
-        extra = self._body_start.pop(key, None)
+        extra = self.edits.body_start.pop(key, None)
         return first_in_body(stmt, extra) if extra else stmt
 
 
@@ -367,6 +430,11 @@ def one_statement_a_line(holder: cst.SimpleStatementLine | cst.SimpleStatementSu
     ]
     lines[0] = lines[0].with_changes(leading_lines=getattr(holder, "leading_lines", ()))
     return lines
+
+
+def _lines_of(stmt: ast.stmt) -> tuple[Key, Key]:
+    """The whole lines a statement spans, as (start, end) positions."""
+    return (stmt.lineno, 0), (stmt.end_lineno or stmt.lineno, 1 << 30)
 
 
 def _chain(first: StatementRewrite, second: StatementRewrite, stmt: cst.BaseStatement) -> list[cst.BaseStatement]:

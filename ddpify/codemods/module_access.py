@@ -24,6 +24,7 @@ class ModuleAccess(Transform):
 
     NAME = "module"
     DESCRIPTION = "Custom methods/attributes and state_dict() of a wrapped model go through `.module`."
+    SEES_EDITS_OF = ("wrap",)  # the wrapper it reaches through
     WRAPPER = ""
 
     def plan(self) -> None:

@@ -1,4 +1,9 @@
-"""Run transforms one after another, each on a fresh anatomy of the previous one's output.
+"""Run transforms one after another, each as if on the previous one's output.
+
+The output is the one of running them one at a time, each on a fresh anatomy of the code the
+previous one produced; but transforms whose plans do not read each other's edits are planned on one
+anatomy and their edits made in one LibCST pass (a stage; see run_pipeline), so a conversion
+analyses and rewrites the file a few times, not once per transform.
 
 Changes are reported against the lines of the user's original file: after each pass a line map
 (from a diff of the pass's input and output) carries every line back to where it came from.
@@ -19,7 +24,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 
 from ddpify.anatomy import Anatomy, analyze
 from ddpify.anatomy.facts import NO_FACTS, ProjectFacts
-from ddpify.codemods.base import Advice, Change, Duty, Import, Missing, Options, Report, Transform
+from ddpify.codemods.base import Advice, Change, Duty, Edits, Import, Missing, Options, Report, Transform
 
 
 class Status(enum.Enum):
@@ -72,41 +77,108 @@ class ConversionResult:
 
 
 def run_pipeline(text: str, path: str, transforms: Sequence[type[Transform]], options: Options,
-                 facts: ProjectFacts = NO_FACTS, owns_duties: bool = True) -> ConversionResult:
-    """Apply `transforms` in order; each sees the anatomy of the code the previous one produced
-    (and `facts`, what the file's project says about it). A module a project's entry imports does
-    not own the duties (wrap, shard): its entry does."""
-    module = cst.parse_module(text)
-    origin = list(range(1, _line_count(text) + 1))
-    result = ConversionResult(source=text, output=text)
-    imports: list[Import] = []
-    reports: list[tuple[Duty | None, Report]] = []
-    original: Anatomy | None = None
-    code = text
+                 facts: ProjectFacts = NO_FACTS, owns_duties: bool = True, anatomy: Anatomy | None = None) -> ConversionResult:
+    """Apply `transforms` in order, each as if on the code the previous ones produced (and with `facts`,
+    what the file's project says about it). A module a project's entry imports does not own the
+    duties (wrap, shard): its entry does. `anatomy`: the text's, when the caller has it.
+
+    Transforms are planned in stages, on one anatomy each, and a stage's edits are made in one pass.
+    A transform starts a new stage when its plan reads the edits of one still pending (its
+    SEES_EDITS_OF), or when its edits interfere with the stage's (Edits.interferes_with): then
+    it is planned again on the code the stage produced. For DDP, typically: setup, devices,
+    DataParallel removal and the wrap; then `.module` access (it reads the wrap), split, samplers,
+    evaluation (it reads setup's helpers); log-loss after the evaluation helpers; rank 0 after the
+    wrap, `.module` and log-loss edits; per-node downloads after the rank-0 guards.
+    """
+    conversion = _Conversion(text, path, facts, anatomy)
+    stage = conversion.next_stage()
     for transform_cls in transforms:
-        pending = {i.local_name: i.qualified for i in imports}
-        anatomy = analyze(code, path, pending_imports=pending, facts=facts)
-        original = original or anatomy
-        transform = transform_cls(CodemodContext(filename=path), anatomy, options)
-        new_module = transform.transform_module(module)
-        reports.append((transform_cls.DUTY, transform.report))
-        result.changes += [Change(_origin_line(origin, c.line), c.transform, c.message) for c in transform.report.changes]
-        result.advice += [Advice(_origin_line(origin, a.line), a.message) for a in transform.report.advice]
-        result.missing += [Missing(_origin_line(origin, m.line), m.what, m.todo) for m in transform.report.missing]
-        imports += [i for i in transform.report.imports if i not in imports]
-        if new_module is not module:
-            new_code = new_module.code
-            origin = _carry_origins(origin, code, new_code)
-            module, code = new_module, new_code
-    if imports:
-        module = _add_imports(module, imports)
-        origin = _carry_origins(origin, code, module.code)
-    result.output, result.origins = module.code, origin
-    result.missing += _undone_duties(original, reports) if owns_duties else []
-    result.changes.sort(key=lambda c: c.line)
-    result.advice.sort(key=lambda a: a.line)
-    result.missing.sort(key=lambda m: m.line)
-    return result
+        if stage.pending_for(transform_cls):
+            stage = conversion.make(stage)
+        transform = stage.plan(transform_cls, options)
+        if stage.edits.interferes_with(transform.edits, stage.anatomy):
+            stage = conversion.make(stage)
+            transform = stage.plan(transform_cls, options)
+        stage.add(transform)
+    conversion.make(stage)
+    return conversion.result(owns_duties)
+
+
+class _Stage:
+    """Transforms planned on one anatomy, whose edits are made together in one pass."""
+
+    def __init__(self, anatomy: Anatomy) -> None:
+        self.anatomy = anatomy
+        self.transforms: list[Transform] = []
+        self.edits = Edits()
+
+    def plan(self, transform_cls: type[Transform], options: Options) -> Transform:
+        transform = transform_cls(CodemodContext(filename=self.anatomy.path), self.anatomy, options)
+        transform.plan()
+        return transform
+
+    def add(self, transform: Transform) -> None:
+        self.transforms.append(transform)
+        self.edits.merge(transform.edits)
+
+    def pending_for(self, transform_cls: type[Transform]) -> bool:
+        """Does the transform's plan read edits (or imports) this stage has not made yet?"""
+        seen = transform_cls.SEES_EDITS_OF
+        return any((t.edits or t.report.imports) and (seen is None or t.NAME in seen) for t in self.transforms)
+
+
+class _Conversion:
+    """The code as the stages leave it, the line map to the original, and what the transforms reported."""
+
+    def __init__(self, text: str, path: str, facts: ProjectFacts, anatomy: Anatomy | None) -> None:
+        self.path, self.facts = path, facts
+        self.module = cst.parse_module(text)
+        self.code = text
+        self.origin = list(range(1, _line_count(text) + 1))
+        self.original = self.latest = anatomy or analyze(text, path, facts=facts)
+        self.output = ConversionResult(source=text, output=text)
+        self.imports: list[Import] = []
+        self.reports: list[tuple[Duty | None, Report]] = []
+
+    def next_stage(self) -> _Stage:
+        """A stage planned on the code as it is now, knowing the imports the transforms will add."""
+        pending = {i.local_name: i.qualified for i in self.imports}
+        if self.latest.text != self.code or self.latest.names.pending != pending:
+            self.latest = analyze(self.code, self.path, pending_imports=pending, facts=self.facts)
+        return _Stage(self.latest)
+
+    def make(self, stage: _Stage) -> _Stage:
+        """Report the stage's transforms, make its edits, and start the next stage."""
+        for transform in stage.transforms:
+            self._take_report(transform)
+        if stage.edits:
+            module = stage.edits.apply(self.module)
+            code = module.code
+            self.origin = _carry_origins(self.origin, self.code, code)
+            self.module, self.code = module, code
+        return self.next_stage()
+
+    def _take_report(self, transform: Transform) -> None:
+        """The transform's report, its lines carried back to the original file."""
+        report, out = transform.report, self.output
+        self.reports.append((transform.DUTY, report))
+        out.changes += [Change(_origin_line(self.origin, c.line), c.transform, c.message) for c in report.changes]
+        out.advice += [Advice(_origin_line(self.origin, a.line), a.message) for a in report.advice]
+        out.missing += [Missing(_origin_line(self.origin, m.line), m.what, m.todo) for m in report.missing]
+        self.imports += [i for i in report.imports if i not in self.imports]
+
+    def result(self, owns_duties: bool) -> ConversionResult:
+        """The converted text with the imports added, and every change, advice and missing item by original line."""
+        result, module = self.output, self.module
+        if self.imports:
+            module = _add_imports(module, self.imports)
+            self.origin = _carry_origins(self.origin, self.code, module.code)
+        result.output, result.origins = module.code, self.origin
+        result.missing += _undone_duties(self.original, self.reports) if owns_duties else []
+        result.changes.sort(key=lambda c: c.line)
+        result.advice.sort(key=lambda a: a.line)
+        result.missing.sort(key=lambda m: m.line)
+        return result
 
 
 def _undone_duties(original: Anatomy, reports: list[tuple[Duty | None, Report]]) -> list[Missing]:
@@ -161,15 +233,45 @@ def _origin_line(origin: list[int], line: int) -> int:
 
 def _carry_origins(origin: list[int], old: str, new: str) -> list[int]:
     """Original line numbers for each line of `new`, given those of `old` (a line moved into a new
-    block, re-indented, is still the same line)."""
+    block, re-indented, is still the same line; so is a line rewritten in place)."""
     old_lines, new_lines = [line.strip() for line in old.splitlines()], [line.strip() for line in new.splitlines()]
     carried: list[int] = []
     matcher = difflib.SequenceMatcher(a=old_lines, b=new_lines, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        for offset in range(j2 - j1):
-            if tag == "equal":
-                carried.append(origin[i1 + offset] if i1 + offset < len(origin) else i1 + offset + 1)
-            else:  # inserted or rewritten lines belong to the original line they replace or precede
-                anchor = min(i1 + min(offset, max(i2 - i1 - 1, 0)), len(origin) - 1)
-                carried.append(origin[anchor] if origin else 1)
+        if tag == "equal":
+            anchors = list(range(i1, i2))
+        elif tag == "replace":
+            anchors = _rewritten_anchors(old_lines, new_lines, i1, i2, j1, j2)
+        else:  # inserted lines belong to the original line they precede
+            anchors = [i1] * (j2 - j1)
+        carried += [_origin_of(origin, anchor) for anchor in anchors]
     return carried or [1]
+
+
+def _rewritten_anchors(old_lines: list[str], new_lines: list[str], i1: int, i2: int, j1: int, j2: int) -> list[int]:
+    """For each new line of a replaced run, the old line it comes from: the most alike of those after
+    the previous one's, and for an added line the old line it precedes (else the run's last)."""
+    in_order = [i1 + min(offset, i2 - i1 - 1) for offset in range(j2 - j1)]
+    if (i2 - i1) * (j2 - j1) > _MAX_PAIRS_COMPARED:
+        return in_order
+    anchors: list[int | None] = []
+    first = i1
+    for line in new_lines[j1:j2]:
+        likeness = {i: difflib.SequenceMatcher(a=old_lines[i], b=line).ratio() for i in range(first, i2)}
+        best = max(likeness, key=likeness.__getitem__, default=None)
+        anchors.append(best if best is not None and likeness[best] >= _ALIKE else None)
+        first = anchors[-1] + 1 if anchors[-1] is not None else first
+    if not any(anchor is not None for anchor in anchors):
+        return in_order
+    following = i2 - 1
+    for offset in reversed(range(len(anchors))):
+        following = anchors[offset] = following if anchors[offset] is None else anchors[offset]  # type: ignore[assignment]
+    return anchors  # type: ignore[return-value]
+
+
+_ALIKE = 0.6  # difflib ratio from which a rewritten line counts as the old line it replaces
+_MAX_PAIRS_COMPARED = 2_500
+
+
+def _origin_of(origin: list[int], index: int) -> int:
+    return origin[min(index, len(origin) - 1)] if origin else 1

@@ -97,8 +97,10 @@ def summary_line(outcomes: Sequence[Outcome]) -> str:
 @click.option("-q", "--quiet", is_flag=True, help="Only errors and warnings.")
 @click.option("--format", "report_format", type=click.Choice(["text", "markdown"]), default="text", show_default=True,
               help="markdown: print a review-ready summary per file (changes grouped, warnings, diff) instead of the per-line report.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Worker processes converting files at once; reports and files come out as with one.")
 def convert(paths, target, output, in_place, show_diff, check, partial, batch_size, eval_mode, log_loss, checkpoint,
-            mixed_precision, quiet, report_format):
+            mixed_precision, quiet, report_format, jobs):
     """Convert single-GPU training scripts to DDP, DataParallel or FSDP2.
 
     Static: the scripts are parsed, never imported or executed (only `ddpify verify` runs code).
@@ -125,7 +127,7 @@ def convert(paths, target, output, in_place, show_diff, check, partial, batch_si
     options = {"batch_size": batch_size, "eval": eval_mode, "log_loss": log_loss, "checkpoint": checkpoint,
                "mixed_precision": mixed_precision}
     job = _Job(target, mode, output, options, quiet, report_format, partial)
-    plan = _plan_projects(paths, files, target, options, mode, output)
+    plan = _plan_projects(paths, files, target, options, mode, output, jobs)
     outcomes = [_convert_one(item, job.for_file(plan.output_for(item, output)), explicit=_named(item, paths), member=plan.job(item))
                 for item in plan.items]
     outcomes += [_fail(error) for error in plan.copy_unchanged_modules()] if mode == "write" else []
@@ -160,12 +162,12 @@ class _Job:
         return self.mode in ("write", "in-place")
 
 
-def _plan_projects(paths, files, target, options, mode, output):
+def _plan_projects(paths, files, target, options, mode, output, jobs):
     """Entry scripts and the local modules they import, converted together (see ddpify.project)."""
     from ddpify.project import LayoutError, plan_conversion
 
     try:
-        return plan_conversion(paths, files, target, options, mode, output)
+        return plan_conversion(paths, files, target, options, mode, output, jobs)
     except LayoutError as error:
         raise click.UsageError(str(error)) from None
 

@@ -25,6 +25,7 @@ _VARIABLE_TYPES = {ast.Name: cst.Name, ast.Attribute: cst.Attribute, ast.Subscri
 class RankDevices(Transform):
     NAME = "device"
     DESCRIPTION = "Explicit GPU indices become LOCAL_RANK; 'cuda' alone already means this rank's GPU."
+    SEES_EDITS_OF = ()
 
     def plan(self) -> None:
         for node in ast.walk(self.anatomy.tree):

@@ -33,6 +33,7 @@ _WHOLE = "evaluation left on the whole set on every rank (same metric as one GPU
 class EvaluationSharding(SamplerTransform):
     NAME = "evaluation"
     DESCRIPTION = "Shard evaluation loaders (whole batches, unpadded) and sum their metrics over ranks."
+    SEES_EDITS_OF = ("setup",)  # the helpers it adds after
 
     def plan(self) -> None:
         super().plan()
@@ -78,6 +79,7 @@ class EvaluationSharding(SamplerTransform):
 class ReducedLossPrints(Transform):
     NAME = "log-loss"
     DESCRIPTION = "Print the training loss averaged over ranks (at print time only)."
+    SEES_EDITS_OF = ("setup", "evaluation")  # the helpers present
 
     def plan(self) -> None:
         prints = loss_prints(self.anatomy) if self.options.log_loss == "reduced" else []

@@ -17,6 +17,7 @@ from ddpify.codemods.base import Transform, enclose
 class NoSyncAccumulation(Transform):
     NAME = "no_sync"
     DESCRIPTION = "Skip gradient all-reduce on accumulation micro-steps with model.no_sync()."
+    SEES_EDITS_OF = ()
 
     def plan(self) -> None:
         for loop in self.anatomy.step_loops:

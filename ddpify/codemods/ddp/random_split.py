@@ -19,6 +19,7 @@ SEEDED_GENERATOR = "Generator().manual_seed(0)"
 class SameSplitOnEveryRank(Transform):
     NAME = "split"
     DESCRIPTION = "Give random_split a seeded generator, so that every rank draws the same split."
+    SEES_EDITS_OF = ()
 
     def plan(self) -> None:
         splits = ddp.unseeded_random_splits(self.anatomy)

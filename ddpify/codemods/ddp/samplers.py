@@ -64,6 +64,7 @@ class SamplerTransform(Transform):
 class DistributedSamplers(SamplerTransform):
     NAME = "sampler"
     DESCRIPTION = "Shard training loaders with DistributedSampler and reshuffle every epoch."
+    SEES_EDITS_OF = ()
     DUTY = Duty(
         "the training data is not sharded (found no DataLoader that a training loop iterates): every rank trains on all of it",
         "give the training DataLoader sampler=DistributedSampler(dataset) and call sampler.set_epoch(epoch) every epoch, or slice the data by rank",

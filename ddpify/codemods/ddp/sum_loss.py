@@ -23,6 +23,7 @@ _CST_TYPES = {ast.Name: cst.Name, ast.Attribute: cst.Attribute, ast.Call: cst.Ca
 class SumLossScaling(Transform):
     NAME = "sum_loss"
     DESCRIPTION = "Scale a loss summed over the batch by WORLD_SIZE before backward (ranks average gradients)."
+    SEES_EDITS_OF = ()
 
     def plan(self) -> None:
         for site in self.anatomy.training_calls:

@@ -22,6 +22,7 @@ from ddpify.codemods.ddp.runtime import LOCAL_RANK
 class RemoveDataParallel(Transform):
     NAME = "dataparallel"
     DESCRIPTION = "Take nn.DataParallel out: DDP replaces it (one process per GPU)."
+    SEES_EDITS_OF = ()
 
     def plan(self) -> None:
         for site in self.anatomy.calls_to(DP_WRAPPER):
@@ -50,6 +51,7 @@ class RemoveDataParallel(Transform):
 class WrapModel(Transform):
     NAME = "wrap"
     DESCRIPTION = "Wrap each trained model in DistributedDataParallel once it is on its device."
+    SEES_EDITS_OF = ("dataparallel",)  # DataParallel calls gone, models rebound
     DUTY = Duty(
         "no model was wrapped in DistributedDataParallel (found no model that an optimizer trains)",
         "wrap the trained model by hand once it is on its device: model = DDP(model, device_ids=[local_rank])",
