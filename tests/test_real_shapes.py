@@ -147,8 +147,23 @@ def generate(net, x):
 
 
 def test_output_that_needs_a_collective_is_never_put_under_a_rank_zero_guard():
-    out, advice = convert("""\
+    out, _ = convert("""\
         print("mean loss", reduce_mean(loss))
+    """, extra="""
+
+def reduce_mean(t):
+    t = t.detach().clone()
+    dist.all_reduce(t)
+    return t.item()
+""")
+    assert not guarded_by_rank_zero(out, "reduce_mean(loss)")  # the collective runs on every rank
+    assert guarded_by_rank_zero(out, 'print("mean loss", reduce_mean_result)')  # only the print is rank 0's
+    assert out.index("reduce_mean_result = reduce_mean(loss)") < out.index('print("mean loss"')
+
+
+def test_a_collective_in_a_conditional_part_of_a_print_leaves_the_print_on_every_rank():
+    out, advice = convert("""\
+        print("mean loss", reduce_mean(loss) if loss is not None else 0.0)
     """, extra="""
 
 def reduce_mean(t):
