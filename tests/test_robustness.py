@@ -297,10 +297,11 @@ if __name__ == "__main__":
 
 
 def test_big_script_converts_and_lints(tmp_path):
-    """Slow (conversion costs ~2 ms of CPU per line at 20k lines; bench/bench_scale.py times 50k): it must complete."""
+    """A 5,000-line script (hundreds of models and helpers) converts and lints; the figures for
+    20,000 and 50,000 lines are bench/bench_scale.py's (speed belongs to benchmarks, not the suite)."""
     script = tmp_path / "big.py"
-    text = big_script()
-    assert text.count("\n") >= 19_900
+    text = big_script(5_000)
+    assert text.count("\n") >= 4_900
     script.write_text(text)
     result = ddpify("lint", script.name, cwd=tmp_path, timeout=1800)
     no_traceback(result)
