@@ -262,14 +262,19 @@ class Transform(Codemod):
         """This transform did its DUTY (at least once)."""
         self.report.fulfilled = True
 
-    def missing_unwrapped_models(self, wrapper: str) -> None:
-        """Each optimizer whose model the analysis cannot bind trains a model left unwrapped (unless
-        another file of the project binds that model to an optimizer, and wraps it there)."""
+    def models_to_wrap(self, wrapper: str) -> list:
+        """The trained models this file wraps in `wrapper`. Each optimizer whose model the analysis cannot
+        bind trains a model left unwrapped: a missing item, unless another file of the project binds that
+        model to an optimizer and wraps it there (then, with no model here, the duty is done there)."""
+        models = self.anatomy.trained_models
         if self.anatomy.facts.models_trained_elsewhere:
-            return
+            if not models:
+                self.fulfil()
+            return models
         for optimizer in self.anatomy.optimizers_without_model:
             self.missing(optimizer.line, f"the model this optimizer trains was not found, so it is not wrapped in {wrapper}",
                          f"wrap that model in {wrapper} once it is on its device, and build the optimizer on its parameters")
+        return models
 
     # ----- queuing edits ---------------------------------------------------------------------
     def insert_before(self, stmt: ast.stmt, code: str | Sequence[cst.BaseStatement]) -> None:

@@ -59,11 +59,8 @@ class WrapModel(Transform):
     )
 
     def plan(self) -> None:
-        self.missing_unwrapped_models("DistributedDataParallel")
-        models = self.anatomy.trained_models
+        models = self.models_to_wrap("DistributedDataParallel")
         if not models:
-            if self.anatomy.facts.models_trained_elsewhere:  # another file of the project wraps it
-                self.fulfil()
             return
         self.add_wrapper_import()
         for dp in self.anatomy.calls_to(DP_WRAPPER):

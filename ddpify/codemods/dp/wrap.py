@@ -31,11 +31,8 @@ class WrapDataParallel(Transform):
     )
 
     def plan(self) -> None:
-        self.missing_unwrapped_models("nn.DataParallel")
-        models = self.anatomy.trained_models
+        models = self.models_to_wrap("nn.DataParallel")
         if not models:
-            if self.anatomy.facts.models_trained_elsewhere:  # another file of the project wraps it
-                self.fulfil()
             return
         torch_nn = self._torch_nn()
         for model in models:
