@@ -13,6 +13,10 @@ the others when one rank fails and exits 1 if any failed. Real torchrun stays in
 is the subject (tests/test_launch.py, verify's `--launcher torchrun`); DDPIFY_TEST_FORK=0 makes
 every launch a real process.
 
+`python -m ddpify ...` runs (tests/test_verify.py) are forked the same way, and the launcher
+`ddpify verify` starts (`python -m ddpify.verify.launcher`, which imports torch) is forked from
+them instead of started as a new interpreter: the same code, session, log and plan pipe.
+
 Protocol: one JSON request per line on stdin; replies on the descriptor named in argv[1]: the
 agent's pid, then its exit code.
 """
@@ -27,6 +31,8 @@ import sys
 import threading
 import time
 import traceback
+import runpy
+import subprocess
 import types
 from typing import NoReturn
 
@@ -35,6 +41,7 @@ import torch.distributed  # noqa: F401
 import torch.nn.parallel  # noqa: F401
 import torch.utils.data  # noqa: F401
 
+from ddpify.verify import launcher, runner
 from ddpify.verify.launcher import ForkedRun, rank_environment
 from ddpify.verify.rendezvous import serve_store
 
@@ -42,25 +49,33 @@ POLL_S = 0.01
 FAILURE_GRACE_S = 2.0
 
 
-def run_as_main(argv: list[str]) -> int:
-    """Run `argv[0]` as `python argv[0] argv[1:]` would; its exit code."""
-    script = argv[0]
+def run_as_main(argv: list[str], module: str | None = None) -> int:
+    """Run `argv[0]` as `python argv[0] argv[1:]` would (with `module`: `python -m module argv[1:]`);
+    its exit code."""
     sys.argv = list(argv)
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    main = types.ModuleType("__main__")
-    main.__file__ = script
-    main.__builtins__ = __builtins__
-    sys.modules["__main__"] = main
     try:
-        with open(script, "rb") as source:
-            code = compile(source.read(), script, "exec")
-        exec(code, main.__dict__)
+        if module:
+            sys.path[0] = os.getcwd()
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            _run_script(argv[0])
     except SystemExit as stop:
         return _exit_code(stop)
     except BaseException as error:  # what the interpreter prints for an uncaught exception
         sys.excepthook(type(error), error, error.__traceback__.tb_next)
         return 1
     return 0
+
+
+def _run_script(script: str) -> None:
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    main = types.ModuleType("__main__")
+    main.__file__ = script
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    with open(script, "rb") as source:
+        code = compile(source.read(), script, "exec")
+    exec(code, main.__dict__)
 
 
 def _exit_code(stop: SystemExit) -> int:
@@ -70,14 +85,16 @@ def _exit_code(stop: SystemExit) -> int:
     return 1
 
 
-def become_script(argv: list[str]) -> NoReturn:
+def become_script(argv: list[str], module: str | None = None) -> NoReturn:
     """Run the script, then leave as the interpreter does (threads joined, atexit run, output flushed).
 
     os._exit, not a return to the interpreter's finalization: the forked process holds copies of
     the server's objects (the rendezvous store of its agent) that must not be destroyed here.
     """
     run_sitecustomize()
-    code = run_as_main(argv)
+    if module == "ddpify":
+        runner.start_launcher = start_forked_launcher
+    code = run_as_main(argv, module)
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
@@ -168,13 +185,53 @@ def start_agent(request: dict, control: int) -> int:
         redirect(2, request["stderr"])
         take_environment(request["env"])
         if not request["nproc"]:
-            become_script(request["argv"])
+            become_script(request["argv"], request.get("module"))
         code = run_ranks(request)
     except BaseException:
         traceback.print_exc()
         code = 70
     sys.stderr.flush()
     os._exit(code)
+
+
+class ForkedLauncher(ForkedRun):
+    """verify's launcher as a forked child, with the Popen surface verify's runner uses."""
+
+    def __init__(self, pid: int, stdin) -> None:
+        super().__init__(pid)
+        self.stdin = stdin
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("ddpify.verify.launcher", timeout)  # type: ignore[arg-type]
+            time.sleep(POLL_S)
+        return self.returncode  # type: ignore[return-value]
+
+
+def start_forked_launcher(workspace: str, device: str) -> ForkedLauncher:
+    """What `ddpify verify` starts as `python -m ddpify.verify.launcher`, forked from this process
+    (torch imported, no thread running, no tensor math done): its session, folder, log, environment
+    and plan pipe are the subprocess's."""
+    read, write = os.pipe()
+    pid = fork()
+    if pid:
+        os.close(read)
+        return ForkedLauncher(pid, os.fdopen(write, "w"))
+    try:
+        os.close(write)
+        os.setsid()
+        os.chdir(workspace)
+        os.dup2(read, 0)
+        sys.stdin = open(0, closefd=False)
+        redirect(1, os.path.join(workspace, "launcher.txt"))
+        os.dup2(1, 2)
+        os.environ.clear()
+        os.environ.update(runner.launcher_environment(device))
+        launcher.main()
+    finally:
+        os._exit(70)
 
 
 def serve(control: int) -> None:

@@ -117,6 +117,17 @@ _TORCHRUN_FLAGS = {"--standalone": None, "--nproc_per_node": "nproc", "--nproc-p
                    "--log-dir": "log_dir", "--log_dir": "log_dir", "--redirects": "redirects"}
 
 
+def run_ddpify(args: Sequence[StrPath], cwd: StrPath, env_extra: Mapping[str, str] | None = None,
+               timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m ddpify ARGS` in `cwd`, forked from the fork server (its verify launcher too) unless
+    DDPIFY_TEST_FORK=0."""
+    argv = [sys.executable, "-m", "ddpify", *(os.fspath(a) for a in args)]
+    if not FORK_LAUNCHES:
+        return run_script(argv, cwd, env_extra, timeout)
+    launch = {"argv": ["-m", *argv[3:]], "module": "ddpify", "nproc": 0}
+    return FORK_SERVER.run(argv, launch, os.fspath(cwd), child_environment(env_extra), timeout)
+
+
 def fork_launch_request(args: Sequence[str]) -> dict | None:
     """What the fork server must launch for `args`, when it is `python script.py ...` or
     `python -m torch.distributed.run --standalone --nproc_per_node=N [--log-dir D --redirects 1]

@@ -20,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers import run_ddpify  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = Path(__file__).resolve().parent / "verify_cases"
 FIXTURES = sorted((ROOT / "fixtures").glob("*.py"))
@@ -39,16 +42,19 @@ def converter_available() -> bool:
     return True
 
 
-def run_verify(*args: str, timeout: float = SUBPROCESS_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """`python -m ddpify verify ARGS` in the cases directory, ddpify importable from this checkout."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "ddpify", "verify", *args], cwd=CASES, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+def run_verify(*args: str, timeout: float = SUBPROCESS_TIMEOUT_S, real: bool = False) -> subprocess.CompletedProcess:
+    """`python -m ddpify verify ARGS` in the cases directory, ddpify importable from this checkout:
+    forked from the tests' fork server (with its launcher), or a `real` process tree."""
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if real:
+        return subprocess.run([sys.executable, "-m", "ddpify", "verify", *args], cwd=CASES, env={**os.environ, **env},
+                              capture_output=True, text=True, timeout=timeout)
+    return run_ddpify(["verify", *args], CASES, env, timeout)
 
 
-def verify_json(*args: str) -> tuple[int, dict]:
+def verify_json(*args: str, real: bool = False) -> tuple[int, dict]:
     """Exit code and parsed --json verdict; the logs a failed pair keeps are removed."""
-    completed = run_verify("--json", *args)
+    completed = run_verify("--json", *args, real=real)
     result = json.loads(completed.stdout)
     for note in result["notes"]:
         if note.startswith("logs kept in "):
@@ -231,7 +237,7 @@ def test_concurrent_verifies_each_rendezvous_on_their_own_port():
     their port to another's, or join another's store."""
     args = ("train.py", "--to", "ddp", "--against", "train_ddp.py", "--steps", "2")
     with ThreadPoolExecutor(3) as pool:
-        outcomes = list(pool.map(lambda _: verify_json(*args), range(3)))
+        outcomes = list(pool.map(lambda _: verify_json(*args, real=True), range(3)))
     assert [(code, result["verdict"]) for code, result in outcomes] == [(0, "equivalent")] * 3, \
         [result["message"] for _, result in outcomes]
 
@@ -240,7 +246,7 @@ def test_concurrent_verifies_each_rendezvous_on_their_own_port():
 def test_rank0_only_barrier_is_reported_as_a_hang_without_orphans(launcher, hang_s):
     started = time.monotonic()
     completed = run_verify("train.py", "--to", "ddp", "--against", "ddp_rank0_barrier.py", "--timeout", str(hang_s),
-                           "--launcher", launcher, "--json", timeout=90)
+                           "--launcher", launcher, "--json", timeout=90, real=True)  # real processes: orphans show
     elapsed = time.monotonic() - started
     result = json.loads(completed.stdout)
     assert completed.returncode == 2
