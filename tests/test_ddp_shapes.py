@@ -29,11 +29,11 @@ from ddpify.convert import convert_source
 from ddpify.codemods.ddp.runtime import RELEASE_COMMENT
 
 try:
-    from helpers import FIXTURES_DIR, REPO_ROOT, failure_report, run_script
+    from helpers import FIXTURES_DIR, REPO_ROOT, failure_report, run_ddpify, run_script
     from test_ddp_transforms import HELPERS, assert_codemod, joined, messages
 except ImportError:  # e.g. pytest --import-mode=importlib
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from helpers import FIXTURES_DIR, REPO_ROOT, failure_report, run_script
+    from helpers import FIXTURES_DIR, REPO_ROOT, failure_report, run_ddpify, run_script
     from test_ddp_transforms import HELPERS, assert_codemod, joined, messages
 
 SHAPES = sorted((FIXTURES_DIR / "real").glob("shape_*.py"))
@@ -374,10 +374,9 @@ def test_an_accelerate_script_gets_no_lint_findings():
 
 # ===== every shape fixture: converted, linted, run under torchrun, verified =====================
 def ddpify(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "ddpify", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    """`python -m ddpify ARGS` (forked from the tests' fork server), this checkout importable."""
+    return run_ddpify(args, cwd, {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))},
+                      TIMEOUT)
 
 
 STEP = re.compile(r"^epoch (\d+) step (\d+) ")

@@ -22,7 +22,7 @@ TRANSFORMER = ROOT / "fixtures" / "fsdp" / "tiny_transformer.py"
 TIMEOUT_S = 180
 
 sys.path.insert(0, str(ROOT / "tests"))
-from helpers import run_script  # noqa: E402
+from helpers import run_ddpify, run_script  # noqa: E402
 
 
 def fsdp(code: str):
@@ -145,8 +145,11 @@ def test_fsdp_output_lints_clean_and_converts_once(script):
     assert convert_source(result.output, "fsdp").output == result.output
 
 
+_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return run_script(argv, cwd, {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}, TIMEOUT_S)
+    return run_script(argv, cwd, _ENV, TIMEOUT_S)
 
 
 def test_sharded_transformer_trains_on_two_ranks_and_its_checkpoint_loads_into_the_original(tmp_path):
@@ -172,7 +175,7 @@ def test_sharded_transformer_trains_on_two_ranks_and_its_checkpoint_loads_into_t
 @pytest.mark.parametrize("script", [ROOT / "fixtures" / name for name in ("checkpoint_resume.py", "trainer_class.py", "grad_accumulation.py")],
                          ids=lambda p: p.stem)
 def test_verify_proves_the_fsdp_conversion_trains_like_the_original(script, tmp_path):
-    run = _run([sys.executable, "-m", "ddpify", "verify", str(script), "--to", "fsdp", "--json"], tmp_path)
+    run = run_ddpify(["verify", str(script), "--to", "fsdp", "--json"], tmp_path, _ENV, TIMEOUT_S)
     verdict = json.loads(run.stdout)
     assert run.returncode == 0 and verdict["verdict"].startswith("equivalent"), run.stdout[-3000:] + run.stderr[-3000:]
 
@@ -355,7 +358,7 @@ def test_a_bf16_policy_trains_on_two_ranks(tmp_path):
 
 @pytest.mark.parametrize("script", [AMP_BF16, AMP_FP16], ids=lambda p: p.stem)
 def test_verify_compares_a_low_precision_policy_statistically(script, tmp_path):
-    run = _run([sys.executable, "-m", "ddpify", "verify", str(script), "--to", "fsdp", "--mixed-precision", "policy", "--json"], tmp_path)
+    run = run_ddpify(["verify", str(script), "--to", "fsdp", "--mixed-precision", "policy", "--json"], tmp_path, _ENV, TIMEOUT_S)
     verdict = json.loads(run.stdout)
     assert run.returncode == 0 and verdict["verdict"] == "equivalent" and verdict["mode"] == "statistical", run.stdout[-3000:] + run.stderr[-3000:]
     assert any("rounds the parameters for forward and backward" in note for note in verdict["notes"])

@@ -24,10 +24,10 @@ from ddpify.cli import cli
 from ddpify.project import convert_entry
 
 try:
-    from helpers import failure_report, run_script
+    from helpers import failure_report, run_ddpify, run_script
 except ImportError:  # e.g. pytest --import-mode=importlib
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from helpers import failure_report, run_script
+    from helpers import failure_report, run_ddpify, run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECTS = ROOT / "fixtures" / "projects"
@@ -274,9 +274,8 @@ def files_written(directory: Path) -> list[str]:
 # needs no edit while trainer/core.py wraps the model (trainer_package)
 @pytest.mark.parametrize("name, target", [(name, "ddp") for name in sorted(ENTRIES)] + [("classic", "dp"), ("trainer_package", "dp")])
 def test_verify_converts_the_whole_project_and_finds_it_equivalent(name: str, target: str):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "ddpify", "verify", str(PROJECTS / name / ENTRIES[name]), "--to", target, "--json",
-                           "--timeout", "200"], capture_output=True, text=True, env=env, timeout=300)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = run_ddpify(["verify", str(PROJECTS / name / ENTRIES[name]), "--to", target, "--json", "--timeout", "200"], ROOT, env, 300)
     result = json.loads(proc.stdout)
     assert (proc.returncode, result["verdict"], result["mode"]) == (0, "equivalent", "exact"), result["message"]
 
