@@ -62,9 +62,17 @@ def run_as_main(argv: list[str], module: str | None = None) -> int:
     except SystemExit as stop:
         return _exit_code(stop)
     except BaseException as error:  # what the interpreter prints for an uncaught exception
-        sys.excepthook(type(error), error, error.__traceback__.tb_next)
+        error.__traceback__ = _without_server_frames(error.__traceback__)  # the hook prints the error's own
+        sys.excepthook(type(error), error, error.__traceback__)
         return 1
     return 0
+
+
+def _without_server_frames(tb):
+    """The traceback from the first frame that is not this file's (the script's own, as Python prints it)."""
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return tb
 
 
 def _run_script(script: str) -> None:

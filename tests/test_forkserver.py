@@ -1,0 +1,88 @@
+"""The fork server launches scripts as a real interpreter and real torchrun would: each probe runs
+both ways and must report the same (argv, working directory, sys.path[0], environment, exit code,
+rank variables, per-rank logs)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import helpers  # noqa: E402
+from helpers import run_script  # noqa: E402
+
+PROBE = """\
+import json, os, sys
+report = {"argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0], "name": __name__,
+          "extra": os.environ.get("PROBE_EXTRA"), "file": __file__,
+          "ranks": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}}
+print(json.dumps(report))
+if "--fail" in sys.argv and os.environ.get("RANK", "0") == "1":
+    raise RuntimeError("rank one fails")
+sys.exit(int(sys.argv[sys.argv.index("--code") + 1]) if "--code" in sys.argv else 0)
+"""
+
+
+@pytest.fixture
+def probe(tmp_path: Path) -> Path:
+    script = tmp_path / "scripts" / "probe.py"
+    script.parent.mkdir()
+    script.write_text(PROBE)
+    return script
+
+
+def both_ways(monkeypatch, argv: list[str], cwd: Path) -> tuple:
+    """The run forked from the server, then as a real process."""
+    runs = []
+    for forked in (True, False):
+        monkeypatch.setattr(helpers, "FORK_LAUNCHES", forked)
+        runs.append(run_script(argv, cwd, {"PROBE_EXTRA": "yes"}, timeout=120))
+    return tuple(runs)
+
+
+def test_a_python_run_sees_what_a_fresh_interpreter_sees(monkeypatch, probe, tmp_path):
+    forked, real = both_ways(monkeypatch, [sys.executable, str(probe), "--code", "3", "x y"], tmp_path)
+    assert (forked.returncode, forked.stdout) == (real.returncode, real.stdout) == (3, real.stdout)
+    assert '"extra": "yes"' in real.stdout and '"name": "__main__"' in real.stdout
+
+
+def test_an_uncaught_exception_prints_its_traceback_and_exits_1(monkeypatch, tmp_path):
+    script = tmp_path / "boom.py"
+    script.write_text("def f():\n    raise ValueError('boom')\nf()\n")
+    forked, real = both_ways(monkeypatch, [sys.executable, str(script)], tmp_path)
+    assert forked.returncode == real.returncode == 1
+    assert forked.stderr == real.stderr
+
+
+def test_torchrun_ranks_get_torchruns_variables_and_log_files(monkeypatch, probe, tmp_path):
+    outputs = []
+    for forked in (True, False):
+        monkeypatch.setattr(helpers, "FORK_LAUNCHES", forked)
+        logs = tmp_path / f"logs-{forked}"
+        run = run_script([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "--log-dir", str(logs), "--redirects", "1", str(probe), "--code", "0"], tmp_path, timeout=180)
+        assert run.returncode == 0, run.stderr[-2000:]
+        outputs.append({int(p.parent.name): p.read_text() for p in logs.glob("*/attempt_*/*/stdout.log")})
+    assert outputs[0] == outputs[1] and sorted(outputs[0]) == [0, 1]
+
+
+def test_a_failing_rank_fails_the_torchrun(monkeypatch, probe, tmp_path):
+    for forked in (True, False):
+        monkeypatch.setattr(helpers, "FORK_LAUNCHES", forked)
+        run = run_script([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(probe), "--fail"], tmp_path, timeout=180)
+        assert run.returncode == 1 and "rank one fails" in run.stderr, (forked, run.stderr[-2000:])
+
+
+def test_a_run_past_its_timeout_is_killed_with_its_group(monkeypatch, tmp_path):
+    script = tmp_path / "sleepy.py"
+    script.write_text("import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                      "print('started', flush=True)\ntime.sleep(60)\n")
+    monkeypatch.setattr(helpers, "FORK_LAUNCHES", True)
+    with pytest.raises(AssertionError, match="timed out after 3s"):
+        run_script([sys.executable, str(script)], tmp_path, timeout=3)
+    after = tmp_path / "after.py"
+    after.write_text("print('next')\n")
+    assert run_script([sys.executable, str(after)], tmp_path).stdout == "next\n"  # the server still serves
