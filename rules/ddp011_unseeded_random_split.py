@@ -6,7 +6,9 @@ import ast
 
 from ddpify.anatomy import syntax
 from ddpify.anatomy import distributed as ddp
-from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
+from ddpify.codemods.ddp.random_split import with_seeded_generator
+from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.lint.cst_fixes import expression_edit
 from ddpify.rules._ddp import DDP_KINDS
 
 
@@ -54,13 +56,10 @@ class UnseededRandomSplit(Rule):
 
 
 def _fix(a, call: ast.Call) -> Fix | None:
-    generator = syntax.spelling(a, "torch.Generator")
-    if generator is None or not call.args:
-        return None
-    last = max((*call.args, *(kw.value for kw in call.keywords)), key=lambda n: (n.end_lineno, n.end_col_offset))
-    end = a.pos(last)
-    edit = Edit.insert(end.end_line, end.end_col, f", generator={generator}().manual_seed(0)")
-    return Fix((edit,), safe=False, description="draw the split from a seeded generator")
+    """`generator=torch.Generator().manual_seed(0)` added by convert's own builder."""
+    torch = syntax.spelling(a, "torch")
+    edit = expression_edit(a, call, lambda node: with_seeded_generator(node, torch)) if torch and call.args else None  # type: ignore[arg-type]
+    return Fix((edit,), safe=False, description="draw the split from a seeded generator") if edit else None
 
 
 _HEAD = """import torch
@@ -97,6 +96,6 @@ UnseededRandomSplit.INVALID = (
     Invalid(
         _HEAD + "model = DDP(torch.nn.Linear(4, 1))\ntrain, val = random_split(\n    data,\n    [8, 2],\n)\ntorch.manual_seed(0)\n",
         line=9,
-        fixed=_HEAD + "model = DDP(torch.nn.Linear(4, 1))\ntrain, val = random_split(\n    data,\n    [8, 2], generator=torch.Generator().manual_seed(0),\n)\ntorch.manual_seed(0)\n",
+        fixed=_HEAD + "model = DDP(torch.nn.Linear(4, 1))\ntrain, val = random_split(\n    data,\n    [8, 2],\n    generator=torch.Generator().manual_seed(0),\n)\ntorch.manual_seed(0)\n",
     ),
 )

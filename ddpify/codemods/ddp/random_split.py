@@ -16,6 +16,11 @@ from ddpify.codemods.base import Transform, add_keyword
 SEEDED_GENERATOR = "Generator().manual_seed(0)"
 
 
+def with_seeded_generator(call: cst.Call, torch: str) -> cst.Call:
+    """`random_split(...)` with `generator=<torch>.Generator().manual_seed(0)`, keeping the call's layout."""
+    return add_keyword(call, "generator", f"{torch}.{SEEDED_GENERATOR}")  # type: ignore[return-value]
+
+
 class SameSplitOnEveryRank(Transform):
     NAME = "split"
     DESCRIPTION = "Give random_split a seeded generator, so that every rank draws the same split."
@@ -28,7 +33,7 @@ class SameSplitOnEveryRank(Transform):
         torch = syntax.spelling(self.anatomy, "torch")
         if torch is None:
             self.add_import("torch")
-        generator = f"{torch or 'torch'}.{SEEDED_GENERATOR}"
+        torch = torch or "torch"
         for site in splits:
-            self.rewrite_node(site.node, cst.Call, lambda call: add_keyword(call, "generator", generator))
-            self.changed(site.line, f"random_split(..., generator={generator}): every rank draws the same split")
+            self.rewrite_node(site.node, cst.Call, lambda call: with_seeded_generator(call, torch))  # type: ignore[arg-type]
+            self.changed(site.line, f"random_split(..., generator={torch}.{SEEDED_GENERATOR}): every rank draws the same split")
