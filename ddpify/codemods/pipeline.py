@@ -152,7 +152,7 @@ class _Conversion:
         for transform in stage.transforms:
             self._take_report(transform)
         if stage.edits:
-            module = stage.edits.apply(self.module)
+            module = stage.edits.apply(self.module, stage.anatomy.tree)
             code = module.code
             self.origin = _carry_origins(self.origin, self.code, code)
             self.module, self.code = module, code
