@@ -45,7 +45,7 @@ BREAKDOWN = {  # what the profile reports: label -> (file suffix, function name)
     "CST passes": ("ddpify/codemods/base.py", "apply"),
     "  of which positions": ("libcst/metadata/wrapper.py", "resolve"),
     "codegen (.code)": ("libcst/_nodes/module.py", "code"),
-    "imports added": ("ddpify/codemods/pipeline.py", "_add_imports"),
+    "imports added": ("ddpify/codemods/imports.py", "add_imports"),
     "line map (difflib)": ("ddpify/codemods/pipeline.py", "_carry_origins"),
     "lint of the output": ("ddpify/convert.py", "lint_leftovers"),
 }
