@@ -22,6 +22,19 @@ compare only figures taken back to back):
     after, ddp profile (--breakdown): analyze 33% (416 calls, ~4 per converted file with the lint's),
       CST passes 32% (234 calls, ~3 per converted file; nearly all of it LibCST's position metadata),
       codegen 11%, imports added (AddImportsVisitor) 12%, lint of the output 11%.
+
+    back to back at 17:43 UTC, 5f75159 (main) then 04c466d (edit passes locate statements by the ast
+    and expressions by their statement's own positions; imports inserted directly; one ast.walk per
+    analysis), two rounds each:
+      before --to ddp : parse+codegen 0.47-0.55 s, convert 10.58-11.52 s, ratio 21.0-22.4x, 8.8-9.5 files/s
+      before --to dp  : parse+codegen 0.47-0.55 s, convert  3.02-3.25 s,  ratio  5.9-6.4x, 31-34 files/s
+      before --to fsdp: parse+codegen 0.47-0.55 s, convert  9.25-9.61 s,  ratio 17.5-19.6x, 10.5-10.9 files/s
+      after  --to ddp : parse+codegen 0.44-0.54 s, convert  4.83-5.07 s,  ratio  9.3-10.9x, 20-21 files/s
+      after  --to dp  : parse+codegen 0.44-0.54 s, convert  1.75-1.97 s,  ratio  3.6-4.0x, 51-58 files/s
+      after  --to fsdp: parse+codegen 0.44-0.54 s, convert  4.17-4.19 s,  ratio  7.7-9.5x, 24 files/s
+    after, ddp profile (--breakdown): analyze 41% (440 calls: 1 per file, 1 per edit pass, 1 for the
+      lint), codegen 26% (the code of each edit pass is analysed again), CST passes 10% (positions 2%),
+      lint of the output 12% (mostly its analyze), imports added 1%, line map 2%.
 """
 
 from __future__ import annotations
@@ -45,7 +58,7 @@ BREAKDOWN = {  # what the profile reports: label -> (file suffix, function name)
     "CST passes": ("ddpify/codemods/base.py", "apply"),
     "  of which positions": ("libcst/metadata/wrapper.py", "resolve"),
     "codegen (.code)": ("libcst/_nodes/module.py", "code"),
-    "imports added": ("ddpify/codemods/pipeline.py", "_add_imports"),
+    "imports added": ("ddpify/codemods/imports.py", "add_imports"),
     "line map (difflib)": ("ddpify/codemods/pipeline.py", "_carry_origins"),
     "lint of the output": ("ddpify/convert.py", "lint_leftovers"),
 }

@@ -104,7 +104,7 @@ def _replaces_builtin_print(a) -> bool:
     return any(
         isinstance(node, ast.Attribute) and node.attr == "print" and isinstance(node.ctx, ast.Store)
         and a.qualname(node) == "builtins.print"
-        for node in ast.walk(a.tree)
+        for node in a.nodes
     )
 
 

@@ -58,7 +58,7 @@ class WrapperAttribute(Rule):
         a = anatomy
         if not ddp.wrap_calls(a):
             return
-        for node in ast.walk(a.tree):
+        for node in a.nodes:
             if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)):
                 continue
             if node.attr == "load_state_dict":

@@ -44,7 +44,7 @@ class WrapperAttribute(Rule):
 
     def check(self, anatomy):
         a = anatomy
-        for node in ast.walk(a.tree):
+        for node in a.nodes:
             if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)):
                 continue
             if not wrapper_lacks(DP_WRAPPER, node.attr) or not is_dp_wrapper(a, node.value):

@@ -47,7 +47,7 @@ class ModuleOnFullyShardedModel(Rule):
         a = anatomy
         if not dist_facts.shard_calls(a):
             return
-        for node in ast.walk(a.tree):
+        for node in a.nodes:
             if isinstance(node, ast.Attribute) and node.attr == "module" and dist_facts.is_sharded_model(a, node.value):
                 if not dist_facts.wrap_calls(a) or not dist_facts.is_wrapper(a, node.value):
                     inner = a.pos(node.value)

@@ -107,8 +107,9 @@ class Anatomy:
         self.text = text
         self.path = path
         self.tree = tree
+        self.nodes = list(ast.walk(tree))  # every node, in ast.walk's order: the whole-tree scans share one walk
         self.facts = facts
-        self.names = ImportTable(tree, pending_imports)
+        self.names = ImportTable(self.nodes, pending_imports)
         self.parents: dict[ast.AST, ast.AST] = {}
         self.scope_of: dict[ast.AST, str] = {}
         self.stmt_of: dict[ast.AST, ast.stmt] = {}
@@ -420,7 +421,7 @@ class Anatomy:
 
     def _manual_update_loops(self) -> Iterator[tuple[ast.For, ast.AST]]:
         """`for p in model.parameters(): p.data.add_(-lr * p.grad)` (or `p -= lr * p.grad`): (loop, model)."""
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if not (isinstance(node, ast.For) and isinstance(node.target, ast.Name) and isinstance(node.iter, ast.Call)):
                 continue
             func = node.iter.func
@@ -508,7 +509,7 @@ class Anatomy:
     def _loop_targets(self) -> list[tuple[ast.AST, ast.AST]]:
         """(loop variable, the list or dict it walks) of every for loop and comprehension."""
         found = []
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, (ast.For, ast.comprehension)):
                 container = _container_iterated(node.iter)
                 if container is not None:
@@ -710,7 +711,7 @@ class _Indexer:
         a._model_sites = {}
         a._loader_sites = {}
         a._item_sites = {}
-        for node in ast.walk(a.tree):
+        for node in a.nodes:
             if isinstance(node, ast.Call):
                 self._record_call(node)
 
@@ -844,8 +845,8 @@ class _ValueFlow:
 
     def __init__(self, anatomy: Anatomy) -> None:
         self.a = anatomy
-        self.assignments = [n for n in ast.walk(anatomy.tree) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.withitem, ast.NamedExpr))]
-        self.returns = [n for n in ast.walk(anatomy.tree) if isinstance(n, ast.Return) and n.value is not None]
+        self.assignments = [n for n in anatomy.nodes if isinstance(n, (ast.Assign, ast.AnnAssign, ast.withitem, ast.NamedExpr))]
+        self.returns = [n for n in anatomy.nodes if isinstance(n, ast.Return) and n.value is not None]
         self.local_calls = [c for c in anatomy.calls if anatomy.callee(c.node) is not None]  # type: ignore[arg-type]
 
     def run(self) -> None:
@@ -1024,7 +1025,7 @@ def _direct_origins(a: Anatomy, value: ast.AST) -> list[Site]:
 
 def _find_loops(a: Anatomy) -> None:
     """Step loops iterate a loader; epoch loops contain training step loops (maybe via calls)."""
-    for node in ast.walk(a.tree):
+    for node in a.nodes:
         if not isinstance(node, (ast.For, ast.AsyncFor)):
             continue
         loader = _iterated_loader(a, node.iter)
@@ -1035,7 +1036,7 @@ def _find_loops(a: Anatomy) -> None:
                 loader.is_train = True
     _find_delegated_training(a)
     train_loop_nodes = {loop.node for loop in (*a.step_loops, *a.delegated_steps) if loop.trains}
-    for node in ast.walk(a.tree):
+    for node in a.nodes:
         if isinstance(node, (ast.For, ast.AsyncFor)) and node not in {l.node for l in a.step_loops}:
             if a.body_contains(node.body, lambda n: n in train_loop_nodes):
                 a.epoch_loops.append(a.site(node, LoopSite, loop_var=_loop_var(node), trains=True))  # type: ignore[arg-type]

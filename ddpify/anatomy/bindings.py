@@ -39,7 +39,7 @@ class Binding:
 def bindings(a: Anatomy) -> dict[Ref, list[Binding]]:
     """Each variable's bindings by assignment, augmented assignment and `for`, in source order."""
     found: dict[Ref, list[Binding]] = defaultdict(list)
-    for node in ast.walk(a.tree):
+    for node in a.nodes:
         for target, binding in _bindings_of(node):
             for ref in _refs_bound(a, target):
                 found[ref].append(binding)

@@ -667,7 +667,7 @@ def is_sharded_model(a: Anatomy, expr: ast.AST) -> bool:
 def uses_no_sync(a: Anatomy) -> bool:
     """Does the script skip gradient sync anywhere (`model.no_sync()`, `require_backward_grad_sync`)?"""
     return any(
-        isinstance(n, ast.Attribute) and n.attr in ("no_sync", "require_backward_grad_sync") for n in ast.walk(a.tree)
+        isinstance(n, ast.Attribute) and n.attr in ("no_sync", "require_backward_grad_sync") for n in a.nodes
     )
 
 
@@ -791,7 +791,7 @@ def _seeded_before(a: Anatomy, node: ast.AST) -> bool:
 def env_writes(a: Anatomy, variable: str) -> list[ast.AST]:
     """`os.environ[VAR] = ...`, `os.environ.setdefault(VAR, ...)`, `os.environ.update(VAR=...)`, `os.putenv(VAR, ...)`."""
     found: list[ast.AST] = []
-    for node in ast.walk(a.tree):
+    for node in a.nodes:
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
             if a.qualname(node.value) == "os.environ" and constant(node.slice, variable):
                 found.append(node)

@@ -10,6 +10,7 @@ import statements instead of a full scope analysis (which dominates lint time).
 from __future__ import annotations
 
 import ast
+from typing import Iterable
 
 # Public torch paths that re-export a deeper definition: map the deep path to the public one.
 _CANONICAL_PREFIXES = {
@@ -34,10 +35,11 @@ _SYNONYMS = {
 class ImportTable:
     """Maps each name bound by an import anywhere in the file to its qualified name."""
 
-    def __init__(self, tree: ast.AST, pending: dict[str, str] | None = None) -> None:
+    def __init__(self, nodes: Iterable[ast.AST], pending: dict[str, str] | None = None) -> None:
+        """`nodes`: every node of the file (ast.walk of its tree)."""
         self.pending: dict[str, str] = dict(pending or {})  # imports a codemod will add later
         self.aliases: dict[str, str] = dict(self.pending)
-        for node in ast.walk(tree):
+        for node in nodes:
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.asname:

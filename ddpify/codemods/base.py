@@ -12,11 +12,11 @@ from __future__ import annotations
 import ast
 import bisect
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Mapping, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpify.anatomy import Anatomy, Pos
 
@@ -220,10 +220,9 @@ class Edits:
         inner = [(span[:2], span[2:]) for span, _ in other.expr] + [_lines_of(s) for s in other.statements.values()]
         return any(start <= first and last <= end for start, end in outer for first, last in inner)
 
-    def apply(self, module: cst.Module) -> cst.Module:
-        """The module with every queued edit made (the queues are used up)."""
-        positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-        return module.visit(_EditApplier(self, positions))
+    def apply(self, module: cst.Module, tree: ast.Module) -> cst.Module:
+        """The module with every queued edit made (the queues are used up); `tree`: the ast of the same code."""
+        return module.visit(_EditApplier(self, tree))
 
 
 class Transform(Codemod):
@@ -325,49 +324,95 @@ class Transform(Codemod):
         return self.transform_module_impl(tree) if self.edits else tree
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        return self.edits.apply(tree)
+        return self.edits.apply(tree, self.anatomy.tree)
 
 
 class _EditApplier(cst.CSTTransformer):
-    """One pass over the tree that makes the queued edits; `positions` locate its nodes."""
+    """One pass over the tree that makes the queued edits. Statements are located by the ast statements
+    of the same code, block by block as the pass goes down; the expressions of a statement, only when
+    an expression rewrite lies on its lines, by LibCST positions in a module of that statement alone."""
 
-    def __init__(self, edits: Edits, positions: Mapping[cst.CSTNode, CodeRange]) -> None:
+    def __init__(self, edits: Edits, tree: ast.Module) -> None:
         super().__init__()
         self.edits = edits
-        self.positions = positions
+        self.tree = tree
+        self.module = cst.Module(body=[])
+        self.statements: dict[cst.CSTNode, tuple[ast.stmt, ast.stmt]] = {}  # first and last ast statement of each
+        self.holders: list[tuple[cst.CSTNode, bool]] = []  # statements being visited; has an expression edit on its lines?
+        self.indents: list[str | None] = []  # of the blocks being visited
+        self.spans: dict[cst.CSTNode, Span] = {}
         keys = [*edits.before, *edits.after, *edits.rewrite, *edits.body_start, *edits.grouped, *(span for span, _ in edits.expr)]
         self.edited_lines = sorted({key[0] for key in keys})
+        self.expr_lines = sorted({span[0] for span, _ in edits.expr})
+
+    def visit_Module(self, node: cst.Module) -> bool:
+        self.module = node
+        self._match_statements(node.body, self.tree.body)
+        return True
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         """Statements with no edit on their lines are left as they are, unvisited."""
-        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
-            lines = self.positions[node]
-            first = bisect.bisect_left(self.edited_lines, lines.start.line)
-            if first == len(self.edited_lines) or self.edited_lines[first] > lines.end.line:
+        place = self.statements.get(node) if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) else None
+        if place is not None:
+            lines = place[0].lineno, place[1].end_lineno or place[1].lineno
+            if not _any_within(self.edited_lines, *lines):
                 return False
+            self.holders.append((node, _any_within(self.expr_lines, _decorators_line(place[0]), lines[1])))
+            if isinstance(node, cst.BaseCompoundStatement):
+                for statements, stmts in _bodies(node, place[0]):
+                    self._match_statements(statements, stmts)
         return super().on_visit(node)
 
+    def _match_statements(self, statements: Sequence[cst.BaseStatement], stmts: Sequence[ast.stmt]) -> None:
+        """Pair each CST statement of a block with its ast statements (a line `a; b` holds several)."""
+        index = 0
+        for node in statements:
+            size = len(node.body) if isinstance(node, cst.SimpleStatementLine) else 1
+            self.statements[node] = (stmts[index], stmts[index + size - 1])
+            index += size
+
     def _span(self, node: cst.CSTNode) -> Span:
-        code_range = self.positions[node]
-        return code_range.start.line, code_range.start.column, code_range.end.line, code_range.end.column
+        if node not in self.spans:
+            self._locate_expressions(self.holders[-1][0])
+        return self.spans[node]
+
+    def _locate_expressions(self, stmt: cst.CSTNode) -> None:
+        """The spans of a statement's expressions (a compound's outside its indented body, whose statements
+        are located on their own), read in a module of just that statement, nested at its indentation."""
+        alone = _without_indented_body(stmt)
+        nested: cst.BaseStatement = alone  # type: ignore[assignment]
+        for indent in reversed(self.indents):
+            nested = cst.If(test=cst.Name("_"), body=cst.IndentedBlock(body=[nested], indent=indent))
+        module = cst.Module(body=[nested], default_indent=self.module.default_indent, default_newline=self.module.default_newline)
+        positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        shift = self.statements[stmt][0].lineno - positions[alone].start.line
+        for node, code_range in positions.items():
+            start, end = code_range.start, code_range.end
+            self.spans[node] = start.line + shift, start.column, end.line + shift, end.column
 
     def _key(self, node: cst.CSTNode) -> Key:
-        start = self.positions[node].start
-        return start.line, start.column
+        return key_of(self.statements[node][0])
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
+        if self.holders and self.holders[-1][0] is original_node:
+            self.holders.pop()
         updated = super().on_leave(original_node, updated_node)
-        if self.edits.expr and isinstance(original_node, cst.BaseExpression):
+        if self.expr_lines and isinstance(original_node, cst.BaseExpression) and self.holders[-1][1]:
             rewrite = self.edits.expr.get((self._span(original_node), type(original_node)))
             if rewrite is not None:
                 return rewrite(updated)  # type: ignore[arg-type]
         return updated
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> bool:
+        self.indents.append(node.indent)
+        return True
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         body = self._apply_to_block(original_node.body, updated_node.body) + self.edits.module_end
         return updated_node.with_changes(body=body)
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        self.indents.pop()
         return updated_node.with_changes(body=self._apply_to_block(original_node.body, updated_node.body))
 
     def _apply_to_block(self, originals: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
@@ -408,6 +453,42 @@ class _EditApplier(cst.CSTTransformer):
     def _with_body_start(self, key: Key, stmt: cst.BaseStatement) -> cst.BaseStatement:
         extra = self.edits.body_start.pop(key, None)
         return first_in_body(stmt, extra) if extra else stmt
+
+
+def _any_within(lines: list[int], first: int, last: int) -> bool:
+    """Does the sorted `lines` hold a line from `first` to `last`?"""
+    index = bisect.bisect_left(lines, first)
+    return index < len(lines) and lines[index] <= last
+
+
+def _decorators_line(stmt: ast.stmt) -> int:
+    """The first line of a statement and its decorators (ast starts a decorated def at `def`)."""
+    return min([stmt.lineno, *(decorator.lineno for decorator in getattr(stmt, "decorator_list", ()))])
+
+
+def _without_indented_body(stmt: cst.CSTNode) -> cst.CSTNode:
+    """A compound statement whose indented body ends it with `pass` for that body (others as they are)."""
+    ends = not any(getattr(stmt, part, None) for part in ("orelse", "handlers", "finalbody"))
+    if ends and isinstance(getattr(stmt, "body", None), cst.IndentedBlock):
+        return stmt.with_changes(body=cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Pass()])]))
+    return stmt
+
+
+def _bodies(node: cst.BaseCompoundStatement, stmt: ast.stmt) -> list[tuple[Sequence[cst.BaseStatement], Sequence[ast.stmt]]]:
+    """The blocks of a compound statement as (CST statements, ast statements) pairs: body, except
+    handlers, match cases, else, finally, and those of the `elif`s it leads. A body on the header line holds none."""
+    if isinstance(node, cst.Match):
+        pairs = [(case.body, ast_case.body) for case, ast_case in zip(node.cases, stmt.cases)]  # type: ignore[attr-defined]
+    else:
+        pairs = [(node.body, stmt.body)]  # type: ignore[attr-defined]
+        pairs += [(handler.body, ast_handler.body) for handler, ast_handler in zip(getattr(node, "handlers", ()), getattr(stmt, "handlers", ()))]
+    orelse, finalbody = getattr(node, "orelse", None), getattr(node, "finalbody", None)
+    if orelse is not None and not isinstance(orelse, cst.If):
+        pairs.append((orelse.body, stmt.orelse))  # type: ignore[attr-defined]
+    if finalbody is not None:
+        pairs.append((finalbody.body, stmt.finalbody))  # type: ignore[attr-defined]
+    blocks = [(block.body, stmts) for block, stmts in pairs if isinstance(block, cst.IndentedBlock)]
+    return blocks + _bodies(orelse, stmt.orelse[0]) if isinstance(orelse, cst.If) else blocks  # type: ignore[attr-defined]
 
 
 def first_in_body(compound: cst.BaseStatement, stmts: Sequence[cst.BaseStatement]) -> cst.BaseStatement:

@@ -20,11 +20,11 @@ from typing import Sequence
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
 
 from ddpify.anatomy import Anatomy, analyze
 from ddpify.anatomy.facts import NO_FACTS, ProjectFacts
 from ddpify.codemods.base import Advice, Change, Duty, Edits, Import, Missing, Options, Report, Transform
+from ddpify.codemods.imports import add_imports
 
 
 class Status(enum.Enum):
@@ -152,7 +152,7 @@ class _Conversion:
         for transform in stage.transforms:
             self._take_report(transform)
         if stage.edits:
-            module = stage.edits.apply(self.module)
+            module = stage.edits.apply(self.module, stage.anatomy.tree)
             code = module.code
             self.origin = _carry_origins(self.origin, self.code, code)
             self.module, self.code = module, code
@@ -171,7 +171,7 @@ class _Conversion:
         """The converted text with the imports added, and every change, advice and missing item by original line."""
         result, module = self.output, self.module
         if self.imports:
-            module = _add_imports(module, self.imports)
+            module = add_imports(module, self.imports)
             self.origin = _carry_origins(self.origin, self.code, module.code)
         result.output, result.origins = module.code, self.origin
         result.missing += _undone_duties(self.original, self.reports) if owns_duties else []
@@ -192,35 +192,6 @@ def _undone_duties(original: Anatomy, reports: list[tuple[Duty | None, Report]])
         if duty is not None:
             done[duty] = done.get(duty, False) or report.fulfilled or bool(report.missing)
     return [Missing(duty.anchor(original), duty.what, duty.todo) for duty, ok in done.items() if not ok]
-
-
-def _add_imports(module: cst.Module, imports: list[Import]) -> cst.Module:
-    """One AddImportsVisitor pass for every import the transforms asked for.
-
-    The visitor reads and edits only the imports that open the module, but matches the whole body
-    with a matcher that recurses once per statement (RecursionError from ~1,000 top-level
-    statements). So it gets the opening statements and the one after them; the rest is put back.
-    """
-    context = CodemodContext()
-    for i in imports:
-        AddImportsVisitor.add_needed_import(context, i.module, i.obj, i.asname)
-    head_size = _opening_imports_end(module.body) + 1
-    head = AddImportsVisitor(context).transform_module(module.with_changes(body=module.body[:head_size]))
-    return head.with_changes(body=[*head.body, *module.body[head_size:]])
-
-
-def _opening_imports_end(body: Sequence[cst.BaseStatement]) -> int:
-    """Index of the first statement after the module's first line (a docstring, say) and the import
-    lines that follow it: the only statements AddImportsVisitor reads."""
-    index = 1 if body and isinstance(body[0], cst.SimpleStatementLine) else 0
-    while index < len(body) and _is_import_line(body[index]):
-        index += 1
-    return index
-
-
-def _is_import_line(stmt: cst.BaseStatement) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and all(
-        isinstance(small, (cst.Import, cst.ImportFrom)) for small in stmt.body)
 
 
 def _line_count(text: str) -> int:

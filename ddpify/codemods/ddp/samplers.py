@@ -228,7 +228,7 @@ _CST_TYPES = {ast.Call: cst.Call, ast.Subscript: cst.Subscript, ast.BinOp: cst.B
 
 def fresh_name(anatomy, base: str, taken: set[str]) -> str:
     """`base`, or `base1`, `base2`, ...: a name the script doesn't use yet (added to `taken`)."""
-    used = {n.id for n in ast.walk(anatomy.tree) if isinstance(n, ast.Name)} | taken
+    used = {n.id for n in anatomy.nodes if isinstance(n, ast.Name)} | taken
     name = next(f"{base}{i or ''}" for i in range(len(used) + 1) if f"{base}{i or ''}" not in used)
     taken.add(name)
     return name
