@@ -11,9 +11,11 @@ convert_source --to ddp in one process (65977ad, 2 shared cores), the tests' big
 
 `python bench/bench_scale.py --files 200` at 1242ed5 (idle 2-core machine):
     convert --to ddp 49,997-line script: 123.0 s; --to dp: 65.3 s; lint: 4.4 s; 200-file tree: 0.7 s
-The growth beyond linear is the line map (pipeline._carry_origins): difflib's SequenceMatcher over
+The growth beyond linear was the line map (pipeline._carry_origins): difflib's SequenceMatcher over
 the whole file per edit pass, quadratic on the many repeated lines of a generated script
-(find_longest_match: 36% of a 15,000-line conversion's profile).
+(find_longest_match: 36% of a 15,000-line conversion's profile). Above 2,000 lines it now lets
+difflib pass over popular lines (autojunk): `--files 10` right after: convert --to ddp 56.3 s,
+--to dp 37.9 s (15,000 lines: 20.0 s -> 13.0 s, the same output and reported lines).
 """
 
 from __future__ import annotations

@@ -202,12 +202,19 @@ def _origin_line(origin: list[int], line: int) -> int:
     return origin[min(max(line, 1), len(origin)) - 1] if origin else line
 
 
+# Above this many lines the line map lets difflib pass over popular lines (blank lines, `return x`)
+# when it looks for matches: without that heuristic its search is quadratic in them, the bulk of a
+# 50,000-line conversion (bench/bench_scale.py); the lines reported for a generated 15,000-line
+# script stay the same either way.
+LONG_FILE_LINES = 2_000
+
+
 def _carry_origins(origin: list[int], old: str, new: str) -> list[int]:
     """Original line numbers for each line of `new`, given those of `old` (a line moved into a new
     block, re-indented, is still the same line; so is a line rewritten in place)."""
     old_lines, new_lines = [line.strip() for line in old.splitlines()], [line.strip() for line in new.splitlines()]
     carried: list[int] = []
-    matcher = difflib.SequenceMatcher(a=old_lines, b=new_lines, autojunk=False)
+    matcher = difflib.SequenceMatcher(a=old_lines, b=new_lines, autojunk=len(new_lines) > LONG_FILE_LINES)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             anchors = list(range(i1, i2))
