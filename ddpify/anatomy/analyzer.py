@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Iterator
@@ -107,14 +107,15 @@ class Anatomy:
         self.text = text
         self.path = path
         self.tree = tree
-        self.nodes = list(ast.walk(tree))  # every node, in ast.walk's order: the whole-tree scans share one walk
         self.facts = facts
-        self.names = ImportTable(self.nodes, pending_imports)
+        self.nodes: list[ast.AST] = []  # every node, in ast.walk's order: the whole-tree scans share one walk
         self.parents: dict[ast.AST, ast.AST] = {}
         self.scope_of: dict[ast.AST, str] = {}
         self.stmt_of: dict[ast.AST, ast.stmt] = {}
         self.functions: dict[str, Function] = {}
         self.class_of_scope: dict[str, str] = {}
+        _Structure(self).walk()
+        self.names = ImportTable(self.nodes, pending_imports)
         self.model_classes: dict[str, ModelClass] = {}
         self.values: dict[Ref, set[tuple[str, Site | None]]] = defaultdict(set)
         self.returns: dict[str, set[tuple[str, Site | None]]] = defaultdict(set)
@@ -576,12 +577,19 @@ class Anatomy:
 
     def block_of(self, stmt: ast.stmt) -> list[ast.stmt]:
         """The statement list that holds `stmt` (a body, an orelse, ...)."""
+        parent, field_name, _ = self.place_of(stmt)
+        return getattr(parent, field_name)
+
+    def place_of(self, stmt: ast.stmt) -> tuple[ast.AST, str, int]:
+        """Where `stmt` stands: its parent, the parent's field that holds its block (body, orelse,
+        handlers' body, ...) and its index in that block."""
         parent = self.parents.get(stmt, self.tree)
-        for field_name in ("body", "orelse", "finalbody"):
-            block = getattr(parent, field_name, None)
-            if isinstance(block, list) and stmt in block:
-                return block
-        return [stmt]
+        for field_name, block in ast.iter_fields(parent):
+            if isinstance(block, list):
+                for index, item in enumerate(block):
+                    if item is stmt:
+                        return parent, field_name, index
+        raise ValueError(f"line {stmt.lineno}: statement not found in its parent")
 
     def refs_holding(self, origin: Site, role: str) -> set[Ref]:
         return {ref for ref, vals in self.values.items() if (role, origin) in vals}
@@ -688,32 +696,43 @@ def walk_body(body: Iterable[ast.AST]) -> Iterator[ast.AST]:
                 stack.append(child)
 
 
-class _Indexer:
-    """One walk: parents, scopes, statements, functions, classes, and the interesting calls."""
+class _Structure:
+    """One walk of the tree, in ast.walk's order: every node, its parent, scope and statement, and
+    the functions and classes with the names each function binds."""
 
     def __init__(self, anatomy: Anatomy) -> None:
         self.a = anatomy
+        self.declared_global: dict[str, set[str]] = defaultdict(set)  # function scope -> `global`/`nonlocal` names
 
-    def run(self) -> None:
+    def walk(self) -> None:
         a = self.a
-        self._collect_classes()
-        stack: list[tuple[ast.AST, str, str | None, ast.stmt | None]] = [(a.tree, MODULE_SCOPE, None, None)]
-        while stack:
-            node, scope, cls, stmt = stack.pop()
+        todo: deque[tuple[ast.AST, str, str | None, ast.stmt | None]] = deque([(a.tree, MODULE_SCOPE, None, None)])
+        while todo:
+            node, scope, cls, stmt = todo.popleft()
+            a.nodes.append(node)
             for child in ast.iter_child_nodes(node):
+                self._bind(child, scope)
                 a.parents[child] = node
                 child_stmt = child if isinstance(child, ast.stmt) else stmt
                 a.scope_of[child] = scope
                 if child_stmt is not None:
                     a.stmt_of[child] = child_stmt
                 inner_scope, inner_cls = self._enter(child, scope, cls)
-                stack.append((child, inner_scope, inner_cls, child_stmt))
-        a._model_sites = {}
-        a._loader_sites = {}
-        a._item_sites = {}
-        for node in a.nodes:
-            if isinstance(node, ast.Call):
-                self._record_call(node)
+                todo.append((child, inner_scope, inner_cls, child_stmt))
+        for scope, names in self.declared_global.items():
+            a.functions[scope].locals -= names
+
+    def _bind(self, node: ast.AST, scope: str) -> None:
+        """A name `node` binds in the function whose code it is in: an assignment target, a nested def or class."""
+        fn = self.a.functions.get(scope)
+        if fn is None:
+            return
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            fn.locals.add(node.id)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            self.declared_global[scope].update(node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            fn.locals.add(node.name)
 
     def _enter(self, node: ast.AST, scope: str, cls: str | None) -> tuple[str, str | None]:
         if isinstance(node, ast.ClassDef):
@@ -723,11 +742,28 @@ class _Indexer:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             in_class = cls is not None and scope == cls
             name = node.name if scope == MODULE_SCOPE else f"{scope}.{node.name}"
-            self.a.functions[name] = Function(node, name, cls if in_class else None, _local_names(node))
+            self.a.functions[name] = Function(node, name, cls if in_class else None, _parameters(node))
             if in_class:
                 self.a.class_of_scope[name] = cls  # type: ignore[assignment]
             return name, cls if in_class else None
         return scope, cls
+
+
+class _Indexer:
+    """The model classes, and the interesting calls."""
+
+    def __init__(self, anatomy: Anatomy) -> None:
+        self.a = anatomy
+
+    def run(self) -> None:
+        a = self.a
+        self._collect_classes()
+        a._model_sites = {}
+        a._loader_sites = {}
+        a._item_sites = {}
+        for node in a.nodes:
+            if isinstance(node, ast.Call):
+                self._record_call(node)
 
     def _collect_classes(self) -> None:
         a = self.a
@@ -822,20 +858,11 @@ def _is_repeated_blocks(a: Anatomy, value: ast.expr) -> bool:
     return len(elements) >= 2 and len(classes) == 1 and all(isinstance(e, ast.Call) for e in elements)
 
 
-def _local_names(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
-    """Parameters and names assigned in the function body (minus `global`/`nonlocal` ones)."""
+def _parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
     args = fn.args
     names = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
     names.update(a.arg for a in (args.vararg, args.kwarg) if a)
-    declared_global: set[str] = set()
-    for node in walk_body(fn.body):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            names.add(node.id)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            declared_global.update(node.names)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-    return names - declared_global
+    return names
 
 
 class _ValueFlow:

@@ -193,8 +193,8 @@ class Edits:
         block where the other edits statements (an insertion splits a group, or lands inside it), and
         when an expression rewrite lies within another's rewritten expression or statement."""
         return bool(self.statements.keys() & later.statements.keys()
-                    or self._grouped_blocks(anatomy) & later._edited_blocks(anatomy)
-                    or later._grouped_blocks(anatomy) & self._edited_blocks(anatomy)
+                    or self._beside_groups(anatomy) & later._edited_places(anatomy)
+                    or later._beside_groups(anatomy) & self._edited_places(anatomy)
                     or self._encloses_rewrites_of(later) or later._encloses_rewrites_of(self))
 
     def merge(self, later: Edits) -> None:
@@ -205,12 +205,14 @@ class Edits:
             mine.update(theirs)  # type: ignore[attr-defined]
         self.module_end.extend(later.module_end)
 
-    def _grouped_blocks(self, anatomy: Anatomy) -> set[int]:
-        return {id(anatomy.block_of(self.statements[key])) for key in self.grouped}
+    def _beside_groups(self, anatomy: Anatomy) -> set[Place]:
+        """The places of grouped statements and of their neighbours: an edit there could split a group or land in it."""
+        places = [_place(anatomy, self.statements[key]) for key in self.grouped]
+        return {(parent, block, index + step) for parent, block, index in places for step in (-1, 0, 1)}
 
-    def _edited_blocks(self, anatomy: Anatomy) -> set[int]:
+    def _edited_places(self, anatomy: Anatomy) -> set[Place]:
         keys = self.before.keys() | self.after.keys() | self.rewrite.keys() | self.grouped.keys()
-        return {id(anatomy.block_of(self.statements[key])) for key in keys}
+        return {_place(anatomy, self.statements[key]) for key in keys}
 
     def _encloses_rewrites_of(self, other: Edits) -> bool:
         """Does one of these expression or statement rewrites contain an expression `other` rewrites or a
@@ -243,6 +245,12 @@ class Transform(Codemod):
         self.edits = Edits()
 
     # ----- what subclasses implement -----------------------------------------------------------
+    @classmethod
+    def finds_work(cls, anatomy: Anatomy) -> bool:
+        """False when the code holds nothing this transform works on, judged on code that the earlier
+        transforms' pending edits never add to: then it is not planned, and no stage waits for them."""
+        return True
+
     def plan(self) -> None:
         """Queue this transform's edits from the anatomy (called before the tree is visited)."""
 
@@ -516,6 +524,14 @@ def one_statement_a_line(holder: cst.SimpleStatementLine | cst.SimpleStatementSu
     ]
     lines[0] = lines[0].with_changes(leading_lines=getattr(holder, "leading_lines", ()))
     return lines
+
+
+Place = tuple[int, str, int]  # a statement's parent (its id), the parent's field holding the block, its index
+
+
+def _place(anatomy: Anatomy, stmt: ast.stmt) -> Place:
+    parent, block, index = anatomy.place_of(stmt)
+    return id(parent), block, index
 
 
 def _lines_of(stmt: ast.stmt) -> tuple[Key, Key]:

@@ -93,6 +93,8 @@ def run_pipeline(text: str, path: str, transforms: Sequence[type[Transform]], op
     conversion = _Conversion(text, path, facts, anatomy)
     stage = conversion.next_stage()
     for transform_cls in transforms:
+        if not transform_cls.finds_work(stage.anatomy):
+            continue
         if stage.pending_for(transform_cls):
             stage = conversion.make(stage)
         transform = stage.plan(transform_cls, options)
@@ -100,7 +102,7 @@ def run_pipeline(text: str, path: str, transforms: Sequence[type[Transform]], op
             stage = conversion.make(stage)
             transform = stage.plan(transform_cls, options)
         stage.add(transform)
-    conversion.make(stage)
+    conversion.finish(stage, last=True)
     return conversion.result(owns_duties)
 
 
@@ -148,15 +150,21 @@ class _Conversion:
         return _Stage(self.latest)
 
     def make(self, stage: _Stage) -> _Stage:
-        """Report the stage's transforms, make its edits, and start the next stage."""
+        """Make the stage's edits and start the next stage."""
+        self.finish(stage)
+        return self.next_stage()
+
+    def finish(self, stage: _Stage, last: bool = False) -> None:
+        """Report the stage's transforms and make its edits (the last stage adds every transform's imports too)."""
         for transform in stage.transforms:
             self._take_report(transform)
-        if stage.edits:
-            module = stage.edits.apply(self.module, stage.anatomy.tree)
+        module = stage.edits.apply(self.module, stage.anatomy.tree) if stage.edits else self.module
+        if last and self.imports:
+            module = add_imports(module, self.imports)
+        if module is not self.module:
             code = module.code
             self.origin = _carry_origins(self.origin, self.code, code)
             self.module, self.code = module, code
-        return self.next_stage()
 
     def _take_report(self, transform: Transform) -> None:
         """The transform's report, its lines carried back to the original file."""
@@ -168,12 +176,9 @@ class _Conversion:
         self.imports += [i for i in report.imports if i not in self.imports]
 
     def result(self, owns_duties: bool) -> ConversionResult:
-        """The converted text with the imports added, and every change, advice and missing item by original line."""
-        result, module = self.output, self.module
-        if self.imports:
-            module = add_imports(module, self.imports)
-            self.origin = _carry_origins(self.origin, self.code, module.code)
-        result.output, result.origins = module.code, self.origin
+        """The converted text, and every change, advice and missing item by original line."""
+        result = self.output
+        result.output, result.origins = self.code, self.origin
         result.missing += _undone_duties(self.original, self.reports) if owns_duties else []
         result.changes.sort(key=lambda c: c.line)
         result.advice.sort(key=lambda a: a.line)

@@ -7,6 +7,7 @@ rank's part of the global batch sees the same noise. The advice says how to give
 
 from __future__ import annotations
 
+from ddpify.anatomy import Anatomy
 from ddpify.anatomy import distributed as ddp
 from ddpify.codemods.base import Transform
 
@@ -14,6 +15,10 @@ from ddpify.codemods.base import Transform
 class SameNoiseOnEveryRank(Transform):
     NAME = "noise"
     DESCRIPTION = "Advise where every rank draws the same random values in its training steps."
+
+    @classmethod
+    def finds_work(cls, anatomy: Anatomy) -> bool:
+        return bool(ddp.draws_alike_on_every_rank(anatomy))  # seeds and draws are the user's; no transform adds one
 
     def plan(self) -> None:
         for draw in ddp.draws_alike_on_every_rank(self.anatomy):

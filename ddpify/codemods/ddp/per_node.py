@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import MODULE_SCOPE
+from ddpify.anatomy import MODULE_SCOPE, Anatomy
 from ddpify.anatomy import distributed as dist_facts
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import LOCAL_RANK, SETUP_CALL
@@ -23,6 +23,10 @@ class PerNodeDownloads(Transform):
     NAME = "per-node"
     DESCRIPTION = "Downloads run on each node's local rank 0 first; the node's other ranks wait for them."
     SEES_EDITS_OF = ("setup", "rank0")  # the setup call before, rank-0 guards around
+
+    @classmethod
+    def finds_work(cls, anatomy: Anatomy) -> bool:
+        return bool(dist_facts.downloads(anatomy))  # the user's; no transform adds one
 
     def plan(self) -> None:
         done: set[ast.stmt] = set()
