@@ -30,7 +30,7 @@ class ModuleAccess(Transform):
     def plan(self) -> None:
         if not self.anatomy.calls_to(self.WRAPPER) and not self.anatomy.wrapped_elsewhere:
             return
-        for node in ast.walk(self.anatomy.tree):
+        for node in self.anatomy.nodes:
             if self._needs_module(node):
                 self._insert_module(node)  # type: ignore[arg-type]
             elif isinstance(node, ast.Subscript) and isinstance(node.value, (ast.Name, ast.Attribute)) and self._on_wrapper(node.value):

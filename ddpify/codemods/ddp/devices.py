@@ -28,7 +28,7 @@ class RankDevices(Transform):
     SEES_EDITS_OF = ()
 
     def plan(self) -> None:
-        for node in ast.walk(self.anatomy.tree):
+        for node in self.anatomy.nodes:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and _INDEXED_CUDA.match(node.value):
                 self._rewrite_indexed_string(node)
             elif isinstance(node, ast.Call):

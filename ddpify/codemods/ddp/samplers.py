@@ -147,7 +147,7 @@ class DistributedSamplers(SamplerTransform):
             return True
         return any(
             isinstance(node, ast.comprehension) and loader in self.anatomy.origins(node.iter, ROLE_LOADER)
-            for node in ast.walk(self.anatomy.tree)
+            for node in self.anatomy.nodes
         )
 
     def _sampler_options(self, keywords: dict[str, ast.AST], splats: list[ast.AST]) -> str:

@@ -30,7 +30,7 @@ class FullParameters(Transform):
         if not sharded:
             return
         names = LAYER_PARAMETERS | {p for mc in self.anatomy.model_classes.values() for p in mc.parameters}
-        for node in ast.walk(self.anatomy.tree):
+        for node in self.anatomy.nodes:
             if self._reads_parameter(node, names, sharded):
                 self._gather(node)  # type: ignore[arg-type]
 
