@@ -85,10 +85,11 @@ def run_pipeline(text: str, path: str, transforms: Sequence[type[Transform]], op
     Transforms are planned in stages, on one anatomy each, and a stage's edits are made in one pass.
     A transform starts a new stage when its plan reads the edits of one still pending (its
     SEES_EDITS_OF), or when its edits interfere with the stage's (Edits.interferes_with): then
-    it is planned again on the code the stage produced. For DDP, typically: setup, devices,
-    DataParallel removal and the wrap; then `.module` access (it reads the wrap), split, samplers,
-    evaluation (it reads setup's helpers); log-loss after the evaluation helpers; rank 0 after the
-    wrap, `.module` and log-loss edits; per-node downloads after the rank-0 guards.
+    it is planned again on the code the stage produced. A transform that finds no work in the code
+    (Transform.finds_work) is not planned at all. For DDP, typically: setup, devices, DataParallel
+    removal and the wrap; then `.module` access (it reads the wrap), split, samplers, evaluation (it
+    reads setup's helpers), log-loss (unless it waits for the evaluation helpers); rank 0 after the
+    `.module` and log-loss edits; per-node downloads, where there are any, after the rank-0 guards.
     """
     conversion = _Conversion(text, path, facts, anatomy)
     stage = conversion.next_stage()
