@@ -246,9 +246,10 @@ class Transform(Codemod):
 
     # ----- what subclasses implement -----------------------------------------------------------
     @classmethod
-    def finds_work(cls, anatomy: Anatomy) -> bool:
-        """False when the code holds nothing this transform works on, judged on code that the earlier
-        transforms' pending edits never add to: then it is not planned, and no stage waits for them."""
+    def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
+        """False when the options ask nothing of this transform, or the code holds nothing it works on
+        (judged on code that the earlier transforms' pending edits never add to): then it is not
+        planned, and no stage waits for those edits."""
         return True
 
     def plan(self) -> None:

@@ -94,7 +94,7 @@ def run_pipeline(text: str, path: str, transforms: Sequence[type[Transform]], op
     conversion = _Conversion(text, path, facts, anatomy)
     stage = conversion.next_stage()
     for transform_cls in transforms:
-        if not transform_cls.finds_work(stage.anatomy):
+        if not transform_cls.finds_work(stage.anatomy, options):
             continue
         if stage.pending_for(transform_cls):
             stage = conversion.make(stage)

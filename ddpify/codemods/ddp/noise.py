@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ddpify.anatomy import Anatomy
 from ddpify.anatomy import distributed as ddp
-from ddpify.codemods.base import Transform
+from ddpify.codemods.base import Options, Transform
 
 
 class SameNoiseOnEveryRank(Transform):
@@ -17,7 +17,7 @@ class SameNoiseOnEveryRank(Transform):
     DESCRIPTION = "Advise where every rank draws the same random values in its training steps."
 
     @classmethod
-    def finds_work(cls, anatomy: Anatomy) -> bool:
+    def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
         return bool(ddp.draws_alike_on_every_rank(anatomy))  # seeds and draws are the user's; no transform adds one
 
     def plan(self) -> None:

@@ -12,7 +12,7 @@ import ast
 
 from ddpify.anatomy import MODULE_SCOPE, Anatomy
 from ddpify.anatomy import distributed as dist_facts
-from ddpify.codemods.base import Transform
+from ddpify.codemods.base import Options, Transform
 from ddpify.codemods.ddp.runtime import LOCAL_RANK, SETUP_CALL
 
 WAIT = f"if {LOCAL_RANK} != 0:\n    dist.barrier()  # local rank 0 downloads first, once per node\n"
@@ -25,7 +25,7 @@ class PerNodeDownloads(Transform):
     SEES_EDITS_OF = ("setup", "rank0")  # the setup call before, rank-0 guards around
 
     @classmethod
-    def finds_work(cls, anatomy: Anatomy) -> bool:
+    def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
         return bool(dist_facts.downloads(anatomy))  # the user's; no transform adds one
 
     def plan(self) -> None:

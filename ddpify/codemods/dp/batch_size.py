@@ -21,6 +21,7 @@ _WHY = (
 class BatchSizeAdvice(Transform):
     NAME = "batch-size"
     DESCRIPTION = "Warn when the training batch is smaller than the number of GPUs DataParallel splits it over."
+    SEES_EDITS_OF = ()  # advice only, on the user's loaders
 
     def plan(self) -> None:
         for loader in self.anatomy.train_loaders:

@@ -19,6 +19,7 @@ _LIMIT = 60
 class ForwardState(Transform):
     NAME = "forward-state"
     DESCRIPTION = "Warn about module state changed inside forward(): replicas are discarded after each call."
+    SEES_EDITS_OF = ()  # reports only, on the user's forward()s
 
     def plan(self) -> None:
         for forward in replica_forward_methods(self.anatomy, self.anatomy.trained_models):

@@ -20,6 +20,7 @@ _WHY = "DataParallel returns one loss per GPU"
 class MeanLoss(Transform):
     NAME = "loss"
     DESCRIPTION = "A loss that forward() returns comes back once per GPU: average it with .mean()."
+    SEES_EDITS_OF = ()  # model calls and forward()s are the user's code
 
     def plan(self) -> None:
         for call, cls in model_calls(self.anatomy):

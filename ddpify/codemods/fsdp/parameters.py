@@ -23,6 +23,7 @@ RANK_ZERO_CALLS = ("print", "torch.save")
 class FullParameters(Transform):
     NAME = "parameters"
     DESCRIPTION = "Reads of a sharded model's parameters gather the whole tensor (full_tensor)."
+    SEES_EDITS_OF = ("setup", "shard")  # the fully_shard calls (and their rank guards)
 
     def plan(self) -> None:
         shards = self.anatomy.calls_to(*FULLY_SHARD)

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from ddpify.anatomy import ROLE_MODEL, ROLE_OPTIMIZER
+from ddpify.anatomy import ROLE_MODEL, ROLE_OPTIMIZER, Anatomy
 from ddpify.anatomy.distributed import DCP_MODULE, after_shard, rank_guarded, reaching_values
 from ddpify.anatomy.syntax import argument, contains, method_name
-from ddpify.codemods.base import parse_expr, parse_statements
+from ddpify.codemods.base import Options, parse_expr, parse_statements
 from ddpify.codemods.fsdp.state_dicts import STATE_DICT_MODULE, CollectiveStateDicts
 
 CONTAINER_NODES = (ast.Dict, ast.List, ast.Tuple, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
@@ -74,6 +74,10 @@ class Save:
 class ShardedCheckpoints(CollectiveStateDicts):
     NAME = "checkpoint"
     DESCRIPTION = "Sharded DCP checkpoints of sharded models: every rank saves and loads its own shards."
+
+    @classmethod
+    def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
+        return options.checkpoint == "sharded"
 
     def plan(self) -> None:
         sharded = self.sharded_models() if self.options.checkpoint == "sharded" else set()
