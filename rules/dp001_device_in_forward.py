@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import ast
-
 from ddpify.anatomy.forward import DeviceUse, hardcoded_devices, input_name
-from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
+from ddpify.codemods.base import parse_expr
+from ddpify.codemods.dp.devices import cuda_to
+from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.lint.cst_fixes import expression_edit, statement_edit
 from ddpify.rules._dp import DP_KINDS, HEAD, dp_replica_forwards
 
 
@@ -57,19 +58,19 @@ class DeviceInForward(Rule):
                 yield Finding(a.pos(target), fix=fix)
 
 
-def _follow_input(a, use: DeviceUse, source: str) -> Fix:
+def _follow_input(a, use: DeviceUse, source: str) -> Fix | None:
+    """The fix convert's ForwardDevices makes: drop the statement, or rewrite the expression with its builders."""
     device = f"{source}.device"
     if use.kind == "redundant":
-        stmt = use.stmt
-        edit = Edit(stmt.lineno, 0, (stmt.end_lineno or stmt.lineno) + 1, 0, "")
-        return Fix((edit,), safe=False, description=f"drop it: DataParallel already put {source} on the replica's GPU")
-    if use.kind == "cuda":
-        call: ast.Call = use.node  # type: ignore[assignment]
-        keywords = [ast.get_source_segment(a.text, kw) for kw in call.keywords if kw.arg != "device"]
-        start, end = a.pos(call.func.value), a.pos(call)  # type: ignore[attr-defined]
-        edit = Edit(start.end_line, start.end_col, end.end_line, end.end_col, f".to({', '.join([device, *keywords])})")  # type: ignore[list-item]
-        return Fix((edit,), safe=False, description=f"move to {device}")
-    return Fix((Edit.replace(a.pos(use.node), device),), safe=False, description=f"use {device}")
+        edit = statement_edit(a, use.stmt, lambda _: [])
+        description = f"drop it: DataParallel already put {source} on the replica's GPU"
+    elif use.kind == "cuda":
+        edit = expression_edit(a, use.node, lambda call: cuda_to(call, device))
+        description = f"move to {device}"
+    else:
+        edit = expression_edit(a, use.node, lambda _: parse_expr(device))
+        description = f"use {device}"
+    return Fix((edit,), safe=False, description=description) if edit else None
 
 
 _DEVICE = 'DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")\n'
@@ -107,5 +108,16 @@ DeviceInForward.INVALID = (
         _forward('        h = torch.zeros(2, device="cuda:0" if torch.cuda.is_available() else "cpu")\n        return self.fc(x) + h\n'),
         line=13,
         fixed=_forward("        h = torch.zeros(2, device=x.device)\n        return self.fc(x) + h\n"),
+    ),
+    # the statement dropped shares its line: the statement after it stays, under the comment
+    Invalid(
+        _forward("        # the batch\n        x = x.to(DEVICE); return self.fc(x)\n"),
+        line=14,
+        fixed=_forward("        # the batch\n        return self.fc(x)\n"),
+    ),
+    Invalid(
+        _forward("        bias = (torch.zeros(2)).cuda()\n        return self.fc(x) + bias\n"),
+        line=13,
+        fixed=_forward("        bias = (torch.zeros(2)).to(x.device)\n        return self.fc(x) + bias\n"),
     ),
 )

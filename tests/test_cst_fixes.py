@@ -75,3 +75,28 @@ def test_fixes_of_one_statement_meet_over_rounds():
 def test_an_insertion_inside_a_replaced_range_overlaps_it():
     fixes = [Fix((Edit(1, 0, 1, 6, "XYZ"),), True, "replace"), Fix((Edit(1, 3, 1, 3, "!"),), True, "insert inside")]
     assert apply_fixes("abcdef\n", fixes) == ("XYZ\n", 1)
+
+
+DP_HEAD = (
+    "import torch\nfrom torch import nn\n\nDEVICE = torch.device('cuda')\n\n\nclass Net(nn.Module):\n"
+    "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(4, 2)\n\n    def forward(self, x):\n"
+)
+DP_TAIL = "\n\nmodel = nn.DataParallel(Net().to(DEVICE))\n"
+
+
+def test_a_dropped_statement_spread_over_lines_leaves_its_comment_in_a_tab_indented_crlf_file():
+    forward = "\t\t# on the GPU\n\t\tx = x.to(\n\t\t\tDEVICE,\n\t\t)\n\t\treturn self.fc(x)\n"
+    text = (DP_HEAD.replace("    ", "\t") + forward + DP_TAIL).replace("\n", "\r\n")
+    assert fixed(text, "DP001") == text.replace("\t\tx = x.to(\r\n\t\t\tDEVICE,\r\n\t\t)\r\n", "")
+
+
+def test_a_dropped_statement_is_the_edit_of_its_own_lines():
+    text = DP_HEAD + "        # on the GPU\n        x = x.to(DEVICE)\n        return self.fc(x)\n" + DP_TAIL
+    a = analyze(text, "t.py")
+    dropped = a.tree.body[-2].body[-1].body[0]
+    assert statement_edit(a, dropped, lambda stmt: []) == Edit(14, 0, 15, 0, "")
+
+
+def test_a_dropped_statement_on_an_if_line_leaves_the_others_in_its_body():
+    text = DP_HEAD + "        if x.ndim: x = x.to(DEVICE); y = 1\n        return self.fc(x)\n" + DP_TAIL
+    assert fixed(text, "DP001") == text.replace("if x.ndim: x = x.to(DEVICE); y = 1\n", "if x.ndim:\n            y = 1\n")

@@ -20,7 +20,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpify.anatomy import Anatomy, Pos
 from ddpify.anatomy.cache import per_anatomy
-from ddpify.codemods.base import Key, Span, StatementRewrite, one_statement_a_line
+from ddpify.codemods.base import Key, Span, StatementRewrite, keep_leading_lines, one_statement_a_line
 from ddpify.lint.fixes import LineIndex
 from ddpify.lint.rule import Edit
 
@@ -129,20 +129,27 @@ class _Parsed:
 
     def code_with(self, old: cst.BaseStatement, new: Sequence[cst.BaseStatement]) -> str | None:
         """The script's text with the statement `old` (of a block) replaced by `new`; None when
-        `old` does not render as it reads in the file."""
+        `old` does not render as it reads in the file. As in the codemods, the comments and blank
+        lines above `old` stay above what replaces it; when nothing does, where they are (above
+        the statement after it)."""
         newline = "" if self.module.has_trailing_newline else self.module.default_newline  # a statement renders with one
         text = self.text.text + newline
-        before = self._in_place([old], old)
-        start = self.text.offset(self.first_lines[old] - len(old.leading_lines), 0)  # type: ignore[attr-defined]
+        block = self._block_of(old)
+        replaced = old if new else old.with_changes(leading_lines=())
+        before = self._in_place([replaced], block)
+        start = self.text.offset(self.first_lines[old] - len(replaced.leading_lines), 0)  # type: ignore[attr-defined]
         if text[start:start + len(before)] != before:
             return None
-        code = text[:start] + self._in_place(new, old) + text[start + len(before):]
+        after = [keep_leading_lines(old, new[0]), *new[1:]] if new else []
+        code = text[:start] + self._in_place(after, block) + text[start + len(before):]
         return code[:len(code) - len(newline)]
 
-    def _in_place(self, stmts: Sequence[cst.BaseStatement], old: cst.BaseStatement) -> str:
-        """`stmts` rendered as they read in place of `old`: inside stand-ins (`if _:`) for the
-        blocks around it, so at their indentation, whose header lines are then dropped."""
-        wrapped, depth, block = list(stmts), 0, self._block_of(old)
+    def _in_place(self, stmts: Sequence[cst.BaseStatement], block: cst.CSTNode) -> str:
+        """`stmts` rendered as they read in `block`: inside stand-ins (`if _:`) for the blocks
+        around it, so at their indentation, whose header lines are then dropped."""
+        if not stmts:
+            return ""
+        wrapped, depth = list(stmts), 0
         while block is not self.module:
             body = block.with_changes(body=wrapped, header=cst.TrailingWhitespace(), footer=())
             wrapped, depth, block = [cst.If(test=cst.Name("_"), body=body)], depth + 1, self._block_of(block)
