@@ -100,3 +100,12 @@ def test_a_dropped_statement_is_the_edit_of_its_own_lines():
 def test_a_dropped_statement_on_an_if_line_leaves_the_others_in_its_body():
     text = DP_HEAD + "        if x.ndim: x = x.to(DEVICE); y = 1\n        return self.fc(x)\n" + DP_TAIL
     assert fixed(text, "DP001") == text.replace("if x.ndim: x = x.to(DEVICE); y = 1\n", "if x.ndim:\n            y = 1\n")
+
+
+def test_module_dropped_from_an_access_spread_over_lines_of_a_crlf_file():
+    text = (
+        "import torch\r\nimport torch.distributed as dist\r\nfrom torch.distributed.fsdp import fully_shard\r\n\r\n"
+        "dist.init_process_group('gloo')\r\nmodel = torch.nn.Linear(4, 1)\r\nfully_shard(model)\r\n"
+        "print((model\r\n\t.module\r\n\t.weight))\r\n"
+    )
+    assert fixed(text, "FSDP003") == text.replace("\r\n\t.module", "")

@@ -68,6 +68,12 @@ def expression_edit(a: Anatomy, node: ast.AST, rewrite: Callable[[cst.BaseExpres
     return _changed_characters(parsed.text, code, node_range)
 
 
+def without_module(attribute: cst.CSTNode) -> cst.CSTNode:
+    """`model.module` -> `model` (parentheses around `model` kept): convert's `module_of` undone."""
+    assert isinstance(attribute, cst.Attribute)
+    return attribute.value
+
+
 def _changed_characters(index: LineIndex, new: str, node_range: tuple[int, int]) -> Edit:
     """The Edit of the one run of characters that differs between the indexed text and `new`,
     anchored to the node's range where that is ambiguous (`model.x` -> `model.module.x` inserts
