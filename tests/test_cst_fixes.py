@@ -109,3 +109,13 @@ def test_module_dropped_from_an_access_spread_over_lines_of_a_crlf_file():
         "print((model\r\n\t.module\r\n\t.weight))\r\n"
     )
     assert fixed(text, "FSDP003") == text.replace("\r\n\t.module", "")
+
+
+def test_sync_batchnorm_wraps_a_module_argument_spread_over_lines_of_a_crlf_file():
+    text = (
+        "import torch.distributed as dist\r\nimport torchvision\r\nfrom torch.nn.parallel import DistributedDataParallel as DDP\r\n"
+        "from torch import nn\r\n\r\ndist.init_process_group('nccl')\r\n"
+        "model = DDP(torchvision.models.resnet18()  # weights later\r\n\t.cuda(), device_ids=[0])\r\n"
+    )
+    assert fixed(text, "DDP010") == text.replace("DDP(torchvision", "DDP(nn.SyncBatchNorm.convert_sync_batchnorm(torchvision").replace(
+        ".cuda(), device", ".cuda()), device")
