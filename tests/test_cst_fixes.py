@@ -119,3 +119,11 @@ def test_sync_batchnorm_wraps_a_module_argument_spread_over_lines_of_a_crlf_file
     )
     assert fixed(text, "DDP010") == text.replace("DDP(torchvision", "DDP(nn.SyncBatchNorm.convert_sync_batchnorm(torchvision").replace(
         ".cuda(), device", ".cuda()), device")
+
+
+def test_local_rank_default_read_from_the_environment_in_a_call_spread_over_lines_of_a_crlf_file():
+    text = (
+        "import argparse\r\nimport os\r\nimport torch.distributed as dist\r\n\r\nparser = argparse.ArgumentParser()\r\n"
+        "parser.add_argument(\r\n\t'--local_rank',\r\n\ttype=int,\r\n\tdefault=-1,\r\n)\r\ndist.init_process_group('nccl')\r\n"
+    )
+    assert fixed(text, "DDP015") == text.replace("default=-1,", "default=int(os.environ.get(\"LOCAL_RANK\", -1)),")

@@ -20,7 +20,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpify.anatomy import Anatomy, Pos
 from ddpify.anatomy.cache import per_anatomy
-from ddpify.codemods.base import Key, Span, StatementRewrite, keep_leading_lines, one_statement_a_line
+from ddpify.codemods.base import Key, Span, StatementRewrite, keep_leading_lines, one_statement_a_line, parse_expr
 from ddpify.lint.fixes import LineIndex
 from ddpify.lint.rule import Edit
 
@@ -72,6 +72,12 @@ def without_module(attribute: cst.CSTNode) -> cst.CSTNode:
     """`model.module` -> `model` (parentheses around `model` kept): convert's `module_of` undone."""
     assert isinstance(attribute, cst.Attribute)
     return attribute.value
+
+
+def int_from_environment(default: cst.BaseExpression, environ: str, variable: str) -> cst.Call:
+    """`int(<environ>.get("<variable>", <default>))`: the environment variable, else `default`."""
+    get = cst.Attribute(value=parse_expr(environ), attr=cst.Name("get"))
+    return cst.Call(func=cst.Name("int"), args=[cst.Arg(cst.Call(func=get, args=[cst.Arg(cst.SimpleString(f'"{variable}"')), cst.Arg(default)]))])
 
 
 def _changed_characters(index: LineIndex, new: str, node_range: tuple[int, int]) -> Edit:
