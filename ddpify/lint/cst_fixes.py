@@ -80,6 +80,15 @@ def int_from_environment(default: cst.BaseExpression, environ: str, variable: st
     return cst.Call(func=cst.Name("int"), args=[cst.Arg(cst.Call(func=get, args=[cst.Arg(cst.SimpleString(f'"{variable}"')), cst.Arg(default)]))])
 
 
+def string_like(literal: cst.CSTNode, value: str) -> cst.SimpleString:
+    """A string literal of `value` (no quotes or backslashes in it) with the prefix and quotes of
+    `literal` (of its first part, when implicitly concatenated: `'gl' 'oo'`)."""
+    while isinstance(literal, cst.ConcatenatedString):
+        literal = literal.left
+    assert isinstance(literal, cst.SimpleString)
+    return cst.SimpleString(f"{literal.prefix}{literal.quote}{value}{literal.quote}")
+
+
 def _changed_characters(index: LineIndex, new: str, node_range: tuple[int, int]) -> Edit:
     """The Edit of the one run of characters that differs between the indexed text and `new`,
     anchored to the node's range where that is ambiguous (`model.x` -> `model.module.x` inserts
