@@ -82,6 +82,11 @@ def _forward(body: str) -> str:
     return _NET.replace("        return self.fc(x)\n", body) + _WRAP
 
 
+def _fixed_case(body: str, line: int, fixed_body: str) -> Invalid:
+    """A case whose forward has `body`, reported on `line`, and `fixed_body` once fixed."""
+    return Invalid(_forward(body), line=line, fixed=_forward(fixed_body))
+
+
 DeviceInForward.VALID = (
     _forward("        mask = torch.ones(4, device=x.device)\n        return self.fc(x * mask)\n"),
     _forward("        return self.fc(x.to(torch.float32).to('cpu'))\n"),
@@ -89,35 +94,35 @@ DeviceInForward.VALID = (
     _forward("        return self.fc(x.cuda())\n").replace(_WRAP, "net = Net().to(DEVICE)\nother = nn.DataParallel(nn.Linear(2, 2))\n"),
 )
 DeviceInForward.INVALID = (
-    Invalid(
-        _forward("        mask = torch.ones(4, device=DEVICE)\n        return self.fc(x * mask)\n"),
-        line=13,
-        fixed=_forward("        mask = torch.ones(4, device=x.device)\n        return self.fc(x * mask)\n"),
+    _fixed_case(
+        "        mask = torch.ones(4, device=DEVICE)\n        return self.fc(x * mask)\n",
+        13,
+        "        mask = torch.ones(4, device=x.device)\n        return self.fc(x * mask)\n",
     ),
-    Invalid(
-        _forward("        x = x.to(DEVICE)\n        return self.fc(x)\n"),
-        line=13,
-        fixed=_forward("        return self.fc(x)\n"),
+    _fixed_case(
+        "        x = x.to(DEVICE)\n        return self.fc(x)\n",
+        13,
+        "        return self.fc(x)\n",
     ),
-    Invalid(
-        _forward("        bias = torch.zeros(2).cuda(non_blocking=True)\n        return self.fc(x) + bias\n"),
-        line=13,
-        fixed=_forward("        bias = torch.zeros(2).to(x.device, non_blocking=True)\n        return self.fc(x) + bias\n"),
+    _fixed_case(
+        "        bias = torch.zeros(2).cuda(non_blocking=True)\n        return self.fc(x) + bias\n",
+        13,
+        "        bias = torch.zeros(2).to(x.device, non_blocking=True)\n        return self.fc(x) + bias\n",
     ),
-    Invalid(
-        _forward('        h = torch.zeros(2, device="cuda:0" if torch.cuda.is_available() else "cpu")\n        return self.fc(x) + h\n'),
-        line=13,
-        fixed=_forward("        h = torch.zeros(2, device=x.device)\n        return self.fc(x) + h\n"),
+    _fixed_case(
+        '        h = torch.zeros(2, device="cuda:0" if torch.cuda.is_available() else "cpu")\n        return self.fc(x) + h\n',
+        13,
+        "        h = torch.zeros(2, device=x.device)\n        return self.fc(x) + h\n",
     ),
     # the statement dropped shares its line: the statement after it stays, under the comment
-    Invalid(
-        _forward("        # the batch\n        x = x.to(DEVICE); return self.fc(x)\n"),
-        line=14,
-        fixed=_forward("        # the batch\n        return self.fc(x)\n"),
+    _fixed_case(
+        "        # the batch\n        x = x.to(DEVICE); return self.fc(x)\n",
+        14,
+        "        # the batch\n        return self.fc(x)\n",
     ),
-    Invalid(
-        _forward("        bias = (torch.zeros(2)).cuda()\n        return self.fc(x) + bias\n"),
-        line=13,
-        fixed=_forward("        bias = (torch.zeros(2)).to(x.device)\n        return self.fc(x) + bias\n"),
+    _fixed_case(
+        "        bias = (torch.zeros(2)).cuda()\n        return self.fc(x) + bias\n",
+        13,
+        "        bias = (torch.zeros(2)).to(x.device)\n        return self.fc(x) + bias\n",
     ),
 )
