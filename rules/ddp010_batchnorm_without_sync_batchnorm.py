@@ -80,7 +80,7 @@ def _has_batchnorm(a, constructor: ast.Call) -> bool:
 def _fix(a, inner: ast.AST) -> Fix | None:
     """Wrap the module passed to DDP in the conversion convert writes (`sync_batchnorm_of`)."""
     convert = syntax.spelling(a, ddp.SYNC_BATCHNORM_CONVERT)
-    edit = expression_edit(a, inner, lambda module: sync_batchnorm_of(module, convert)) if convert else None  # type: ignore[arg-type]
+    edit = expression_edit(a, inner, lambda module: sync_batchnorm_of(module, convert)) if convert else None
     return Fix((edit,), safe=False, description="convert BatchNorm layers to SyncBatchNorm") if edit else None
 
 

@@ -67,7 +67,7 @@ def _fix(a, call: ast.Call) -> Fix | None:
     environ = syntax.spelling(a, "os.environ")
     if default is None or environ is None or not _is_int_literal(default.value):
         return None
-    edit = expression_edit(a, default.value, lambda value: int_from_environment(value, environ, "LOCAL_RANK"))  # type: ignore[arg-type]
+    edit = expression_edit(a, default.value, lambda value: int_from_environment(value, environ, "LOCAL_RANK"))
     return Fix((edit,), safe=False, description="default to the LOCAL_RANK environment variable") if edit else None
 
 

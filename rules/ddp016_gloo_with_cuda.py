@@ -58,7 +58,7 @@ class GlooWithCuda(Rule):
         if not gloo or not _uses_cuda(a):
             return
         for site, backend in gloo:
-            edit = expression_edit(a, backend, lambda literal: string_like(literal, "nccl"))  # type: ignore[arg-type]
+            edit = expression_edit(a, backend, lambda literal: string_like(literal, "nccl"))
             yield Finding(site.pos, fix=Fix((edit,), safe=False, description="use the NCCL backend") if edit else None)
 
 

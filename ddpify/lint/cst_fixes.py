@@ -5,7 +5,9 @@ applies the builder the codemods use (`guard`, `first_in_body`, `add_keyword`, `
 The statement that changes is rendered in place, with the module's indentation and line endings
 and inside stand-ins for the blocks around it: LibCST re-indents statements and leaves string
 contents alone, so multi-line strings, tabs and CRLF files come out right. A statement that shares
-its line (`a; b`, `if x: a`) is first spread out, one statement a line.
+its line (`a; b`, `if x: a`) is first spread out, one statement a line; one replaced by nothing
+leaves the comments above it in place. The edits no codemod makes are LibCST builders here too
+(`without_module`, `int_from_environment`, `string_like`).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def expression_edit(a: Anatomy, node: ast.AST, rewrite: Callable[[cst.BaseExpres
     return _changed_characters(parsed.text, code, node_range)
 
 
-def without_module(attribute: cst.CSTNode) -> cst.CSTNode:
+def without_module(attribute: cst.BaseExpression) -> cst.BaseExpression:
     """`model.module` -> `model` (parentheses around `model` kept): convert's `module_of` undone."""
     assert isinstance(attribute, cst.Attribute)
     return attribute.value
@@ -80,7 +82,7 @@ def int_from_environment(default: cst.BaseExpression, environ: str, variable: st
     return cst.Call(func=cst.Name("int"), args=[cst.Arg(cst.Call(func=get, args=[cst.Arg(cst.SimpleString(f'"{variable}"')), cst.Arg(default)]))])
 
 
-def string_like(literal: cst.CSTNode, value: str) -> cst.SimpleString:
+def string_like(literal: cst.BaseExpression, value: str) -> cst.SimpleString:
     """A string literal of `value` (no quotes or backslashes in it) with the prefix and quotes of
     `literal` (of its first part, when implicitly concatenated: `'gl' 'oo'`)."""
     while isinstance(literal, cst.ConcatenatedString):

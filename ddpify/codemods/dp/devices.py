@@ -45,7 +45,7 @@ class ForwardDevices(Transform):
             self.changed(use.node.lineno, f"{spelled} -> {device} (the replica's GPU)")
 
 
-def cuda_to(call: cst.CSTNode, device: str) -> cst.CSTNode:
+def cuda_to(call: cst.BaseExpression, device: str) -> cst.Call:
     """`t.cuda(0, non_blocking=True)` -> `t.to(x.device, non_blocking=True)`."""
     assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
     keywords = [a for a in call.args if a.keyword is not None and a.keyword.value != "device"]
