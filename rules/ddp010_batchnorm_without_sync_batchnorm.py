@@ -8,7 +8,9 @@ import re
 from ddpify.anatomy import ROLE_MODEL
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
-from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
+from ddpify.codemods.ddp.wrap import sync_batchnorm_of
+from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.lint.cst_fixes import expression_edit
 from ddpify.rules._ddp import DDP_KINDS
 
 # torchvision families built with BatchNorm layers
@@ -76,12 +78,10 @@ def _has_batchnorm(a, constructor: ast.Call) -> bool:
 
 
 def _fix(a, inner: ast.AST) -> Fix | None:
+    """Wrap the module passed to DDP in the conversion convert writes (`sync_batchnorm_of`)."""
     convert = syntax.spelling(a, ddp.SYNC_BATCHNORM_CONVERT)
-    text = ast.get_source_segment(a.text, inner)
-    if convert is None or text is None:
-        return None
-    edit = Edit.replace(a.pos(inner), f"{convert}({text})")
-    return Fix((edit,), safe=False, description="convert BatchNorm layers to SyncBatchNorm")
+    edit = expression_edit(a, inner, lambda module: sync_batchnorm_of(module, convert)) if convert else None
+    return Fix((edit,), safe=False, description="convert BatchNorm layers to SyncBatchNorm") if edit else None
 
 
 _HEAD = """import torch

@@ -6,7 +6,8 @@ import ast
 
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
-from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
+from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.lint.cst_fixes import expression_edit, int_from_environment
 from ddpify.rules._ddp import DDP_KINDS
 
 
@@ -66,9 +67,8 @@ def _fix(a, call: ast.Call) -> Fix | None:
     environ = syntax.spelling(a, "os.environ")
     if default is None or environ is None or not _is_int_literal(default.value):
         return None
-    old = ast.get_source_segment(a.text, default.value)
-    edit = Edit.replace(a.pos(default.value), f'int({environ}.get("LOCAL_RANK", {old}))')
-    return Fix((edit,), safe=False, description="default to the LOCAL_RANK environment variable")
+    edit = expression_edit(a, default.value, lambda value: int_from_environment(value, environ, "LOCAL_RANK"))
+    return Fix((edit,), safe=False, description="default to the LOCAL_RANK environment variable") if edit else None
 
 
 def _is_int_literal(expr: ast.AST) -> bool:

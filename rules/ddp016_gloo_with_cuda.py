@@ -6,7 +6,8 @@ import ast
 
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
-from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
+from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.lint.cst_fixes import expression_edit, string_like
 from ddpify.rules._ddp import DDP_KINDS
 
 _CUDA_SETUP = frozenset({"torch.cuda.set_device", "torch.cuda.device"})
@@ -57,9 +58,8 @@ class GlooWithCuda(Rule):
         if not gloo or not _uses_cuda(a):
             return
         for site, backend in gloo:
-            old = ast.get_source_segment(a.text, backend) or '"gloo"'
-            fix = Fix((Edit.replace(a.pos(backend), old.replace("gloo", "nccl")),), safe=False, description="use the NCCL backend")
-            yield Finding(site.pos, fix=fix)
+            edit = expression_edit(a, backend, lambda literal: string_like(literal, "nccl"))
+            yield Finding(site.pos, fix=Fix((edit,), safe=False, description="use the NCCL backend") if edit else None)
 
 
 def _depends_on_cuda(a, node: ast.AST) -> bool:
@@ -112,5 +112,11 @@ GlooWithCuda.INVALID = (
         _HEAD + "dist.init_process_group(backend='gloo')\nrank = dist.get_rank()\nmodel = DDP(torch.nn.Linear(4, 1).to(f'cuda:{rank}'))\n",
         line=4,
         fixed=_HEAD + "dist.init_process_group(backend='nccl')\nrank = dist.get_rank()\nmodel = DDP(torch.nn.Linear(4, 1).to(f'cuda:{rank}'))\n",
+    ),
+    # no "gloo" in the text to replace: the fix writes the literal anew
+    Invalid(
+        _HEAD + "dist.init_process_group(r'gl' 'oo')\nmodel = DDP(torch.nn.Linear(4, 1).cuda())\n",
+        line=4,
+        fixed=_HEAD + "dist.init_process_group(r'nccl')\nmodel = DDP(torch.nn.Linear(4, 1).cuda())\n",
     ),
 )

@@ -53,6 +53,11 @@ class UnusedSuppression(Rule):
 
 
 def _fix(anatomy, directive: Directive, codes: frozenset[str] | None) -> Fix | None:
+    """A text edit of the columns the tokenizer found the directive at, not a LibCST rewrite: a
+    comment is no statement or expression for a builder to rewrite, LibCST keeps it in the
+    whitespace after a statement, on a line of its own or between the brackets of a call spread
+    over lines, and the edit touches the comment's own characters only (the line's indentation
+    and line ending stay as they are)."""
     if not directive.whole_comment:
         return None
     kept = frozenset() if codes is ALL or directive.codes is ALL else directive.codes - codes
@@ -81,4 +86,7 @@ UnusedSuppression.INVALID = (
     Invalid(_HEAD + "x = 1  # ddpify: ignore\n", line=5, fixed=_HEAD + "x = 1\n"),
     Invalid(_HEAD + "x = 1  # noqa: DDP006, E501\n", line=5, fixed=_HEAD + "x = 1  # noqa: E501\n"),
     Invalid(_HEAD + "x = 1  # ddpify: ignore[DDP001]  # why\n", line=5),
+    Invalid(_HEAD + "x = max(\n\t1,  # ddpify: ignore[DDP001]\n\t2,\n)\n", line=6, fixed=_HEAD + "x = max(\n\t1,\n\t2,\n)\n"),
+    Invalid((_HEAD + "x = 1\t# noqa: DDP006, E501\n").replace("\n", "\r\n"), line=5,
+            fixed=(_HEAD + "x = 1\t# noqa: E501\n").replace("\n", "\r\n")),
 )

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import ast
-
 from ddpify.anatomy.forward import DeviceUse, hardcoded_devices, input_name
-from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
+from ddpify.codemods.base import parse_expr
+from ddpify.codemods.dp.devices import cuda_to
+from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.lint.cst_fixes import expression_edit, statement_edit
 from ddpify.rules._dp import DP_KINDS, HEAD, dp_replica_forwards
 
 
@@ -57,19 +58,19 @@ class DeviceInForward(Rule):
                 yield Finding(a.pos(target), fix=fix)
 
 
-def _follow_input(a, use: DeviceUse, source: str) -> Fix:
+def _follow_input(a, use: DeviceUse, source: str) -> Fix | None:
+    """The fix convert's ForwardDevices makes: drop the statement, or rewrite the expression with its builders."""
     device = f"{source}.device"
     if use.kind == "redundant":
-        stmt = use.stmt
-        edit = Edit(stmt.lineno, 0, (stmt.end_lineno or stmt.lineno) + 1, 0, "")
-        return Fix((edit,), safe=False, description=f"drop it: DataParallel already put {source} on the replica's GPU")
-    if use.kind == "cuda":
-        call: ast.Call = use.node  # type: ignore[assignment]
-        keywords = [ast.get_source_segment(a.text, kw) for kw in call.keywords if kw.arg != "device"]
-        start, end = a.pos(call.func.value), a.pos(call)  # type: ignore[attr-defined]
-        edit = Edit(start.end_line, start.end_col, end.end_line, end.end_col, f".to({', '.join([device, *keywords])})")  # type: ignore[list-item]
-        return Fix((edit,), safe=False, description=f"move to {device}")
-    return Fix((Edit.replace(a.pos(use.node), device),), safe=False, description=f"use {device}")
+        edit = statement_edit(a, use.stmt, lambda _: [])
+        description = f"drop it: DataParallel already put {source} on the replica's GPU"
+    elif use.kind == "cuda":
+        edit = expression_edit(a, use.node, lambda call: cuda_to(call, device))
+        description = f"move to {device}"
+    else:
+        edit = expression_edit(a, use.node, lambda _: parse_expr(device))
+        description = f"use {device}"
+    return Fix((edit,), safe=False, description=description) if edit else None
 
 
 _DEVICE = 'DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")\n'
@@ -81,6 +82,11 @@ def _forward(body: str) -> str:
     return _NET.replace("        return self.fc(x)\n", body) + _WRAP
 
 
+def _fixed_case(body: str, line: int, fixed_body: str) -> Invalid:
+    """A case whose forward has `body`, reported on `line`, and `fixed_body` once fixed."""
+    return Invalid(_forward(body), line=line, fixed=_forward(fixed_body))
+
+
 DeviceInForward.VALID = (
     _forward("        mask = torch.ones(4, device=x.device)\n        return self.fc(x * mask)\n"),
     _forward("        return self.fc(x.to(torch.float32).to('cpu'))\n"),
@@ -88,24 +94,35 @@ DeviceInForward.VALID = (
     _forward("        return self.fc(x.cuda())\n").replace(_WRAP, "net = Net().to(DEVICE)\nother = nn.DataParallel(nn.Linear(2, 2))\n"),
 )
 DeviceInForward.INVALID = (
-    Invalid(
-        _forward("        mask = torch.ones(4, device=DEVICE)\n        return self.fc(x * mask)\n"),
-        line=13,
-        fixed=_forward("        mask = torch.ones(4, device=x.device)\n        return self.fc(x * mask)\n"),
+    _fixed_case(
+        "        mask = torch.ones(4, device=DEVICE)\n        return self.fc(x * mask)\n",
+        13,
+        "        mask = torch.ones(4, device=x.device)\n        return self.fc(x * mask)\n",
     ),
-    Invalid(
-        _forward("        x = x.to(DEVICE)\n        return self.fc(x)\n"),
-        line=13,
-        fixed=_forward("        return self.fc(x)\n"),
+    _fixed_case(
+        "        x = x.to(DEVICE)\n        return self.fc(x)\n",
+        13,
+        "        return self.fc(x)\n",
     ),
-    Invalid(
-        _forward("        bias = torch.zeros(2).cuda(non_blocking=True)\n        return self.fc(x) + bias\n"),
-        line=13,
-        fixed=_forward("        bias = torch.zeros(2).to(x.device, non_blocking=True)\n        return self.fc(x) + bias\n"),
+    _fixed_case(
+        "        bias = torch.zeros(2).cuda(non_blocking=True)\n        return self.fc(x) + bias\n",
+        13,
+        "        bias = torch.zeros(2).to(x.device, non_blocking=True)\n        return self.fc(x) + bias\n",
     ),
-    Invalid(
-        _forward('        h = torch.zeros(2, device="cuda:0" if torch.cuda.is_available() else "cpu")\n        return self.fc(x) + h\n'),
-        line=13,
-        fixed=_forward("        h = torch.zeros(2, device=x.device)\n        return self.fc(x) + h\n"),
+    _fixed_case(
+        '        h = torch.zeros(2, device="cuda:0" if torch.cuda.is_available() else "cpu")\n        return self.fc(x) + h\n',
+        13,
+        "        h = torch.zeros(2, device=x.device)\n        return self.fc(x) + h\n",
+    ),
+    # the statement dropped shares its line: the statement after it stays, under the comment
+    _fixed_case(
+        "        # the batch\n        x = x.to(DEVICE); return self.fc(x)\n",
+        14,
+        "        # the batch\n        return self.fc(x)\n",
+    ),
+    _fixed_case(
+        "        bias = (torch.zeros(2)).cuda()\n        return self.fc(x) + bias\n",
+        13,
+        "        bias = (torch.zeros(2)).to(x.device)\n        return self.fc(x) + bias\n",
     ),
 )

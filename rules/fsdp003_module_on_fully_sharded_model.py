@@ -5,7 +5,8 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import distributed as dist_facts
-from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
+from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.lint.cst_fixes import expression_edit, without_module
 from ddpify.rules._ddp import DDP_KINDS
 
 
@@ -50,11 +51,8 @@ class ModuleOnFullyShardedModel(Rule):
         for node in a.nodes:
             if isinstance(node, ast.Attribute) and node.attr == "module" and dist_facts.is_sharded_model(a, node.value):
                 if not dist_facts.wrap_calls(a) or not dist_facts.is_wrapper(a, node.value):
-                    inner = a.pos(node.value)
-                    whole = a.pos(node)
-                    fix = Fix((Edit(inner.end_line, inner.end_col, whole.end_line, whole.end_col, ""),), safe=True,
-                              description="drop .module")
-                    yield Finding(whole, fix=fix)
+                    edit = expression_edit(a, node, without_module)
+                    yield Finding(a.pos(node), fix=Fix((edit,), safe=True, description="drop .module") if edit else None)
 
 
 _HEAD = """import torch
@@ -79,4 +77,5 @@ print(model.module.weight)
 )
 ModuleOnFullyShardedModel.INVALID = (
     Invalid(_HEAD + "print(model.module.weight)\n", line=8, fixed=_HEAD + "print(model.weight)\n"),
+    Invalid(_HEAD + "print((model).module.weight)\n", line=8, fixed=_HEAD + "print((model).weight)\n"),
 )

@@ -3,6 +3,8 @@ line endings, the smallest edits, and fixes of one statement that meet over seve
 
 from __future__ import annotations
 
+import pytest
+
 from ddpify.anatomy import analyze
 from ddpify.codemods.base import guard
 from ddpify.lint import engine
@@ -75,3 +77,57 @@ def test_fixes_of_one_statement_meet_over_rounds():
 def test_an_insertion_inside_a_replaced_range_overlaps_it():
     fixes = [Fix((Edit(1, 0, 1, 6, "XYZ"),), True, "replace"), Fix((Edit(1, 3, 1, 3, "!"),), True, "insert inside")]
     assert apply_fixes("abcdef\n", fixes) == ("XYZ\n", 1)
+
+
+DP_HEAD = (
+    "import torch\nfrom torch import nn\n\nDEVICE = torch.device('cuda')\n\n\nclass Net(nn.Module):\n"
+    "\tdef __init__(self):\n\t\tsuper().__init__()\n\t\tself.fc = nn.Linear(4, 2)\n\n\tdef forward(self, x):\n"
+)
+DP_TAIL = "\n\nmodel = nn.DataParallel(Net().to(DEVICE))\n"
+FSDP_HEAD = (
+    "import torch\nimport torch.distributed as dist\nfrom torch.distributed.fsdp import fully_shard\n\n"
+    "dist.init_process_group('gloo')\nmodel = torch.nn.Linear(4, 1)\nfully_shard(model)\n"
+)
+DDP_BATCHNORM_HEAD = (
+    "import torch.distributed as dist\nimport torchvision\nfrom torch import nn\n"
+    "from torch.nn.parallel import DistributedDataParallel as DDP\n\ndist.init_process_group('nccl')\n"
+)
+ARGS_HEAD = "import argparse\nimport os\nimport torch.distributed as dist\n\nparser = argparse.ArgumentParser()\n"
+SPREAD_OVER_LINES = [
+    pytest.param(
+        "DP001", DP_HEAD + "\t\t# on the GPU\n\t\tx = x.to(\n\t\t\tDEVICE,\n\t\t)\n\t\treturn self.fc(x)\n" + DP_TAIL,
+        DP_HEAD + "\t\t# on the GPU\n\t\treturn self.fc(x)\n" + DP_TAIL, id="statement-dropped",
+    ),
+    pytest.param(
+        "FSDP003", FSDP_HEAD + "print((model\n\t.module\n\t.weight))\n", FSDP_HEAD + "print((model\n\t.weight))\n", id="module-dropped",
+    ),
+    pytest.param(
+        "DDP010", DDP_BATCHNORM_HEAD + "model = DDP(torchvision.models.resnet18()  # weights later\n\t.cuda(), device_ids=[0])\n",
+        DDP_BATCHNORM_HEAD + "model = DDP(nn.SyncBatchNorm.convert_sync_batchnorm(torchvision.models.resnet18()  # weights later\n"
+        "\t.cuda()), device_ids=[0])\n",
+        id="sync-batchnorm",
+    ),
+    pytest.param(
+        "DDP015", ARGS_HEAD + "parser.add_argument(\n\t'--local_rank',\n\ttype=int,\n\tdefault=-1,\n)\ndist.init_process_group('nccl')\n",
+        ARGS_HEAD + "parser.add_argument(\n\t'--local_rank',\n\ttype=int,\n\tdefault=int(os.environ.get(\"LOCAL_RANK\", -1)),\n)\n"
+        "dist.init_process_group('nccl')\n",
+        id="environment-default",
+    ),
+]
+
+
+@pytest.mark.parametrize(("code", "text", "expected"), SPREAD_OVER_LINES)
+def test_fix_of_code_spread_over_tab_indented_lines_of_a_crlf_file(code, text, expected):
+    assert fixed(text.replace("\n", "\r\n"), code) == expected.replace("\n", "\r\n")
+
+
+def test_a_dropped_statement_is_the_edit_of_its_own_lines():
+    text = DP_HEAD + "\t\t# on the GPU\n\t\tx = x.to(DEVICE)\n\t\treturn self.fc(x)\n" + DP_TAIL
+    a = analyze(text, "t.py")
+    dropped = a.tree.body[-2].body[-1].body[0]
+    assert statement_edit(a, dropped, lambda stmt: []) == Edit(14, 0, 15, 0, "")
+
+
+def test_a_dropped_statement_on_an_if_line_leaves_the_others_in_its_body():
+    text = DP_HEAD + "\t\tif x.ndim: x = x.to(DEVICE); y = 1\n\t\treturn self.fc(x)\n" + DP_TAIL
+    assert fixed(text, "DP001") == text.replace("if x.ndim: x = x.to(DEVICE); y = 1\n", "if x.ndim:\n\t\t\ty = 1\n")

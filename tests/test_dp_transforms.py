@@ -111,6 +111,12 @@ class Net(nn.Module):
             self.net("# x: (batch, 4)\nreturn self.fc(x)"),
         )
 
+    def test_moving_the_input_on_a_line_it_shares_drops_it_alone(self):
+        self.assertTransform(
+            self.net("# x: (batch, 4)\nx = x.to(DEVICE); h = torch.zeros(1).cuda(); return self.fc(x) + h"),
+            self.net("# x: (batch, 4)\nh = torch.zeros(1).to(x.device)\nreturn self.fc(x) + h"),
+        )
+
     def test_a_device_stored_on_the_module(self):
         before = self.net("return self.fc(x.to(self.device))").replace(
             "self.fc = nn.Linear(4, 1)", "self.fc = nn.Linear(4, 1)\n        self.device = DEVICE"

@@ -456,7 +456,7 @@ class _EditApplier(cst.CSTTransformer):
         rewrite = self.edits.rewrite.pop(key, None)
         produced = list(rewrite(new)) if rewrite else [new]
         if produced and produced[0] is not new:
-            produced[0] = _keep_leading_lines(new, produced[0])
+            produced[0] = keep_leading_lines(new, produced[0])
         return produced
 
     def _with_body_start(self, key: Key, stmt: cst.BaseStatement) -> cst.BaseStatement:
@@ -547,7 +547,7 @@ def _chain(first: StatementRewrite, second: StatementRewrite, stmt: cst.BaseStat
     return out
 
 
-def _keep_leading_lines(old: cst.BaseStatement, new: cst.BaseStatement) -> cst.BaseStatement:
+def keep_leading_lines(old: cst.BaseStatement, new: cst.BaseStatement) -> cst.BaseStatement:
     """Comments and blank lines above a replaced statement stay above its replacement."""
     leading = getattr(old, "leading_lines", None)
     if leading is None or not hasattr(new, "leading_lines") or new.leading_lines:  # type: ignore[attr-defined]

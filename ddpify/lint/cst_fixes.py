@@ -5,7 +5,9 @@ applies the builder the codemods use (`guard`, `first_in_body`, `add_keyword`, `
 The statement that changes is rendered in place, with the module's indentation and line endings
 and inside stand-ins for the blocks around it: LibCST re-indents statements and leaves string
 contents alone, so multi-line strings, tabs and CRLF files come out right. A statement that shares
-its line (`a; b`, `if x: a`) is first spread out, one statement a line.
+its line (`a; b`, `if x: a`) is first spread out, one statement a line; one replaced by nothing
+leaves the comments above it in place. The edits no codemod makes are LibCST builders here too
+(`without_module`, `int_from_environment`, `string_like`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpify.anatomy import Anatomy, Pos
 from ddpify.anatomy.cache import per_anatomy
-from ddpify.codemods.base import Key, Span, StatementRewrite, one_statement_a_line
+from ddpify.codemods.base import Key, Span, StatementRewrite, keep_leading_lines, one_statement_a_line, parse_expr
 from ddpify.lint.fixes import LineIndex
 from ddpify.lint.rule import Edit
 
@@ -66,6 +68,27 @@ def expression_edit(a: Anatomy, node: ast.AST, rewrite: Callable[[cst.BaseExpres
         return None
     node_range = parsed.text.offset(pos.line, pos.col), parsed.text.offset(pos.end_line, pos.end_col)
     return _changed_characters(parsed.text, code, node_range)
+
+
+def without_module(attribute: cst.BaseExpression) -> cst.BaseExpression:
+    """`model.module` -> `model` (parentheses around `model` kept): convert's `module_of` undone."""
+    assert isinstance(attribute, cst.Attribute)
+    return attribute.value
+
+
+def int_from_environment(default: cst.BaseExpression, environ: str, variable: str) -> cst.Call:
+    """`int(<environ>.get("<variable>", <default>))`: the environment variable, else `default`."""
+    get = cst.Attribute(value=parse_expr(environ), attr=cst.Name("get"))
+    return cst.Call(func=cst.Name("int"), args=[cst.Arg(cst.Call(func=get, args=[cst.Arg(cst.SimpleString(f'"{variable}"')), cst.Arg(default)]))])
+
+
+def string_like(literal: cst.BaseExpression, value: str) -> cst.SimpleString:
+    """A string literal of `value` (no quotes or backslashes in it) with the prefix and quotes of
+    `literal` (of its first part, when implicitly concatenated: `'gl' 'oo'`)."""
+    while isinstance(literal, cst.ConcatenatedString):
+        literal = literal.left
+    assert isinstance(literal, cst.SimpleString)
+    return cst.SimpleString(f"{literal.prefix}{literal.quote}{value}{literal.quote}")
 
 
 def _changed_characters(index: LineIndex, new: str, node_range: tuple[int, int]) -> Edit:
@@ -129,20 +152,27 @@ class _Parsed:
 
     def code_with(self, old: cst.BaseStatement, new: Sequence[cst.BaseStatement]) -> str | None:
         """The script's text with the statement `old` (of a block) replaced by `new`; None when
-        `old` does not render as it reads in the file."""
+        `old` does not render as it reads in the file. As in the codemods, the comments and blank
+        lines above `old` stay above what replaces it; when nothing does, where they are (above
+        the statement after it)."""
         newline = "" if self.module.has_trailing_newline else self.module.default_newline  # a statement renders with one
         text = self.text.text + newline
-        before = self._in_place([old], old)
-        start = self.text.offset(self.first_lines[old] - len(old.leading_lines), 0)  # type: ignore[attr-defined]
+        block = self._block_of(old)
+        replaced = old if new else old.with_changes(leading_lines=())
+        before = self._in_place([replaced], block)
+        start = self.text.offset(self.first_lines[old] - len(replaced.leading_lines), 0)  # type: ignore[attr-defined]
         if text[start:start + len(before)] != before:
             return None
-        code = text[:start] + self._in_place(new, old) + text[start + len(before):]
+        after = [keep_leading_lines(old, new[0]), *new[1:]] if new else []
+        code = text[:start] + self._in_place(after, block) + text[start + len(before):]
         return code[:len(code) - len(newline)]
 
-    def _in_place(self, stmts: Sequence[cst.BaseStatement], old: cst.BaseStatement) -> str:
-        """`stmts` rendered as they read in place of `old`: inside stand-ins (`if _:`) for the
-        blocks around it, so at their indentation, whose header lines are then dropped."""
-        wrapped, depth, block = list(stmts), 0, self._block_of(old)
+    def _in_place(self, stmts: Sequence[cst.BaseStatement], block: cst.CSTNode) -> str:
+        """`stmts` rendered as they read in `block`: inside stand-ins (`if _:`) for the blocks
+        around it, so at their indentation, whose header lines are then dropped."""
+        if not stmts:
+            return ""
+        wrapped, depth = list(stmts), 0
         while block is not self.module:
             body = block.with_changes(body=wrapped, header=cst.TrailingWhitespace(), footer=())
             wrapped, depth, block = [cst.If(test=cst.Name("_"), body=body)], depth + 1, self._block_of(block)

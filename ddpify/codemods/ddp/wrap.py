@@ -14,9 +14,16 @@ import libcst as cst
 
 from ddpify.anatomy import DP_WRAPPER, ModelSite
 from ddpify.anatomy import syntax
-from ddpify.codemods.base import Duty, Transform, training_line
+from ddpify.anatomy.distributed import SYNC_BATCHNORM_CONVERT
+from ddpify.codemods.base import Duty, Transform, parse_expr, training_line
 from ddpify.codemods.containers import wrap_each
 from ddpify.codemods.ddp.runtime import LOCAL_RANK
+
+
+def sync_batchnorm_of(module: cst.BaseExpression, convert: str) -> cst.Call:
+    """`<convert>(module)`: the module with its BatchNorm layers made SyncBatchNorm (`convert`
+    spells `SyncBatchNorm.convert_sync_batchnorm`)."""
+    return cst.Call(func=parse_expr(convert), args=[cst.Arg(module)])
 
 
 class RemoveDataParallel(Transform):
@@ -87,10 +94,8 @@ class WrapModel(Transform):
             return ""
         which = "BatchNorm layers" if model.has_batchnorm else "any BatchNorm layers"
         self.changed(line, f"{which} in {name} -> SyncBatchNorm when on GPU")
-        return (
-            f"if next({name}.parameters()).is_cuda:  # SyncBatchNorm runs on GPUs only\n"
-            f"    {name} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({name})\n"
-        )
+        converted = cst.Module([]).code_for_node(sync_batchnorm_of(parse_expr(name), SYNC_BATCHNORM_CONVERT))
+        return f"if next({name}.parameters()).is_cuda:  # SyncBatchNorm runs on GPUs only\n    {name} = {converted}\n"
 
     def _wrap_each(self, model: ModelSite, name: str) -> str:
         """`nets = {key: DDP(net, ...) for key, net in nets.items()}` (or a list comprehension)."""

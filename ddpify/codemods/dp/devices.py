@@ -38,14 +38,14 @@ class ForwardDevices(Transform):
             remove_statement(self, self.anatomy, use.stmt)
             self.changed(use.stmt.lineno, f"removed `{ast.unparse(use.stmt)}`: DataParallel already puts {source} on its replica's GPU")
         elif use.kind == "cuda":
-            rewrite_expression(self, use.node, lambda call: _cuda_to(call, device))  # type: ignore[arg-type]
+            rewrite_expression(self, use.node, lambda call: cuda_to(call, device))  # type: ignore[arg-type]
             self.changed(use.node.lineno, f"{spelled} -> .to({device}) (the replica's GPU)")
         else:
             rewrite_expression(self, use.node, lambda _: parse_expr(device))  # type: ignore[arg-type]
             self.changed(use.node.lineno, f"{spelled} -> {device} (the replica's GPU)")
 
 
-def _cuda_to(call: cst.CSTNode, device: str) -> cst.CSTNode:
+def cuda_to(call: cst.BaseExpression, device: str) -> cst.Call:
     """`t.cuda(0, non_blocking=True)` -> `t.to(x.device, non_blocking=True)`."""
     assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
     keywords = [a for a in call.args if a.keyword is not None and a.keyword.value != "device"]
