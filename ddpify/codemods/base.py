@@ -192,6 +192,8 @@ class Edits:
         making it after these? It would when both touch one statement, when one groups statements of a
         block where the other edits statements (an insertion splits a group, or lands inside it), and
         when an expression rewrite lies within another's rewritten expression or statement."""
+        if not self or not later:
+            return False
         return bool(self.statements.keys() & later.statements.keys()
                     or self._beside_groups(anatomy) & later._edited_places(anatomy)
                     or later._beside_groups(anatomy) & self._edited_places(anatomy)
@@ -225,6 +227,17 @@ class Edits:
     def apply(self, module: cst.Module, tree: ast.Module) -> cst.Module:
         """The module with every queued edit made (the queues are used up); `tree`: the ast of the same code."""
         return module.visit(_EditApplier(self, tree))
+
+    def touches_statements(self, stmts: Sequence[ast.stmt]) -> bool:
+        """Does an edit insert at, rewrite or group one of these statements?"""
+        keys = {key_of(stmt) for stmt in stmts}
+        return any(keys & queue.keys() for queue in (self.before, self.after, self.rewrite, self.body_start, self.grouped))
+
+    def unmade(self) -> list[ast.stmt]:
+        """After `apply`: the statements whose edits it could not make, because it found no statement
+        of the code where they were planned (none is expected: a conversion reports them missing)."""
+        left = self.before.keys() | self.after.keys() | self.rewrite.keys() | self.body_start.keys() | self.grouped.keys()
+        return sorted((self.statements[key] for key in left), key=key_of)
 
 
 class Transform(Codemod):
@@ -350,6 +363,8 @@ class _EditApplier(cst.CSTTransformer):
         self.holders: list[tuple[cst.CSTNode, bool]] = []  # statements being visited; has an expression edit on its lines?
         self.indents: list[str | None] = []  # of the blocks being visited
         self.spans: dict[cst.CSTNode, Span] = {}
+        self.spread: dict[cst.SimpleStatementSuite, Sequence[ast.stmt]] = {}  # one-line bodies that hold an edited statement
+        self.shared_lines: dict[cst.SimpleStatementLine, Sequence[ast.stmt]] = {}  # lines `a; b`, with their statements
         keys = [*edits.before, *edits.after, *edits.rewrite, *edits.body_start, *edits.grouped, *(span for span, _ in edits.expr)]
         self.edited_lines = sorted({key[0] for key in keys})
         self.expr_lines = sorted({span[0] for span, _ in edits.expr})
@@ -368,9 +383,41 @@ class _EditApplier(cst.CSTTransformer):
                 return False
             self.holders.append((node, _any_within(self.expr_lines, _decorators_line(place[0]), lines[1])))
             if isinstance(node, cst.BaseCompoundStatement):
-                for statements, stmts in _bodies(node, place[0]):
-                    self._match_statements(statements, stmts)
+                for suite, stmts in _bodies(node, place[0]):
+                    if isinstance(suite, cst.IndentedBlock):
+                        self._match_statements(suite.body, stmts)
+                    elif self.edits.touches_statements(stmts):
+                        self.spread[suite] = stmts
         return super().on_visit(node)
+
+    def leave_SimpleStatementSuite(self, original_node: cst.SimpleStatementSuite, updated_node: cst.SimpleStatementSuite) -> cst.BaseSuite:
+        """A body on its header's line (`if c: a; b`) with a statement to edit: one statement a line, then edited."""
+        stmts = self.spread.pop(original_node, None)
+        if stmts is None:
+            return updated_node
+        lines = self._one_statement_a_line(updated_node, stmts)
+        return cst.IndentedBlock(body=self._apply_to_block(lines, lines))
+
+    def _one_statement_a_line(self, holder: cst.SimpleStatementLine | cst.SimpleStatementSuite, stmts: Sequence[ast.stmt]) -> list[cst.BaseStatement]:
+        lines = one_statement_a_line(holder)
+        for line, stmt in zip(lines, stmts):
+            self.statements[line] = (stmt, stmt)
+        return lines
+
+    def _spread_shared_lines(self, originals: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]) -> tuple[list, list]:
+        """Lines `a; b` with an edit on a statement after the first: one statement a line, so the edit lands."""
+        spread_originals: list[cst.BaseStatement] = []
+        spread_updated: list[cst.BaseStatement] = []
+        for orig, new in zip(originals, updated):
+            stmts = self.shared_lines.get(orig)  # type: ignore[call-overload]
+            if stmts and self.edits.touches_statements(stmts[1:]):
+                lines = self._one_statement_a_line(new, stmts)  # type: ignore[arg-type]
+                spread_originals += lines
+                spread_updated += lines
+            else:
+                spread_originals.append(orig)
+                spread_updated.append(new)
+        return spread_originals, spread_updated
 
     def _match_statements(self, statements: Sequence[cst.BaseStatement], stmts: Sequence[ast.stmt]) -> None:
         """Pair each CST statement of a block with its ast statements (a line `a; b` holds several)."""
@@ -378,6 +425,8 @@ class _EditApplier(cst.CSTTransformer):
         for node in statements:
             size = len(node.body) if isinstance(node, cst.SimpleStatementLine) else 1
             self.statements[node] = (stmts[index], stmts[index + size - 1])
+            if size > 1:
+                self.shared_lines[node] = stmts[index:index + size]
             index += size
 
     def _span(self, node: cst.CSTNode) -> Span:
@@ -425,6 +474,8 @@ class _EditApplier(cst.CSTTransformer):
         return updated_node.with_changes(body=self._apply_to_block(original_node.body, updated_node.body))
 
     def _apply_to_block(self, originals: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        if self.shared_lines:
+            originals, updated = self._spread_shared_lines(originals, updated)
         out: list[cst.BaseStatement] = []
         run: list[cst.BaseStatement] = []  # consecutive statements of one group
         run_group: tuple[object, GroupBuilder] | None = None
@@ -483,9 +534,9 @@ def _without_indented_body(stmt: cst.CSTNode) -> cst.CSTNode:
     return stmt
 
 
-def _bodies(node: cst.BaseCompoundStatement, stmt: ast.stmt) -> list[tuple[Sequence[cst.BaseStatement], Sequence[ast.stmt]]]:
-    """The blocks of a compound statement as (CST statements, ast statements) pairs: body, except
-    handlers, match cases, else, finally, and those of the `elif`s it leads. A body on the header line holds none."""
+def _bodies(node: cst.BaseCompoundStatement, stmt: ast.stmt) -> list[tuple[cst.BaseSuite, Sequence[ast.stmt]]]:
+    """The bodies of a compound statement, each with its ast statements: body, except handlers,
+    match cases, else, finally, and those of the `elif`s it leads."""
     if isinstance(node, cst.Match):
         pairs = [(case.body, ast_case.body) for case, ast_case in zip(node.cases, stmt.cases)]  # type: ignore[attr-defined]
     else:
@@ -496,8 +547,7 @@ def _bodies(node: cst.BaseCompoundStatement, stmt: ast.stmt) -> list[tuple[Seque
         pairs.append((orelse.body, stmt.orelse))  # type: ignore[attr-defined]
     if finalbody is not None:
         pairs.append((finalbody.body, stmt.finalbody))  # type: ignore[attr-defined]
-    blocks = [(block.body, stmts) for block, stmts in pairs if isinstance(block, cst.IndentedBlock)]
-    return blocks + _bodies(orelse, stmt.orelse[0]) if isinstance(orelse, cst.If) else blocks  # type: ignore[attr-defined]
+    return pairs + _bodies(orelse, stmt.orelse[0]) if isinstance(orelse, cst.If) else pairs  # type: ignore[attr-defined]
 
 
 def first_in_body(compound: cst.BaseStatement, stmts: Sequence[cst.BaseStatement]) -> cst.BaseStatement:

@@ -160,6 +160,7 @@ class _Conversion:
         for transform in stage.transforms:
             self._take_report(transform)
         module = stage.edits.apply(self.module, stage.anatomy.tree) if stage.edits else self.module
+        self.output.missing += [Missing(_origin_line(self.origin, stmt.lineno), UNMADE, UNMADE_TODO) for stmt in stage.edits.unmade()]
         if last and self.imports:
             module = add_imports(module, self.imports)
         if module is not self.module:
@@ -185,6 +186,10 @@ class _Conversion:
         result.advice.sort(key=lambda a: a.line)
         result.missing.sort(key=lambda m: m.line)
         return result
+
+
+UNMADE = "ddpify planned an edit of this statement that it could not make"
+UNMADE_TODO = "convert this statement by hand (and report it to ddpify, with the snippet: it is a bug)"
 
 
 def _undone_duties(original: Anatomy, reports: list[tuple[Duty | None, Report]]) -> list[Missing]:

@@ -1,0 +1,97 @@
+"""The edit pass (codemods/base.py `Edits`, `_EditApplier`) on statements it used to skip: bodies on
+their compound statement's line are spread one statement a line, and an edit the pass still cannot
+make is a missing item of the conversion, never silently dropped."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+from ddpify.codemods.base import Options, Transform
+from ddpify.codemods.pipeline import Status, run_pipeline
+from ddpify.convert import convert_source
+
+
+class _NoteBeforeY(Transform):
+    """Inserts `note()` before every statement that assigns `y`."""
+
+    NAME = "note"
+
+    def plan(self) -> None:
+        for stmt in self.anatomy.nodes:
+            if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "y" for t in stmt.targets):
+                self.insert_before(stmt, "note()\n")
+                self.changed(stmt.lineno, "noted")
+
+
+def _run(code: str):
+    return run_pipeline(textwrap.dedent(code), "snippet.py", [_NoteBeforeY], Options())
+
+
+def test_a_body_on_its_header_line_is_spread_to_take_the_edit():
+    result = _run("""\
+        for i in range(3): x = i; y = x  # loop
+        if x: y = 2
+        else: y = 3
+    """)
+    assert result.output == textwrap.dedent("""\
+        for i in range(3):
+            x = i
+            note()
+            y = x  # loop
+        if x:
+            note()
+            y = 2
+        else:
+            note()
+            y = 3
+    """)
+    assert result.status is Status.CONVERTED
+
+
+def test_a_line_of_statements_is_spread_when_a_later_one_takes_an_edit():
+    assert _run("x = 1; y = x  # both\n").output == "x = 1\nnote()\ny = x  # both\n"
+
+
+def test_an_edit_the_pass_cannot_place_is_missing_not_dropped():
+    class _NoteOutsideTheCode(_NoteBeforeY):
+        def plan(self) -> None:
+            stmt = ast.parse("\n" * 40 + "y = 0").body[0]  # line 41: no statement of the code is there
+            self.insert_before(stmt, "note()\n")
+
+    result = run_pipeline("x = 1\ny = x\n", "snippet.py", [_NoteOutsideTheCode], Options())
+    assert result.output == "x = 1\ny = x\n"
+    assert result.status is Status.INCOMPLETE
+    assert [m.what for m in result.missing] == ["ddpify planned an edit of this statement that it could not make"]
+
+
+def test_dataparallel_drops_an_input_move_from_a_one_line_body():
+    code = textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+
+        DEVICE = torch.device("cuda")
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 1)
+
+            def forward(self, x):
+                if x.dim() > 1: x = x.to(DEVICE); y = 1
+                return self.fc(x)
+
+
+        model = Net().to(DEVICE)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            loss = model(torch.randn(8, 4).to(DEVICE)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    """)
+    result = convert_source(code, "dp")
+    assert "        if x.dim() > 1:\n            y = 1\n        return self.fc(x)\n" in result.output
+    assert "x.to(DEVICE)" not in result.output
+    assert result.status is Status.CONVERTED
