@@ -32,7 +32,8 @@ def convert_source(text: str, target: str, *, path: str = "<string>", batch_size
     if reason:
         return ConversionResult(source=text, output=text, note=reason)
     options = Options(batch_size=batch_size, eval=eval, log_loss=log_loss, checkpoint=checkpoint, mixed_precision=mixed_precision)
-    result = run_pipeline(text, path, _transforms(target, library), options, facts, owns_duties=not library, anatomy=anatomy)
+    result = run_pipeline(text, path, _transforms(target, library), options, facts, owns_duties=not library, anatomy=anatomy,
+                          fit_width=True)
     result.missing = sorted([*result.missing, *lint_leftovers(result, path)], key=lambda m: m.line)
     return result
 

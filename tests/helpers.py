@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -255,3 +256,8 @@ def failure_report(result: subprocess.CompletedProcess) -> str:
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES_DIR = REPO_ROOT / "fixtures"
 
+
+def one_line(code: str) -> str:
+    """`code` with every bracket opened one item a line (ddpify.codemods.width) closed again onto one line."""
+    closed = re.sub(r",?\n\s*([)\]}])", r"\1", code)
+    return re.sub(r",\n\s*", ", ", re.sub(r"([(\[{])\n\s*", r"\1", closed))

@@ -134,7 +134,7 @@ def test_diff_writes_nothing(tmp_path):
     assert snapshot(tmp_path) == before
     diff = result.stdout.splitlines()
     assert diff[0] == f"--- a/{script}" and diff[1] == f"+++ b/{script}"
-    assert "+    model = DDP(model, device_ids=[LOCAL_RANK] if next(model.parameters()).is_cuda else None)" in diff
+    assert "+    model = DDP(" in diff and "+        device_ids=[LOCAL_RANK] if next(model.parameters()).is_cuda else None," in diff
     assert "-    loader = DataLoader(dataset, batch_size=16, shuffle=True)" in diff
     # the diff is exactly the conversion: its '+' and ' ' lines make the converted file
     hunks = [line[1:] for line in diff[2:] if line[:1] in "+ " and not line.startswith("+++")]

@@ -146,7 +146,7 @@ class TestModuleLevelGroup:
                 """,
                 HELPERS,
                 "setup_distributed()\n",
-                body.replace("    train()\n", "    try:\n        train()\n        " + RELEASE_COMMENT + "        del model\n"
+                body.replace("    train()\n", "    try:\n        train()\n" + textwrap.indent(RELEASE_COMMENT, " " * 8) + "        del model\n"
                                                "    finally:\n        cleanup_distributed()\n"),
             ),
         )

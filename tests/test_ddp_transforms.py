@@ -34,6 +34,7 @@ from ddpify.codemods.ddp.per_node import PerNodeDownloads
 from ddpify.codemods.ddp.runtime import HELPERS
 from ddpify.codemods.pipeline import ConversionResult, Status, run_pipeline
 from ddpify.convert import convert_source
+from helpers import one_line
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -1194,8 +1195,8 @@ class TestWholeConversions:
         source = textwrap.dedent(self.ALIASED).format(imports=imports, loader=loader)
         result = convert_source(source, "ddp")
         out = result.output
-        assert "net = DDP(net, device_ids=[LOCAL_RANK] if next(net.parameters()).is_cuda else None)\n" in out
-        assert f"dl = {loader}(ds, batch_size=4, sampler=DistributedSampler(ds, shuffle=True))\n" in out
+        assert "net = DDP(net, device_ids=[LOCAL_RANK] if next(net.parameters()).is_cuda else None)\n" in one_line(out)
+        assert f"dl = {loader}(ds, batch_size=4, sampler=DistributedSampler(ds, shuffle=True))" in one_line(out)
         assert "    dl.sampler.set_epoch(epoch)\n" in out
         assert "    if RANK == 0:\n        print(epoch, loss.item())\n" in out
         assert out.rstrip().endswith("cleanup_distributed()")

@@ -188,7 +188,7 @@ def test_an_imported_model_class_with_batchnorm_gets_syncbatchnorm(tmp_path):
     })
     out = converted(tmp_path, "train.py")
     assert "model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)" in out["train.py"]
-    assert "model = DDP(model" in out["train.py"]
+    assert "model = DDP(\n" in out["train.py"]
 
 
 def test_a_loop_in_an_imported_function_gets_set_epoch_in_the_caller_and_module_in_the_callee(tmp_path):

@@ -13,6 +13,7 @@ and what to do by hand), decided from what the transforms reported and the dutie
 
 from __future__ import annotations
 
+import ast
 import difflib
 import enum
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from ddpify.anatomy import Anatomy, analyze
 from ddpify.anatomy.facts import NO_FACTS, ProjectFacts
 from ddpify.codemods.base import Advice, Change, Duty, Edits, Import, Missing, Options, Report, Transform
 from ddpify.codemods.imports import add_imports
+from ddpify.codemods.width import fit_edits, too_wide, width_limit
 
 
 class Status(enum.Enum):
@@ -77,10 +79,12 @@ class ConversionResult:
 
 
 def run_pipeline(text: str, path: str, transforms: Sequence[type[Transform]], options: Options,
-                 facts: ProjectFacts = NO_FACTS, owns_duties: bool = True, anatomy: Anatomy | None = None) -> ConversionResult:
+                 facts: ProjectFacts = NO_FACTS, owns_duties: bool = True, anatomy: Anatomy | None = None,
+                 fit_width: bool = False) -> ConversionResult:
     """Apply `transforms` in order, each as if on the code the previous ones produced (and with `facts`,
     what the file's project says about it). A module a project's entry imports does not own the
-    duties (wrap, shard): its entry does. `anatomy`: the text's, when the caller has it.
+    duties (wrap, shard): its entry does. `anatomy`: the text's, when the caller has it. `fit_width`:
+    lay out again the lines the conversion made wider than the file's own (ddpify.codemods.width).
 
     Transforms are planned in stages, on one anatomy each, and a stage's edits are made in one pass.
     A transform starts a new stage when its plan reads the edits of one still pending (its
@@ -104,6 +108,8 @@ def run_pipeline(text: str, path: str, transforms: Sequence[type[Transform]], op
             transform = stage.plan(transform_cls, options)
         stage.add(transform)
     conversion.finish(stage, last=True)
+    if fit_width:
+        conversion.fit_to_width()
     return conversion.result(owns_duties)
 
 
@@ -164,9 +170,21 @@ class _Conversion:
         if last and self.imports:
             module = add_imports(module, self.imports)
         if module is not self.module:
-            code = module.code
-            self.origin = _carry_origins(self.origin, self.code, code)
-            self.module, self.code = module, code
+            self._now(module, module.code)
+
+    def fit_to_width(self) -> None:
+        """Lay out again the statements whose lines the conversion made wider than the file's own (ddpify.codemods.width)."""
+        limit = width_limit(self.output.source)
+        wide = too_wide(self.code, limit) if self.code != self.output.source else []
+        if wide:
+            tree = ast.parse(self.code)
+            module = fit_edits(tree, wide, limit).apply(self.module, tree)
+            self._now(module, module.code)
+
+    def _now(self, module: cst.Module, code: str) -> None:
+        """The code is now `module`'s, whose text is `code`: carry the line map over to it."""
+        self.origin = _carry_origins(self.origin, self.code, code)
+        self.module, self.code = module, code
 
     def _take_report(self, transform: Transform) -> None:
         """The transform's report, its lines carried back to the original file."""

@@ -8,14 +8,18 @@ IS_RANK_ZERO = "RANK == 0"
 RUNTIME_NAMES = (RANK, LOCAL_RANK, WORLD_SIZE, RANK_DEVICE)
 
 RANK_CONSTANTS = '''
-# ddpify: distributed setup. torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; under plain
-# `python` the script runs as a single process (world size 1).
+# ddpify: distributed setup. torchrun sets RANK, LOCAL_RANK and WORLD_SIZE;
+# under plain `python` the script runs as a single process (world size 1).
 RANK = int(os.environ.get("RANK", 0))
 LOCAL_RANK = int(os.environ.get("LOCAL_RANK", 0))
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", 1))
 
-# "cuda" without an index means this process's GPU once setup_distributed() has run.
-RANK_DEVICE = torch.device("cuda", LOCAL_RANK) if torch.cuda.is_available() else torch.device("cpu")
+# This process's GPU ("cuda" without an index means it once setup_distributed()
+# has run), or the CPU.
+if torch.cuda.is_available():
+    RANK_DEVICE = torch.device("cuda", LOCAL_RANK)
+else:
+    RANK_DEVICE = torch.device("cpu")
 '''
 
 HELPERS = RANK_CONSTANTS + '''
@@ -30,40 +34,53 @@ def setup_distributed():
     if "RANK" in os.environ:
         dist.init_process_group(backend=backend)
     else:  # plain `python`: a one-process group needs no rendezvous
-        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(
+            backend=backend, store=dist.HashStore(), rank=0, world_size=1
+        )
 
 
 def cleanup_distributed():
-    """Leave the process group, after collecting the DDP wrappers (they sit in reference cycles)."""
-    gc.collect()  # their all-reduces hold Python state: released at interpreter exit, gloo can abort
+    """Leave the process group, after collecting the DDP wrappers (they sit in
+    reference cycles)."""
+    # Their all-reduces hold Python state: released at interpreter exit, gloo
+    # can abort.
+    gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
 '''
 
 SETUP_CALL = "setup_distributed()\n"
 CLEANUP_CALL = "cleanup_distributed()\n"
-RELEASE_COMMENT = "# ddpify: drop the wrappers first, so cleanup_distributed() releases them before Python exits.\n"
+RELEASE_COMMENT = "# ddpify: drop the wrappers first, so cleanup_distributed() releases them\n# before Python exits.\n"
 
 SHARD_HELPER = '''
 
 def evaluation_shard(size, batch_size):
-    """This rank's part of an evaluation set: a contiguous run of whole batches, never padded, so each
-    batch, and each sum over batches, is the one a single process computes (ranks differ by a batch at most)."""
+    """This rank's part of an evaluation set: a contiguous run of whole
+    batches, never padded, so each batch, and each sum over batches, is the one
+    a single process computes (ranks differ by a batch at most)."""
     batches = -(-size // batch_size)
-    first, last = RANK * batches // WORLD_SIZE, (RANK + 1) * batches // WORLD_SIZE
+    first = RANK * batches // WORLD_SIZE
+    last = (RANK + 1) * batches // WORLD_SIZE
     return range(first * batch_size, min(last * batch_size, size))
 '''
 
 SUMS_HELPER = '''
 
 def all_reduce_sums(*values):
-    """Each number or tensor summed over the ranks; every rank gets the totals (ints stay ints)."""
+    """Each number or tensor summed over the ranks; every rank gets the totals
+    (ints stay ints)."""
     numbers = [v for v in values if not torch.is_tensor(v)]
-    totals = torch.tensor([float(v) for v in numbers], dtype=torch.float64, device=RANK_DEVICE)
+    totals = torch.tensor(
+        [float(v) for v in numbers], dtype=torch.float64, device=RANK_DEVICE
+    )
     if numbers:
         dist.all_reduce(totals)
     totals = iter(totals.tolist())
-    return [_all_reduce_tensor(v) if torch.is_tensor(v) else type(v)(next(totals)) for v in values]
+    return [
+        _all_reduce_tensor(v) if torch.is_tensor(v) else type(v)(next(totals))
+        for v in values
+    ]
 
 
 def _all_reduce_tensor(tensor):
@@ -75,16 +92,22 @@ def _all_reduce_tensor(tensor):
 GATHER_HELPER = '''
 
 def all_gather_lists(items):
-    """Every rank's list joined in rank order: the single-process list, since the shards are contiguous."""
+    """Every rank's list joined in rank order: the single-process list, since
+    the shards are contiguous."""
     parts = [None] * WORLD_SIZE
     dist.all_gather_object(parts, items)
-    return [x.to(RANK_DEVICE) if torch.is_tensor(x) and x.is_cuda else x for part in parts for x in part]
+    return [
+        x.to(RANK_DEVICE) if torch.is_tensor(x) and x.is_cuda else x
+        for part in parts
+        for x in part
+    ]
 '''
 
 MEAN_HELPER = '''
 
 def mean_over_ranks(value):
-    """A number's or tensor's mean over the ranks: the training loss of the whole global batch."""
+    """A number's or tensor's mean over the ranks: the training loss of the
+    whole global batch."""
     (total,) = all_reduce_sums(value)
     return total / WORLD_SIZE
 '''

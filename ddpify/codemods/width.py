@@ -1,0 +1,235 @@
+"""Keep converted lines within the file's own width.
+
+A conversion lengthens lines: `sampler=DistributedSampler(...)` joins a DataLoader call, a guard
+indents a statement, a wrap names the device ids. After the last stage every statement with a line
+wider than the file's widest original line (at least PEP 8's 79 columns) is laid out again, the way
+black would: a comment line above it that no longer fits is re-flowed; the outermost one-line call
+(or dict) that ends a line still too wide gets one item a line, with a trailing comma (a conditional
+`a if c else b` goes in brackets, a part a line), repeated inward until every line fits or nothing
+is left to open; then a trailing comment that still
+overflows moves above the statement. A body on its header's line (`if c: a; b`) that overflows
+goes on lines of its own, and a long `from m import a, b` into brackets. Strings are never split:
+a line the conversion only indented (a guarded f-string print) may stay wider. Lines the conversion
+did not widen never exceed the limit, so they are never touched.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from typing import Sequence
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from ddpify.codemods.base import Edits, one_statement_a_line
+
+PEP8_WIDTH = 79
+_STEP = "    "  # one level of continuation indent
+_MAX_OPENED = 8  # calls opened per statement at the most
+
+
+def width_limit(original: str) -> int:
+    """The file's own width: its widest line, or PEP 8's 79 columns if all are narrower."""
+    return max([PEP8_WIDTH, *(len(line) for line in original.splitlines())])
+
+
+def too_wide(code: str, limit: int) -> list[int]:
+    """The 1-based numbers of the lines of `code` wider than `limit`."""
+    return [number for number, line in enumerate(code.splitlines(), 1) if len(line) > limit]
+
+
+def fit_edits(tree: ast.Module, lines: Sequence[int], limit: int) -> Edits:
+    """Edits that lay out again each statement holding one of `lines` (a comment line belongs to the
+    statement below it), on the code whose ast is `tree`."""
+    edits = Edits()
+    for stmt in _statements_holding(tree, lines):
+        edits.rewrite[edits.at(stmt)] = lambda node, column=stmt.col_offset: [fit(node, column, limit)]
+    return edits
+
+
+def _statements_holding(tree: ast.Module, lines: Sequence[int]) -> list[ast.stmt]:
+    """For each line, the innermost statement that spans it, or else the first that starts below it."""
+    stmts = [node for node in ast.walk(tree) if isinstance(node, ast.stmt)]
+    found: dict[int, ast.stmt] = {}
+    for line in lines:
+        spanning = [s for s in stmts if s.lineno <= line <= (s.end_lineno or s.lineno)]
+        below = [s for s in stmts if s.lineno > line]
+        stmt = max(spanning, key=lambda s: s.lineno) if spanning else min(below, key=lambda s: (s.lineno, -s.col_offset), default=None)
+        if stmt is not None:
+            found[id(stmt)] = stmt
+    return list(found.values())
+
+
+def fit(stmt: cst.BaseStatement, column: int, limit: int) -> cst.BaseStatement:
+    """`stmt` (starting at `column`) with its comments re-flowed and its one-line calls opened,
+    until its lines are within `limit` or nothing is left to open."""
+    stmt = _leading_comments_fitted(stmt, column, limit)
+    if isinstance(stmt, cst.BaseCompoundStatement):
+        return _body_spread(stmt, column, limit)
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return stmt
+    if len(stmt.body) == 1 and isinstance(stmt.body[0], cst.ImportFrom):
+        stmt = _imports_opened(stmt, column, limit)
+    for _ in range(_MAX_OPENED):
+        opened_stmt = _open_a_call(stmt, column, limit)
+        if opened_stmt is None:
+            break
+        stmt = opened_stmt
+    return _trailing_comment_fitted(stmt, column, limit)
+
+
+def _body_spread(stmt: cst.BaseCompoundStatement, column: int, limit: int) -> cst.BaseCompoundStatement:
+    """`if c: a; b` too wide: the body on lines of its own below the header, each fitted."""
+    if not isinstance(stmt.body, cst.SimpleStatementSuite) or _first_line_width(stmt, column) <= limit:
+        return stmt
+    lines = [fit(line, column + len(_STEP), limit) for line in one_statement_a_line(stmt.body)]
+    return stmt.with_changes(body=cst.IndentedBlock(body=lines))
+
+
+def _imports_opened(stmt: cst.SimpleStatementLine, column: int, limit: int) -> cst.SimpleStatementLine:
+    """`from m import a, b, c` too wide: the names in brackets, one a line."""
+    node = stmt.body[0]
+    assert isinstance(node, cst.ImportFrom)
+    if node.lpar is not None or isinstance(node.names, cst.ImportStar) or _first_line_width(stmt, column) <= limit:
+        return stmt
+    last = len(node.names) - 1
+    names = [alias.with_changes(comma=cst.Comma(whitespace_after=_line_break("" if index == last else _STEP)))
+             for index, alias in enumerate(node.names)]
+    opened_import = node.with_changes(names=names, lpar=cst.LeftParen(whitespace_after=_line_break(_STEP)), rpar=cst.RightParen())
+    return stmt.with_changes(body=[opened_import])
+
+
+def _first_line_width(stmt: cst.BaseStatement, column: int) -> int:
+    code = _code_of(stmt.with_changes(leading_lines=()) if hasattr(stmt, "leading_lines") else stmt)
+    return column + len(code.splitlines()[0])
+
+
+# ----- comments -------------------------------------------------------------------------------
+def _leading_comments_fitted(stmt: cst.BaseStatement, column: int, limit: int) -> cst.BaseStatement:
+    """Each comment line above the statement that overflows, re-flowed over several (on its own: a
+    neighbour may be the user's, whose lines stay as written)."""
+    if not hasattr(stmt, "leading_lines"):
+        return stmt
+    return stmt.with_changes(leading_lines=[line for empty in stmt.leading_lines for line in _reflowed(empty, column, limit)])
+
+
+def _trailing_comment_fitted(stmt: cst.SimpleStatementLine, column: int, limit: int) -> cst.SimpleStatementLine:
+    """A trailing comment that overflows its line moves above the statement."""
+    comment = stmt.trailing_whitespace.comment
+    if comment is None or _last_line_width(stmt, column) <= limit:
+        return stmt
+    moved = _reflowed(cst.EmptyLine(comment=comment), column, limit)
+    trailing = stmt.trailing_whitespace.with_changes(whitespace=cst.SimpleWhitespace(""), comment=None)
+    return stmt.with_changes(leading_lines=[*stmt.leading_lines, *moved], trailing_whitespace=trailing)
+
+
+def _reflowed(line: cst.EmptyLine, column: int, limit: int) -> list[cst.EmptyLine]:
+    comment = line.comment
+    if comment is None or column + len(comment.value) <= limit:
+        return [line]
+    text = comment.value.lstrip("#").strip()
+    parts = textwrap.wrap(text, width=max(limit - column - 2, 20), break_long_words=False, break_on_hyphens=False)
+    return [line.with_changes(comment=cst.Comment(f"# {part}")) for part in parts]
+
+
+def _last_line_width(stmt: cst.BaseStatement, column: int) -> int:
+    code = _code_of(stmt.with_changes(leading_lines=()) if hasattr(stmt, "leading_lines") else stmt)
+    return column + len(code.rstrip("\r\n").splitlines()[-1])
+
+
+# ----- calls ----------------------------------------------------------------------------------
+def _open_a_call(stmt: cst.SimpleStatementLine, column: int, limit: int) -> cst.SimpleStatementLine | None:
+    """`stmt` with the outermost one-line call (or dict) that ends its first too-wide line opened, one
+    item a line (None: every line fits, or no bracket on that line can be opened to help)."""
+    alone = stmt.with_changes(leading_lines=(), trailing_whitespace=cst.TrailingWhitespace())
+    module = cst.Module(body=[alone])
+    lines = module.code.splitlines()
+    wide = next((number for number, line in enumerate(lines, 1) if column + len(line) > limit), None)
+    if wide is None:
+        return None
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    line = lines[wide - 1]
+    found = [
+        (where.start.column, node) for node, where in positions.items()
+        if _openable(node) and where.start.line == wide and where.end.line == wide
+        and _closes_the_line(line[where.end.column:]) and column + _opening_width(node, where.start.column) <= limit
+    ]
+    if not found:
+        return None
+    _, node = min(found, key=lambda start_node: start_node[0])
+    indent = line[: len(line) - len(line.lstrip())]
+    return stmt.deep_replace(node, opened(node, indent))  # type: ignore[return-value]
+
+
+def _openable(node: cst.CSTNode) -> bool:
+    """A call with arguments, a dict with elements, or `a if c else b`."""
+    return bool(_items(node)) or isinstance(node, cst.IfExp)
+
+
+def _items(node: cst.CSTNode) -> Sequence[cst.CSTNode]:
+    """The arguments of a call, the elements of a dict literal (nothing for other nodes)."""
+    if isinstance(node, cst.Call):
+        return node.args
+    return node.elements if isinstance(node, cst.Dict) else ()
+
+
+def _opening_width(node: cst.CSTNode, start: int) -> int:
+    """The width of the line that ends with the node's opening bracket once it is opened."""
+    if not isinstance(node, cst.Call):
+        return start + 1  # `{` or `(`
+    return start + len(_code_of_node(node.func)) + len(_code_of_node(node.whitespace_after_func)) + 1
+
+
+def _closes_the_line(rest: str) -> bool:
+    """Is what follows a call on its line only closing brackets, a comma or a colon (and a comment)?
+    Opening a call inside a longer expression (`f(x) if c else g(y)`) would not read like black."""
+    return not rest.split("#", 1)[0].strip().strip(")]},:")
+
+
+def opened(node: cst.Call | cst.Dict | cst.IfExp, indent: str) -> cst.Call | cst.Dict | cst.IfExp:
+    """A call or dict with one item a line, one step deeper than `indent`, and a trailing comma
+    (none after a call's bare generator argument, where it would not parse); `a if c else b` in
+    brackets, a part a line."""
+    inner = indent + _STEP
+    if isinstance(node, cst.IfExp):
+        return _conditional_opened(node, indent, inner)
+    items = list(_items(node))
+    last = len(items) - 1
+    laid_out = []
+    for index, item in enumerate(items):
+        closing = _line_break(indent if index == last else inner)
+        if index == last and isinstance(item, cst.Arg) and isinstance(item.value, cst.GeneratorExp) and not item.value.lpar:
+            laid_out.append(item.with_changes(comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=closing))
+        elif isinstance(item, cst.Arg):
+            laid_out.append(item.with_changes(comma=cst.Comma(whitespace_after=closing), whitespace_after_arg=cst.SimpleWhitespace("")))
+        else:
+            laid_out.append(item.with_changes(comma=cst.Comma(whitespace_after=closing)))
+    if isinstance(node, cst.Call):
+        return node.with_changes(whitespace_before_args=_line_break(inner), args=laid_out)
+    return node.with_changes(lbrace=cst.LeftCurlyBrace(whitespace_after=_line_break(inner)),
+                             rbrace=cst.RightCurlyBrace(), elements=laid_out)
+
+
+def _conditional_opened(node: cst.IfExp, indent: str, inner: str) -> cst.IfExp:
+    lpar, rpar = (node.lpar[0], node.rpar[-1]) if node.lpar else (cst.LeftParen(), cst.RightParen())
+    return node.with_changes(
+        lpar=[lpar.with_changes(whitespace_after=_line_break(inner)), *node.lpar[1:]],
+        rpar=[*node.rpar[:-1], rpar.with_changes(whitespace_before=_line_break(indent))],
+        whitespace_before_if=_line_break(inner),
+        whitespace_before_else=_line_break(inner),
+    )
+
+
+def _line_break(indent: str) -> cst.ParenthesizedWhitespace:
+    """A line break inside brackets, then the block's indentation and `indent` more."""
+    return cst.ParenthesizedWhitespace(first_line=cst.TrailingWhitespace(), empty_lines=[], indent=True,
+                                       last_line=cst.SimpleWhitespace(indent))
+
+
+def _code_of(stmt: cst.BaseStatement) -> str:
+    return cst.Module(body=[stmt]).code
+
+
+def _code_of_node(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
