@@ -186,7 +186,7 @@ def test_a_script_with_1500_top_level_statements_converts():
     constants = "".join(f"SETTING_{i} = {i}\n" for i in range(1500))
     text = BASIC.decode().replace("\n\nclass MLP", f"\n{constants}\n\nclass MLP", 1)
     output = convert_source(text, "ddp").output
-    assert "import torch.distributed as dist\n" in output and "model = DDP(model" in output
+    assert "import torch.distributed as dist\n" in output and "model = DDP(\n        model,\n" in output
     assert output.count("SETTING_") == 1500
 
 

@@ -178,7 +178,7 @@ class _Conversion:
         wide = too_wide(self.code, limit) if self.code != self.output.source else []
         if wide:
             tree = ast.parse(self.code)
-            module = fit_edits(tree, wide, limit).apply(self.module, tree)
+            module = fit_edits(tree, wide, limit, self.module.default_indent).apply(self.module, tree)
             self._now(module, module.code)
 
     def _now(self, module: cst.Module, code: str) -> None:

@@ -25,7 +25,6 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from ddpify.codemods.base import Edits, one_statement_a_line
 
 PEP8_WIDTH = 79
-_STEP = "    "  # one level of continuation indent
 _MAX_OPENED = 8  # calls opened per statement at the most
 
 
@@ -39,12 +38,12 @@ def too_wide(code: str, limit: int) -> list[int]:
     return [number for number, line in enumerate(code.splitlines(), 1) if len(line) > limit]
 
 
-def fit_edits(tree: ast.Module, lines: Sequence[int], limit: int) -> Edits:
+def fit_edits(tree: ast.Module, lines: Sequence[int], limit: int, step: str) -> Edits:
     """Edits that lay out again each statement holding one of `lines` (a comment line belongs to the
-    statement below it), on the code whose ast is `tree`."""
+    statement below it), on the code whose ast is `tree`; `step` is the file's indent."""
     edits = Edits()
     for stmt in _statements_holding(tree, lines):
-        edits.rewrite[edits.at(stmt)] = lambda node, column=stmt.col_offset: [fit(node, column, limit)]
+        edits.rewrite[edits.at(stmt)] = lambda node, column=stmt.col_offset: [fit(node, column, limit, step)]
     return edits
 
 
@@ -61,42 +60,42 @@ def _statements_holding(tree: ast.Module, lines: Sequence[int]) -> list[ast.stmt
     return list(found.values())
 
 
-def fit(stmt: cst.BaseStatement, column: int, limit: int) -> cst.BaseStatement:
-    """`stmt` (starting at `column`) with its comments re-flowed and its one-line calls opened,
-    until its lines are within `limit` or nothing is left to open."""
+def fit(stmt: cst.BaseStatement, column: int, limit: int, step: str = "    ") -> cst.BaseStatement:
+    """`stmt` (starting at `column`) with its comments re-flowed and its one-line calls opened (each
+    item `step` deeper), until its lines are within `limit` or nothing is left to open."""
     stmt = _leading_comments_fitted(stmt, column, limit)
     if isinstance(stmt, cst.BaseCompoundStatement):
-        return _body_spread(stmt, column, limit)
+        return _body_spread(stmt, column, limit, step)
     if not isinstance(stmt, cst.SimpleStatementLine):
         return stmt
     if len(stmt.body) == 1 and isinstance(stmt.body[0], cst.ImportFrom):
-        stmt = _imports_opened(stmt, column, limit)
+        stmt = _imports_opened(stmt, column, limit, step)
     for _ in range(_MAX_OPENED):
-        opened_stmt = _open_a_call(stmt, column, limit)
+        opened_stmt = _open_a_call(stmt, column, limit, step)
         if opened_stmt is None:
             break
         stmt = opened_stmt
     return _trailing_comment_fitted(stmt, column, limit)
 
 
-def _body_spread(stmt: cst.BaseCompoundStatement, column: int, limit: int) -> cst.BaseCompoundStatement:
+def _body_spread(stmt: cst.BaseCompoundStatement, column: int, limit: int, step: str) -> cst.BaseCompoundStatement:
     """`if c: a; b` too wide: the body on lines of its own below the header, each fitted."""
     if not isinstance(stmt.body, cst.SimpleStatementSuite) or _first_line_width(stmt, column) <= limit:
         return stmt
-    lines = [fit(line, column + len(_STEP), limit) for line in one_statement_a_line(stmt.body)]
+    lines = [fit(line, column + len(step), limit, step) for line in one_statement_a_line(stmt.body)]
     return stmt.with_changes(body=cst.IndentedBlock(body=lines))
 
 
-def _imports_opened(stmt: cst.SimpleStatementLine, column: int, limit: int) -> cst.SimpleStatementLine:
+def _imports_opened(stmt: cst.SimpleStatementLine, column: int, limit: int, step: str) -> cst.SimpleStatementLine:
     """`from m import a, b, c` too wide: the names in brackets, one a line."""
     node = stmt.body[0]
     assert isinstance(node, cst.ImportFrom)
     if node.lpar is not None or isinstance(node.names, cst.ImportStar) or _first_line_width(stmt, column) <= limit:
         return stmt
     last = len(node.names) - 1
-    names = [alias.with_changes(comma=cst.Comma(whitespace_after=_line_break("" if index == last else _STEP)))
+    names = [alias.with_changes(comma=cst.Comma(whitespace_after=_line_break("" if index == last else step)))
              for index, alias in enumerate(node.names)]
-    opened_import = node.with_changes(names=names, lpar=cst.LeftParen(whitespace_after=_line_break(_STEP)), rpar=cst.RightParen())
+    opened_import = node.with_changes(names=names, lpar=cst.LeftParen(whitespace_after=_line_break(step)), rpar=cst.RightParen())
     return stmt.with_changes(body=[opened_import])
 
 
@@ -139,7 +138,7 @@ def _last_line_width(stmt: cst.BaseStatement, column: int) -> int:
 
 
 # ----- calls ----------------------------------------------------------------------------------
-def _open_a_call(stmt: cst.SimpleStatementLine, column: int, limit: int) -> cst.SimpleStatementLine | None:
+def _open_a_call(stmt: cst.SimpleStatementLine, column: int, limit: int, step: str) -> cst.SimpleStatementLine | None:
     """`stmt` with the outermost one-line call (or dict) that ends its first too-wide line opened, one
     item a line (None: every line fits, or no bracket on that line can be opened to help)."""
     alone = stmt.with_changes(leading_lines=(), trailing_whitespace=cst.TrailingWhitespace())
@@ -159,7 +158,7 @@ def _open_a_call(stmt: cst.SimpleStatementLine, column: int, limit: int) -> cst.
         return None
     _, node = min(found, key=lambda start_node: start_node[0])
     indent = line[: len(line) - len(line.lstrip())]
-    return stmt.deep_replace(node, opened(node, indent))  # type: ignore[return-value]
+    return stmt.deep_replace(node, _opened(node, indent, step))  # type: ignore[return-value]
 
 
 def _openable(node: cst.CSTNode) -> bool:
@@ -187,11 +186,11 @@ def _closes_the_line(rest: str) -> bool:
     return not rest.split("#", 1)[0].strip().strip(")]},:")
 
 
-def opened(node: cst.Call | cst.Dict | cst.IfExp, indent: str) -> cst.Call | cst.Dict | cst.IfExp:
+def _opened(node: cst.Call | cst.Dict | cst.IfExp, indent: str, step: str) -> cst.Call | cst.Dict | cst.IfExp:
     """A call or dict with one item a line, one step deeper than `indent`, and a trailing comma
     (none after a call's bare generator argument, where it would not parse); `a if c else b` in
     brackets, a part a line."""
-    inner = indent + _STEP
+    inner = indent + step
     if isinstance(node, cst.IfExp):
         return _conditional_opened(node, indent, inner)
     items = list(_items(node))

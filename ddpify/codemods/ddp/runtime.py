@@ -34,14 +34,12 @@ def setup_distributed():
     if "RANK" in os.environ:
         dist.init_process_group(backend=backend)
     else:  # plain `python`: a one-process group needs no rendezvous
-        dist.init_process_group(
-            backend=backend, store=dist.HashStore(), rank=0, world_size=1
-        )
+        store = dist.HashStore()
+        dist.init_process_group(backend, store=store, rank=0, world_size=1)
 
 
 def cleanup_distributed():
-    """Leave the process group, after collecting the DDP wrappers (they sit in
-    reference cycles)."""
+    """Leave the process group, once the DDP wrappers (in cycles) are freed."""
     # Their all-reduces hold Python state: released at interpreter exit, gloo
     # can abort.
     gc.collect()
@@ -56,9 +54,7 @@ RELEASE_COMMENT = "# ddpify: drop the wrappers first, so cleanup_distributed() r
 SHARD_HELPER = '''
 
 def evaluation_shard(size, batch_size):
-    """This rank's part of an evaluation set: a contiguous run of whole
-    batches, never padded, so each batch, and each sum over batches, is the one
-    a single process computes (ranks differ by a batch at most)."""
+    """This rank's contiguous run of whole evaluation batches, never padded."""
     batches = -(-size // batch_size)
     first = RANK * batches // WORLD_SIZE
     last = (RANK + 1) * batches // WORLD_SIZE
@@ -68,46 +64,39 @@ def evaluation_shard(size, batch_size):
 SUMS_HELPER = '''
 
 def all_reduce_sums(*values):
-    """Each number or tensor summed over the ranks; every rank gets the totals
-    (ints stay ints)."""
-    numbers = [v for v in values if not torch.is_tensor(v)]
-    totals = torch.tensor(
-        [float(v) for v in numbers], dtype=torch.float64, device=RANK_DEVICE
-    )
+    """Numbers and tensors summed over the ranks (ints stay ints)."""
+    numbers = [float(v) for v in values if not torch.is_tensor(v)]
+    totals = torch.tensor(numbers, dtype=torch.float64, device=RANK_DEVICE)
     if numbers:
         dist.all_reduce(totals)
     totals = iter(totals.tolist())
-    return [
-        _all_reduce_tensor(v) if torch.is_tensor(v) else type(v)(next(totals))
-        for v in values
-    ]
+    return [_summed(v, totals) for v in values]
 
 
-def _all_reduce_tensor(tensor):
-    total = tensor.detach().to(RANK_DEVICE, copy=True)
+def _summed(value, totals):
+    """A tensor summed over the ranks, or a number's total from `totals`."""
+    if not torch.is_tensor(value):
+        return type(value)(next(totals))
+    total = value.detach().to(RANK_DEVICE, copy=True)
     dist.all_reduce(total)
-    return total.to(tensor.device)
+    return total.to(value.device)
 '''
 
 GATHER_HELPER = '''
 
 def all_gather_lists(items):
-    """Every rank's list joined in rank order: the single-process list, since
-    the shards are contiguous."""
+    """Every rank's list joined in rank order: the single-process list."""
     parts = [None] * WORLD_SIZE
     dist.all_gather_object(parts, items)
-    return [
-        x.to(RANK_DEVICE) if torch.is_tensor(x) and x.is_cuda else x
-        for part in parts
-        for x in part
-    ]
+    joined = [x for part in parts for x in part]
+    cuda = [torch.is_tensor(x) and x.is_cuda for x in joined]
+    return [x.to(RANK_DEVICE) if c else x for x, c in zip(joined, cuda)]
 '''
 
 MEAN_HELPER = '''
 
 def mean_over_ranks(value):
-    """A number's or tensor's mean over the ranks: the training loss of the
-    whole global batch."""
+    """The mean over the ranks: the training loss of the whole global batch."""
     (total,) = all_reduce_sums(value)
     return total / WORLD_SIZE
 '''
@@ -119,4 +108,4 @@ MEAN_CALL = "mean_over_ranks"
 # each helper's code, in the order they are added to a script (after cleanup_distributed)
 EVALUATION_HELPERS = {SHARD_CALL: SHARD_HELPER, SUMS_CALL: SUMS_HELPER, GATHER_CALL: GATHER_HELPER, MEAN_CALL: MEAN_HELPER}
 # the functions ddpify adds at the top of a script: new helpers go after the last one present
-ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_all_reduce_tensor")
+ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed")
