@@ -13,7 +13,6 @@ and what to do by hand), decided from what the transforms reported and the dutie
 
 from __future__ import annotations
 
-import ast
 import difflib
 import enum
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from ddpify.anatomy import Anatomy, analyze
 from ddpify.anatomy.facts import NO_FACTS, ProjectFacts
 from ddpify.codemods.base import Advice, Change, Duty, Edits, Import, Missing, Options, Report, Transform
 from ddpify.codemods.imports import add_imports
-from ddpify.codemods.width import fit_edits, too_wide, width_limit
+from ddpify.codemods.width import fit_to_width, width_limit
 
 
 class Status(enum.Enum):
@@ -173,13 +172,11 @@ class _Conversion:
             self._now(module, module.code)
 
     def fit_to_width(self) -> None:
-        """Lay out again the statements whose lines the conversion made wider than the file's own (ddpify.codemods.width)."""
-        limit = width_limit(self.output.source)
-        wide = too_wide(self.code, limit) if self.code != self.output.source else []
-        if wide:
-            tree = ast.parse(self.code)
-            module = fit_edits(tree, wide, limit, self.module.default_indent).apply(self.module, tree)
-            self._now(module, module.code)
+        """Lay out again the statements whose lines the conversion made wider than the file's own
+        (ddpify.codemods.width); the last step: the CST module is not kept in step with the text."""
+        if self.code != self.output.source:
+            limit = width_limit(self.output.source)
+            self.code, self.origin = fit_to_width(self.code, self.origin, limit, self.module.default_indent)
 
     def _now(self, module: cst.Module, code: str) -> None:
         """The code is now `module`'s, whose text is `code`: carry the line map over to it."""

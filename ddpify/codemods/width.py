@@ -22,7 +22,7 @@ from typing import Sequence
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from ddpify.codemods.base import Edits, one_statement_a_line
+from ddpify.codemods.base import one_statement_a_line
 
 PEP8_WIDTH = 79
 _MAX_OPENED = 8  # calls opened per statement at the most
@@ -33,31 +33,63 @@ def width_limit(original: str) -> int:
     return max([PEP8_WIDTH, *(len(line) for line in original.splitlines())])
 
 
-def too_wide(code: str, limit: int) -> list[int]:
-    """The 1-based numbers of the lines of `code` wider than `limit`."""
-    return [number for number, line in enumerate(code.splitlines(), 1) if len(line) > limit]
+def fit_to_width(code: str, origins: list[int], limit: int, step: str) -> tuple[str, list[int]]:
+    """`code` with each statement that has a line wider than `limit` laid out again (a lone comment
+    line re-flowed), and `origins` (the original line of each line) carried along; `step` is the
+    file's indent. Each statement is re-parsed and rendered on its own, so the rest of the text is
+    neither rendered nor diffed again."""
+    lines = code.splitlines(keepends=True)
+    wide = [number for number, line in enumerate(lines, 1) if len(line.rstrip("\r\n")) > limit]
+    if not wide:
+        return code, origins
+    origins = list(origins)
+    for first, last in reversed(_spans(ast.parse(code), lines, wide)):
+        new = _fitted_lines(lines[first - 1:last], limit, step)
+        if new is not None:
+            lines[first - 1:last] = new
+            origins[first - 1:last] = [origins[min(first - 1 + i, last - 1)] for i in range(len(new))]
+    return "".join(lines), origins
 
 
-def fit_edits(tree: ast.Module, lines: Sequence[int], limit: int, step: str) -> Edits:
-    """Edits that lay out again each statement holding one of `lines` (a comment line belongs to the
-    statement below it), on the code whose ast is `tree`; `step` is the file's indent."""
-    edits = Edits()
-    for stmt in _statements_holding(tree, lines):
-        edits.rewrite[edits.at(stmt)] = lambda node, column=stmt.col_offset: [fit(node, column, limit, step)]
-    return edits
-
-
-def _statements_holding(tree: ast.Module, lines: Sequence[int]) -> list[ast.stmt]:
-    """For each line, the innermost statement that spans it, or else the first that starts below it."""
+def _spans(tree: ast.Module, lines: list[str], wide: Sequence[int]) -> list[tuple[int, int]]:
+    """The (first, last) lines to lay out again for the wide lines, in order and apart: the simple
+    statement that spans one (or a compound whose body is on its header line), or a comment line
+    between statements."""
     stmts = [node for node in ast.walk(tree) if isinstance(node, ast.stmt)]
-    found: dict[int, ast.stmt] = {}
-    for line in lines:
+    spans: set[tuple[int, int]] = set()
+    for line in wide:
         spanning = [s for s in stmts if s.lineno <= line <= (s.end_lineno or s.lineno)]
-        below = [s for s in stmts if s.lineno > line]
-        stmt = max(spanning, key=lambda s: s.lineno) if spanning else min(below, key=lambda s: (s.lineno, -s.col_offset), default=None)
-        if stmt is not None:
-            found[id(stmt)] = stmt
-    return list(found.values())
+        inner = max(spanning, key=lambda s: (s.lineno, -(s.end_lineno or s.lineno)), default=None)
+        if inner is not None and (not isinstance(inner, _COMPOUND) or inner.end_lineno == inner.lineno):
+            spans.add((inner.lineno, inner.end_lineno or inner.lineno))
+        elif lines[line - 1].lstrip().startswith("#") and (inner is None or inner.lineno != line):
+            spans.add((line, line))
+    ordered = sorted(spans)
+    return [span for index, span in enumerate(ordered) if index == 0 or span[0] > ordered[index - 1][1]]
+
+
+_COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.FunctionDef,
+             ast.AsyncFunctionDef, ast.ClassDef, ast.Match, *((ast.TryStar,) if hasattr(ast, "TryStar") else ()))
+
+
+def _fitted_lines(lines: list[str], limit: int, step: str) -> list[str] | None:
+    """The lines of one statement (or comment line) laid out again at their indentation; None when
+    they can't be taken out on their own (a blank line or a string line left of the indentation)."""
+    first = lines[0]
+    indent = first[: len(first) - len(first.lstrip())]
+    if any(not line.strip() or not line.startswith(indent) for line in lines):
+        return None
+    newline = first[len(first.rstrip("\r\n")):] or "\n"
+    if first.lstrip().startswith("#"):
+        comment = cst.EmptyLine(comment=cst.Comment(first.strip()))
+        return [f"{indent}{line.comment.value}{newline}" for line in _reflowed(comment, len(indent), limit)]  # type: ignore[union-attr]
+    try:
+        module = cst.parse_module("".join(line[len(indent):] for line in lines))
+    except cst.ParserSyntaxError:
+        return None
+    fitted = fit(module.body[0], len(indent), limit, step)
+    code = module.with_changes(body=[fitted], default_indent=step).code
+    return [f"{indent}{line}" for line in code.splitlines(keepends=True)]
 
 
 def fit(stmt: cst.BaseStatement, column: int, limit: int, step: str = "    ") -> cst.BaseStatement:
