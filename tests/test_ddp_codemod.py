@@ -313,7 +313,7 @@ def test_comments_and_docstrings_next_to_edits_survive():
     assert '"""Module docstring."""\n' == output.splitlines(keepends=True)[0]
     assert re.search(r"# report\n *if RANK == 0:\n *print\(loss_avg.item\(\)\)  # every step\n", output), output  # --log-loss reduced
     assert re.search(r"# keep it\n *if RANK == 0:\n *torch.save\(model.module.state_dict\(\), \"m.pt\"\)  # weights only\n", output), output
-    assert re.search(r"# the data\n *# ddpify: batch_size is per process.*\n *loader = DataLoader\((.|\n)*?\)  # shuffled\n", output), output
+    assert re.search(r"# the data\n *# ddpify: batch_size per process.*\n *loader = DataLoader\((.|\n)*?\)  # shuffled\n", output), output
 
 
 # ===== running them ============================================================================

@@ -508,7 +508,7 @@ STEP = """\
         loss.backward()
         opt.step()
 """
-PER_GPU = "# ddpify: batch_size is per process; the global batch is batch_size * WORLD_SIZE.\n"
+PER_GPU = "# ddpify: batch_size per process; global = batch_size * WORLD_SIZE\n"
 SAMPLER_IMPORT = ("from torch.utils.data import DataLoader, Subset, TensorDataset",
                   "from torch.utils.data import DistributedSampler, DataLoader, Subset, TensorDataset")
 

@@ -18,7 +18,7 @@ from ddpify.codemods.base import Duty, Transform, data_line, parse_expr
 from ddpify.codemods.ddp.runtime import WORLD_SIZE
 
 _TIGHT_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
-_PER_GPU_NOTE = f"# ddpify: batch_size is per process; the global batch is batch_size * {WORLD_SIZE}."
+_PER_GPU_NOTE = f"# ddpify: batch_size per process; global = batch_size * {WORLD_SIZE}"
 _GLOBAL_NOTE = f"# ddpify: the global batch is split over {WORLD_SIZE} processes."
 
 
