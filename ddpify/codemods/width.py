@@ -16,6 +16,7 @@ did not widen never exceed the limit, so they are never touched.
 from __future__ import annotations
 
 import ast
+import bisect
 import textwrap
 from typing import Sequence
 
@@ -51,15 +52,18 @@ def fit_to_width(code: str, origins: list[int], limit: int, step: str) -> tuple[
     return "".join(lines), origins
 
 
-def _spans(tree: ast.Module, lines: list[str], wide: Sequence[int]) -> list[tuple[int, int]]:
+def _spans(tree: ast.Module, lines: list[str], wide: list[int]) -> list[tuple[int, int]]:
     """The (first, last) lines to lay out again for the wide lines, in order and apart: the simple
     statement that spans one (or a compound whose body is on its header line), or a comment line
     between statements."""
-    stmts = [node for node in ast.walk(tree) if isinstance(node, ast.stmt)]
+    stmts = sorted((node for node in ast.walk(tree) if isinstance(node, ast.stmt)), key=lambda s: (s.lineno, -(s.end_lineno or s.lineno)))
+    innermost: dict[int, ast.stmt] = {}  # wide line -> the statement that starts last among those spanning it
+    for stmt in stmts:
+        for line in wide[bisect.bisect_left(wide, stmt.lineno):bisect.bisect_right(wide, stmt.end_lineno or stmt.lineno)]:
+            innermost[line] = stmt
     spans: set[tuple[int, int]] = set()
     for line in wide:
-        spanning = [s for s in stmts if s.lineno <= line <= (s.end_lineno or s.lineno)]
-        inner = max(spanning, key=lambda s: (s.lineno, -(s.end_lineno or s.lineno)), default=None)
+        inner = innermost.get(line)
         if inner is not None and (not isinstance(inner, _COMPOUND) or inner.end_lineno == inner.lineno):
             spans.add((inner.lineno, inner.end_lineno or inner.lineno))
         elif lines[line - 1].lstrip().startswith("#") and (inner is None or inner.lineno != line):
