@@ -36,6 +36,21 @@ compare only figures taken back to back):
     after, ddp profile (--breakdown): analyze 41% (440 calls: 1 per file, 1 per edit pass, 1 for the
       lint), codegen 26% (the code of each edit pass is analysed again), CST passes 10% (positions 2%),
       lint of the output 12% (mostly its analyze), imports added 1%, line map 2%.
+
+    back to back at 19:15 UTC (idle machine; each the best of 3 interleaved rounds), 831216f then
+    HEAD (fewer stages: 4.2 -> 2.7 per ddp file, 2.4 -> 2.0 dp; one tree walk per analysis; the last
+    stage adds the imports; and, new work, the width pass that lays out widened lines), two runs:
+      before --to ddp : parse+codegen 0.39-0.40 s, convert 4.16-4.21 s, ratio 10.6x, 24 files/s
+      before --to dp  : parse+codegen 0.39-0.40 s, convert 1.52-1.58 s, ratio 3.9-4.0x, 64-66 files/s
+      before --to fsdp: parse+codegen 0.39-0.40 s, convert 3.39-3.48 s, ratio 8.5-8.9x, 29-30 files/s
+      after  --to ddp : parse+codegen 0.41-0.46 s, convert 3.13-3.48 s, ratio 7.6x, 29-32 files/s
+      after  --to dp  : parse+codegen 0.41-0.46 s, convert 1.22-1.32 s, ratio 2.9-3.0x, 76-83 files/s
+      after  --to fsdp: parse+codegen 0.41-0.46 s, convert 2.45-2.78 s, ratio 5.9-6.1x, 36-41 files/s
+    Where ddp's time goes now (wall clock, not profiled): analysis 22% (1 per file, 1.7 per file
+    after edit passes, 1 in the lint), LibCST parse 19% (the file once, inserted snippets), codegen
+    15%, lint of the output 14%, edit passes 13%, planning 7%, width pass 8%. A single-stage
+    conversion would still pay parse + analysis + plan + one pass + codegen + the lint's analysis of
+    the output: about 3.5x of a bare parse+codegen on this corpus, so 3x needs more than fewer stages.
 """
 
 from __future__ import annotations

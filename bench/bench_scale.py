@@ -16,6 +16,9 @@ the whole file per edit pass, quadratic on the many repeated lines of a generate
 (find_longest_match: 36% of a 15,000-line conversion's profile). Above 2,000 lines it now lets
 difflib pass over popular lines (autojunk): `--files 10` right after: convert --to ddp 56.3 s,
 --to dp 37.9 s (15,000 lines: 20.0 s -> 13.0 s, the same output and reported lines).
+
+`--files 10` at 19:20 UTC (fewer stages, one walk per analysis, and the new width pass): convert
+--to ddp 41.3 s, --to dp 30.1 s, lint 4.8 s.
 """
 
 from __future__ import annotations
