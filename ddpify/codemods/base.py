@@ -405,12 +405,14 @@ class _EditApplier(cst.CSTTransformer):
         return lines
 
     def _spread_shared_lines(self, originals: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]) -> tuple[list, list]:
-        """Lines `a; b` with an edit on a statement after the first: one statement a line, so the edit lands."""
+        """Lines `a; b` with an edit on a statement after the first, or a statement to group (guard):
+        one statement a line, so the edit lands on that statement alone. (A rewrite of the first
+        statement is a rewrite of the whole line.)"""
         spread_originals: list[cst.BaseStatement] = []
         spread_updated: list[cst.BaseStatement] = []
         for orig, new in zip(originals, updated):
             stmts = self.shared_lines.get(orig)  # type: ignore[call-overload]
-            if stmts and self.edits.touches_statements(stmts[1:]):
+            if stmts and (self.edits.touches_statements(stmts[1:]) or any(key_of(stmt) in self.edits.grouped for stmt in stmts)):
                 lines = self._one_statement_a_line(new, stmts)  # type: ignore[arg-type]
                 spread_originals += lines
                 spread_updated += lines

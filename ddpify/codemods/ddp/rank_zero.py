@@ -2,8 +2,8 @@
 
 Statement-level `print`, `logging`/logger calls, SummaryWriter and wandb calls, `tqdm.write`,
 `torch.save` and other file writers (`np.save`, `pickle.dump`, `savefig`, ...), and `with open(...,
-"w")` blocks go under `if RANK == 0:` (one that shares its line with other statements becomes
-`call(...) if RANK == 0 else None`); a `with open(..., "w")` block that also trains stays on every
+"w")` blocks go under `if RANK == 0:` (a line it shares, `if ok: print(x)` or `a; print(a)`, is put
+one statement a line first); a `with open(..., "w")` block that also trains stays on every
 rank, the others writing to os.devnull; progress bars get `disable=RANK != 0`; a SummaryWriter is
 built on rank 0 only; directories are made with exist_ok=True (every rank makes them at once);
 `torch.load` maps tensors onto this rank's device; and where the script later reads what rank 0
@@ -112,9 +112,7 @@ class RankZeroDuties(Transform):
         if self._needs_every_rank(stmt):
             return self._hoist_then_guard(stmt, kind)
         self._unwrap_for_rank_zero(stmt)
-        if _shares_its_line(self.anatomy, stmt):
-            return self._guard_expression(stmt, kind)
-        self.guard_statement(stmt, IS_RANK_ZERO)
+        self.guard_statement(stmt, IS_RANK_ZERO)  # a line it shares (`if ok: print(x)`, `a; print(a)`) is spread first
         self.changed(stmt.lineno, f"{kind} on rank 0 only")
         return True
 
@@ -134,15 +132,6 @@ class RankZeroDuties(Transform):
         self.rewrite_statement(stmt, lambda s: _hoist_found(s, calls, names, values))
         self._unwrap_for_rank_zero(stmt, keep=calls)
         self.changed(stmt.lineno, f"{kind} on rank 0 only, after computing {', '.join(names)} on every rank (it joins every rank)")
-        return True
-
-    def _guard_expression(self, stmt: ast.stmt, kind: str) -> bool:
-        """`a = 1; print(a)`, `if ok: print(a)`: the call itself becomes `print(a) if RANK == 0 else None`."""
-        if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
-            self.advise(stmt.lineno, f"{kind} shares its line with other statements: put it under `if {IS_RANK_ZERO}:` by hand")
-            return False
-        self.rewrite_node(stmt.value, cst.Call, _only_on_rank_zero)
-        self.changed(stmt.lineno, f"{kind} on rank 0 only")
         return True
 
     def _guarded_here(self, stmt: ast.stmt) -> bool:
