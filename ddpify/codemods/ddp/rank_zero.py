@@ -44,8 +44,9 @@ from ddpify.codemods.ddp.samplers import fresh_name
 class RankZeroDuties(Transform):
     NAME = "rank0"
     DESCRIPTION = "Print, log, save and write files on rank 0 only; load checkpoints onto this rank's device."
-    # Not the samplers': they add names of their own and a `set_epoch` at an epoch loop's top.
-    SEES_EDITS_OF = ("setup", "device", "dataparallel", "wrap", "shard", "module", "split", "checkpoint", "state_dict",
+    # Not the samplers' (names of their own, a `set_epoch` at an epoch loop's top) nor `.module`
+    # access's (expression rewrites inside statements it guards; an overlap re-plans, Edits.interferes_with).
+    SEES_EDITS_OF = ("setup", "device", "dataparallel", "wrap", "shard", "split", "checkpoint", "state_dict",
                      "parameters", "evaluation", "log-loss")
 
     def plan(self) -> None:
