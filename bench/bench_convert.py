@@ -46,6 +46,8 @@ compare only figures taken back to back):
       after  --to ddp : parse+codegen 0.41-0.46 s, convert 3.13-3.48 s, ratio 7.6x, 29-32 files/s
       after  --to dp  : parse+codegen 0.41-0.46 s, convert 1.22-1.32 s, ratio 2.9-3.0x, 76-83 files/s
       after  --to fsdp: parse+codegen 0.41-0.46 s, convert 2.45-2.78 s, ratio 5.9-6.1x, 36-41 files/s
+    a second sitting at 19:37 (facda89, the machine a little slower: before 10.6-10.7x, 3.7-3.9x,
+    8.7-9.0x): after ddp 8.4-9.0x, dp 3.2-3.4x, fsdp 6.8-7.1x. dp is at about 3x, not reliably under.
     Where ddp's time goes now (wall clock, not profiled): analysis 22% (1 per file, 1.7 per file
     after edit passes, 1 in the lint), LibCST parse 19% (the file once, inserted snippets), codegen
     15%, lint of the output 14%, edit passes 13%, planning 7%, width pass 8%. A single-stage
