@@ -14,8 +14,8 @@ RANK = int(os.environ.get("RANK", 0))
 LOCAL_RANK = int(os.environ.get("LOCAL_RANK", 0))
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", 1))
 
-# This process's GPU ("cuda" without an index means it once setup_distributed()
-# has run), or the CPU.
+# This process's GPU, or the CPU. (Once setup_distributed() has run, "cuda"
+# without an index means this GPU too.)
 if torch.cuda.is_available():
     RANK_DEVICE = torch.device("cuda", LOCAL_RANK)
 else:
