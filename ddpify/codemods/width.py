@@ -8,7 +8,8 @@ black would: a comment line above it that no longer fits is re-flowed; the outer
 `a if c else b` goes in brackets, a part a line), repeated inward until every line fits or nothing
 is left to open; then a trailing comment that still
 overflows moves above the statement. A body on its header's line (`if c: a; b`) that overflows
-goes on lines of its own, and a long `from m import a, b` into brackets. Strings are never split:
+goes on lines of its own, the header of a `with`/`if`/`for`/`while` opens like a statement's line
+(`with (` ... `):`), and a long `from m import a, b` goes into brackets. Strings are never split:
 a line the conversion only indented (a guarded f-string print) may stay wider. Lines the conversion
 did not widen never exceed the limit, so they are never touched.
 """
@@ -54,8 +55,8 @@ def fit_to_width(code: str, origins: list[int], limit: int, step: str) -> tuple[
 
 def _spans(tree: ast.Module, lines: list[str], wide: list[int]) -> list[tuple[int, int]]:
     """The (first, last) lines to lay out again for the wide lines, in order and apart: the simple
-    statement that spans one (or a compound whose body is on its header line), or a comment line
-    between statements."""
+    statement that spans one (or a compound whose body is on its header line), the one-line header
+    of a `with`/`if`/`for`/`while`, or a comment line between statements."""
     stmts = sorted((node for node in ast.walk(tree) if isinstance(node, ast.stmt)), key=lambda s: (s.lineno, -(s.end_lineno or s.lineno)))
     innermost: dict[int, ast.stmt] = {}  # wide line -> the statement that starts last among those spanning it
     for stmt in stmts:
@@ -64,12 +65,20 @@ def _spans(tree: ast.Module, lines: list[str], wide: list[int]) -> list[tuple[in
     spans: set[tuple[int, int]] = set()
     for line in wide:
         inner = innermost.get(line)
-        if inner is not None and (not isinstance(inner, _COMPOUND) or inner.end_lineno == inner.lineno):
-            spans.add((inner.lineno, inner.end_lineno or inner.lineno))
+        if inner is not None and (not isinstance(inner, _COMPOUND) or inner.end_lineno == inner.lineno or _header_alone(inner, line)):
+            spans.add((inner.lineno, line if isinstance(inner, _COMPOUND) else inner.end_lineno or inner.lineno))
         elif lines[line - 1].lstrip().startswith("#") and (inner is None or inner.lineno != line):
             spans.add((line, line))
     ordered = sorted(spans)
     return [span for index, span in enumerate(ordered) if index == 0 or span[0] > ordered[index - 1][1]]
+
+
+def _header_alone(stmt: ast.stmt, line: int) -> bool:
+    """Is `line` the whole header of a `with`/`if`/`for`/`while` whose body starts below it?"""
+    if not isinstance(stmt, (ast.With, ast.If, ast.For, ast.While)) or stmt.lineno != line or stmt.body[0].lineno == line:
+        return False
+    parts = [item.context_expr for item in stmt.items] if isinstance(stmt, ast.With) else [getattr(stmt, "test", None) or stmt.iter]  # type: ignore[attr-defined]
+    return all(part.end_lineno == line for part in parts)
 
 
 _COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.FunctionDef,
@@ -87,36 +96,48 @@ def _fitted_lines(lines: list[str], limit: int, step: str) -> list[str] | None:
     if first.lstrip().startswith("#"):
         comment = cst.EmptyLine(comment=cst.Comment(first.strip()))
         return [f"{indent}{line.comment.value}{newline}" for line in _reflowed(comment, len(indent), limit)]  # type: ignore[union-attr]
-    try:
-        module = cst.parse_module("".join(line[len(indent):] for line in lines))
-    except cst.ParserSyntaxError:
+    text = "".join(line[len(indent):] for line in lines)
+    module, stand_in = _parsed(text), False
+    if module is None and len(lines) == 1:  # a compound's header alone: parsed with a stand-in body, dropped after
+        module, stand_in = _parsed(f"{text}{step}pass{newline}"), True
+    if module is None:
         return None
     fitted = fit(module.body[0], len(indent), limit, step)
-    code = module.with_changes(body=[fitted], default_indent=step).code
-    return [f"{indent}{line}" for line in code.splitlines(keepends=True)]
+    code = module.with_changes(body=[fitted], default_indent=step).code.splitlines(keepends=True)
+    return [f"{indent}{line}" for line in (code[:-1] if stand_in else code)]
+
+
+def _parsed(text: str) -> cst.Module | None:
+    try:
+        return cst.parse_module(text)
+    except cst.ParserSyntaxError:
+        return None
 
 
 def fit(stmt: cst.BaseStatement, column: int, limit: int, step: str = "    ") -> cst.BaseStatement:
     """`stmt` (starting at `column`) with its comments re-flowed and its one-line calls opened (each
     item `step` deeper), until its lines are within `limit` or nothing is left to open."""
     stmt = _leading_comments_fitted(stmt, column, limit)
-    if isinstance(stmt, cst.BaseCompoundStatement):
-        return _body_spread(stmt, column, limit, step)
-    if not isinstance(stmt, cst.SimpleStatementLine):
+    if isinstance(stmt, cst.BaseCompoundStatement) and isinstance(stmt.body, cst.SimpleStatementSuite):
+        stmt = _body_spread(stmt, column, limit, step)
+    if not isinstance(stmt, (cst.SimpleStatementLine, *_HEADERS)):
         return stmt
-    if len(stmt.body) == 1 and isinstance(stmt.body[0], cst.ImportFrom):
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.ImportFrom):
         stmt = _imports_opened(stmt, column, limit, step)
     for _ in range(_MAX_OPENED):
         opened_stmt = _open_a_call(stmt, column, limit, step)
         if opened_stmt is None:
             break
         stmt = opened_stmt
-    return _trailing_comment_fitted(stmt, column, limit)
+    return _trailing_comment_fitted(stmt, column, limit) if isinstance(stmt, cst.SimpleStatementLine) else stmt
+
+
+_HEADERS = (cst.With, cst.If, cst.For, cst.While)  # compound statements whose header line can be laid out
 
 
 def _body_spread(stmt: cst.BaseCompoundStatement, column: int, limit: int, step: str) -> cst.BaseCompoundStatement:
     """`if c: a; b` too wide: the body on lines of its own below the header, each fitted."""
-    if not isinstance(stmt.body, cst.SimpleStatementSuite) or _first_line_width(stmt, column) <= limit:
+    if _first_line_width(stmt, column) <= limit:
         return stmt
     lines = [fit(line, column + len(step), limit, step) for line in one_statement_a_line(stmt.body)]
     return stmt.with_changes(body=cst.IndentedBlock(body=lines))
@@ -174,11 +195,11 @@ def _last_line_width(stmt: cst.BaseStatement, column: int) -> int:
 
 
 # ----- calls ----------------------------------------------------------------------------------
-def _open_a_call(stmt: cst.SimpleStatementLine, column: int, limit: int, step: str) -> cst.SimpleStatementLine | None:
-    """`stmt` with the outermost one-line call (or dict) that ends its first too-wide line opened, one
-    item a line (None: every line fits, or no bracket on that line can be opened to help)."""
-    alone = stmt.with_changes(leading_lines=(), trailing_whitespace=cst.TrailingWhitespace())
-    module = cst.Module(body=[alone])
+def _open_a_call(stmt: cst.BaseStatement, column: int, limit: int, step: str) -> cst.BaseStatement | None:
+    """`stmt` with the outermost one-line call (or dict, or conditional) that ends its first too-wide
+    line opened, one item a line (None: every line fits, or no bracket on that line can be opened to
+    help). Of a compound statement only the header is looked at."""
+    module = cst.Module(body=[_alone(stmt)])
     lines = module.code.splitlines()
     wide = next((number for number, line in enumerate(lines, 1) if column + len(line) > limit), None)
     if wide is None:
@@ -195,6 +216,14 @@ def _open_a_call(stmt: cst.SimpleStatementLine, column: int, limit: int, step: s
     _, node = min(found, key=lambda start_node: start_node[0])
     indent = line[: len(line) - len(line.lstrip())]
     return stmt.deep_replace(node, _opened(node, indent, step))  # type: ignore[return-value]
+
+
+def _alone(stmt: cst.BaseStatement) -> cst.BaseStatement:
+    """The statement without the comments above it and after it, a compound one with `pass` for a body."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        return stmt.with_changes(leading_lines=(), trailing_whitespace=cst.TrailingWhitespace())
+    parts = {"orelse": None} if hasattr(stmt, "orelse") else {}
+    return stmt.with_changes(leading_lines=(), body=cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Pass()])]), **parts)
 
 
 def _openable(node: cst.CSTNode) -> bool:
