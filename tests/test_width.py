@@ -104,6 +104,12 @@ def test_a_compound_header_opens_and_its_body_is_left_alone():
     )
 
 
+def test_a_comprehension_puts_its_element_and_its_for_on_lines_of_their_own():
+    assert fitted("nets = {key: DDP(net, device_ids=[LOCAL_RANK]) for key, net in nets.items()}\n", 50) == (
+        "nets = {\n    key: DDP(net, device_ids=[LOCAL_RANK])\n    for key, net in nets.items()\n}\n"
+    )
+
+
 def test_a_line_that_fits_is_left_as_it_is():
     code = "loader = DataLoader(ds, batch_size=8)  # fits\n"
     assert fitted(code, 79) == code

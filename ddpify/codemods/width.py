@@ -5,7 +5,8 @@ indents a statement, a wrap names the device ids. After the last stage every sta
 wider than the file's widest original line (at least PEP 8's 79 columns) is laid out again, the way
 black would: a comment line above it that no longer fits is re-flowed; the outermost one-line call
 (or dict) that ends a line still too wide gets one item a line, with a trailing comma (a conditional
-`a if c else b` goes in brackets, a part a line), repeated inward until every line fits or nothing
+`a if c else b` goes in brackets, a part a line; a comprehension puts its element and its `for` on
+lines of their own), repeated inward until every line fits or nothing
 is left to open; then a trailing comment that still
 overflows moves above the statement. A body on its header's line (`if c: a; b`) that overflows
 goes on lines of its own, the header of a `with`/`if`/`for`/`while` opens like a statement's line
@@ -227,8 +228,11 @@ def _alone(stmt: cst.BaseStatement) -> cst.BaseStatement:
 
 
 def _openable(node: cst.CSTNode) -> bool:
-    """A call with arguments, a dict with elements, or `a if c else b`."""
-    return bool(_items(node)) or isinstance(node, cst.IfExp)
+    """A call with arguments, a dict with elements, `a if c else b`, or a list/dict/set comprehension."""
+    return bool(_items(node)) or isinstance(node, (cst.IfExp, *_COMPREHENSIONS))
+
+
+_COMPREHENSIONS = (cst.ListComp, cst.DictComp, cst.SetComp)
 
 
 def _items(node: cst.CSTNode) -> Sequence[cst.CSTNode]:
@@ -241,7 +245,7 @@ def _items(node: cst.CSTNode) -> Sequence[cst.CSTNode]:
 def _opening_width(node: cst.CSTNode, start: int) -> int:
     """The width of the line that ends with the node's opening bracket once it is opened."""
     if not isinstance(node, cst.Call):
-        return start + 1  # `{` or `(`
+        return start + 1  # `{`, `[` or `(`
     return start + len(_code_of_node(node.func)) + len(_code_of_node(node.whitespace_after_func)) + 1
 
 
@@ -251,13 +255,15 @@ def _closes_the_line(rest: str) -> bool:
     return not rest.split("#", 1)[0].strip().strip(")]},:")
 
 
-def _opened(node: cst.Call | cst.Dict | cst.IfExp, indent: str, step: str) -> cst.Call | cst.Dict | cst.IfExp:
+def _opened(node: cst.CSTNode, indent: str, step: str) -> cst.CSTNode:
     """A call or dict with one item a line, one step deeper than `indent`, and a trailing comma
     (none after a call's bare generator argument, where it would not parse); `a if c else b` in
-    brackets, a part a line."""
+    brackets, a part a line; a comprehension's element and its `for` on lines of their own."""
     inner = indent + step
     if isinstance(node, cst.IfExp):
         return _conditional_opened(node, indent, inner)
+    if isinstance(node, _COMPREHENSIONS):
+        return _comprehension_opened(node, indent, inner)
     items = list(_items(node))
     last = len(items) - 1
     laid_out = []
@@ -273,6 +279,15 @@ def _opened(node: cst.Call | cst.Dict | cst.IfExp, indent: str, step: str) -> cs
         return node.with_changes(whitespace_before_args=_line_break(inner), args=laid_out)
     return node.with_changes(lbrace=cst.LeftCurlyBrace(whitespace_after=_line_break(inner)),
                              rbrace=cst.RightCurlyBrace(), elements=laid_out)
+
+
+def _comprehension_opened(node: cst.ListComp | cst.DictComp | cst.SetComp, indent: str, inner: str) -> cst.CSTNode:
+    opening, closing = ("lbracket", "rbracket") if isinstance(node, cst.ListComp) else ("lbrace", "rbrace")
+    return node.with_changes(**{
+        opening: getattr(node, opening).with_changes(whitespace_after=_line_break(inner)),
+        closing: getattr(node, closing).with_changes(whitespace_before=_line_break(indent)),
+        "for_in": node.for_in.with_changes(whitespace_before=_line_break(inner)),
+    })
 
 
 def _conditional_opened(node: cst.IfExp, indent: str, inner: str) -> cst.IfExp:
