@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Sequence
 
@@ -125,11 +126,18 @@ def key_of(node: ast.AST | Pos) -> Key:
 
 def parse_statements(code: str) -> list[cst.BaseStatement]:
     """CST statements from source text (used for inserted code); leading comments stay attached."""
+    return list(_parsed_statements(code))
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_statements(code: str) -> tuple[cst.BaseStatement, ...]:
+    """Parsed once per text: conversions insert the same few snippets again and again (LibCST nodes
+    are immutable, so one parse can serve every insertion)."""
     module = cst.parse_module(code)
     body = list(module.body)
     if body and module.header:
         body[0] = body[0].with_changes(leading_lines=[*module.header, *body[0].leading_lines])
-    return body
+    return tuple(body)
 
 
 def parse_expr(code: str) -> cst.BaseExpression:
