@@ -691,9 +691,27 @@ def walk_body(body: Iterable[ast.AST]) -> Iterator[ast.AST]:
     while stack:
         node = stack.pop()
         yield node
-        for child in ast.iter_child_nodes(node):
-            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-                stack.append(child)
+        stack += [child for child in child_nodes(node) if not isinstance(child, _NESTED_CODE)]
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+_NESTED_CODE = (*_SCOPES, ast.Lambda)
+# Operators and load/store contexts: leaves that ast.parse shares between nodes, so they have no
+# parent, scope or statement of their own; the walk passes over them.
+_SHARED_LEAVES = (ast.expr_context, ast.boolop, ast.operator, ast.unaryop, ast.cmpop)
+
+
+def child_nodes(node: ast.AST) -> list[ast.AST]:
+    """The node's children, as ast.iter_child_nodes gives them, less operators and contexts (a hot
+    path: every analysis visits every node once)."""
+    children = []
+    for name in node._fields:
+        value = getattr(node, name, None)
+        if isinstance(value, list):
+            children += [item for item in value if isinstance(item, ast.AST) and not isinstance(item, _SHARED_LEAVES)]
+        elif isinstance(value, ast.AST) and not isinstance(value, _SHARED_LEAVES):
+            children.append(value)
+    return children
 
 
 class _Structure:
@@ -706,32 +724,35 @@ class _Structure:
 
     def walk(self) -> None:
         a = self.a
+        nodes, parents, scope_of, stmt_of, functions = a.nodes, a.parents, a.scope_of, a.stmt_of, a.functions
         todo: deque[tuple[ast.AST, str, str | None, ast.stmt | None]] = deque([(a.tree, MODULE_SCOPE, None, None)])
         while todo:
             node, scope, cls, stmt = todo.popleft()
-            a.nodes.append(node)
-            for child in ast.iter_child_nodes(node):
-                self._bind(child, scope)
-                a.parents[child] = node
+            nodes.append(node)
+            fn = functions.get(scope)
+            for child in child_nodes(node):
+                if fn is not None:
+                    self._bind(child, fn, scope)
+                parents[child] = node
                 child_stmt = child if isinstance(child, ast.stmt) else stmt
-                a.scope_of[child] = scope
+                scope_of[child] = scope
                 if child_stmt is not None:
-                    a.stmt_of[child] = child_stmt
-                inner_scope, inner_cls = self._enter(child, scope, cls)
-                todo.append((child, inner_scope, inner_cls, child_stmt))
+                    stmt_of[child] = child_stmt
+                if isinstance(child, _SCOPES):
+                    todo.append((child, *self._enter(child, scope, cls), child_stmt))
+                else:
+                    todo.append((child, scope, cls, child_stmt))
         for scope, names in self.declared_global.items():
             a.functions[scope].locals -= names
 
-    def _bind(self, node: ast.AST, scope: str) -> None:
-        """A name `node` binds in the function whose code it is in: an assignment target, a nested def or class."""
-        fn = self.a.functions.get(scope)
-        if fn is None:
-            return
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            fn.locals.add(node.id)
+    def _bind(self, node: ast.AST, fn: Function, scope: str) -> None:
+        """A name `node` binds in the function `fn` whose code it is in: an assignment target, a nested def or class."""
+        if isinstance(node, ast.Name):
+            if not isinstance(node.ctx, ast.Load):
+                fn.locals.add(node.id)
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             self.declared_global[scope].update(node.names)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        elif isinstance(node, _SCOPES):
             fn.locals.add(node.name)
 
     def _enter(self, node: ast.AST, scope: str, cls: str | None) -> tuple[str, str | None]:

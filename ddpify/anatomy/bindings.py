@@ -72,7 +72,7 @@ def _unpacked(stmt: ast.Assign, target: ast.AST, value: ast.AST) -> Iterator[tup
 
 def _refs_bound(a: Anatomy, target: ast.AST) -> Iterator[Ref]:
     """The variables a binding target stores into (`x`, `self.x`, the names inside `(a, (b, c))`)."""
-    for node in ast.walk(target):
+    for node in [target] if isinstance(target, (ast.Name, ast.Attribute)) else ast.walk(target):  # the usual case first
         if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Store):
             ref = a.ref(node)
             if ref is not None:
