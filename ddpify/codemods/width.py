@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 import bisect
 import textwrap
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -58,9 +58,8 @@ def _spans(tree: ast.Module, lines: list[str], wide: list[int]) -> list[tuple[in
     """The (first, last) lines to lay out again for the wide lines, in order and apart: the simple
     statement that spans one (or a compound whose body is on its header line), the one-line header
     of a `with`/`if`/`for`/`while`, or a comment line between statements."""
-    stmts = sorted((node for node in ast.walk(tree) if isinstance(node, ast.stmt)), key=lambda s: (s.lineno, -(s.end_lineno or s.lineno)))
     innermost: dict[int, ast.stmt] = {}  # wide line -> the statement that starts last among those spanning it
-    for stmt in stmts:
+    for stmt in _statements_over(tree.body, wide):
         for line in wide[bisect.bisect_left(wide, stmt.lineno):bisect.bisect_right(wide, stmt.end_lineno or stmt.lineno)]:
             innermost[line] = stmt
     spans: set[tuple[int, int]] = set()
@@ -72,6 +71,22 @@ def _spans(tree: ast.Module, lines: list[str], wide: list[int]) -> list[tuple[in
             spans.add((line, line))
     ordered = sorted(spans)
     return [span for index, span in enumerate(ordered) if index == 0 or span[0] > ordered[index - 1][1]]
+
+
+def _statements_over(body: Sequence[ast.stmt], wide: list[int]) -> Iterator[ast.stmt]:
+    """The statements that span a wide line, each before those nested in it (the rest are not entered)."""
+    for stmt in body:
+        if bisect.bisect_left(wide, stmt.lineno) < bisect.bisect_right(wide, stmt.end_lineno or stmt.lineno):
+            yield stmt
+            yield from _statements_over(list(_nested_statements(stmt)), wide)
+
+
+def _nested_statements(stmt: ast.stmt) -> Iterator[ast.stmt]:
+    """The statements of a compound's blocks, its except clauses and match cases included."""
+    for block in ("body", "orelse", "finalbody"):
+        yield from getattr(stmt, block, ())
+    for clause in (*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())):
+        yield from clause.body
 
 
 def _header_alone(stmt: ast.stmt, line: int) -> bool:
