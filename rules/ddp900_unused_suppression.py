@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ddpify.anatomy import Pos, ScriptKind
-from ddpify.lint import Edit, Finding, Fix, Invalid, Rule
+from ddpify.lint import Finding, Fix, Invalid, Rule
+from ddpify.lint.cst_fixes import comment_edit
 from ddpify.lint.suppress import ALL, Directive, directive_text
 
 
@@ -53,20 +54,14 @@ class UnusedSuppression(Rule):
 
 
 def _fix(anatomy, directive: Directive, codes: frozenset[str] | None) -> Fix | None:
-    """A text edit of the columns the tokenizer found the directive at, not a LibCST rewrite: a
-    comment is no statement or expression for a builder to rewrite, LibCST keeps it in the
-    whitespace after a statement, on a line of its own or between the brackets of a call spread
-    over lines, and the edit touches the comment's own characters only (the line's indentation
-    and line ending stay as they are)."""
+    """The directive's comment naming the codes still in use, or removed when none is."""
     if not directive.whole_comment:
         return None
     kept = frozenset() if codes is ALL or directive.codes is ALL else directive.codes - codes
-    if kept:
-        return Fix((Edit(directive.line, directive.col, directive.line, directive.end_col, directive_text(directive, kept)),),
-                   safe=True, description="drop the unused codes")
-    line = anatomy.lines[directive.line - 1]
-    start = len(line[: directive.col].rstrip())
-    return Fix((Edit(directive.line, start, directive.line, directive.end_col, ""),), safe=True, description="remove the comment")
+    edit = comment_edit(anatomy, directive.line, directive.col, directive_text(directive, kept) if kept else "")
+    if edit is None:
+        return None
+    return Fix((edit,), safe=True, description="drop the unused codes" if kept else "remove the comment")
 
 
 _HEAD = """import torch

@@ -131,3 +131,14 @@ def test_a_dropped_statement_is_the_edit_of_its_own_lines():
 def test_a_dropped_statement_on_an_if_line_leaves_the_others_in_its_body():
     text = DP_HEAD + "\t\tif x.ndim: x = x.to(DEVICE); y = 1\n\t\treturn self.fc(x)\n" + DP_TAIL
     assert fixed(text, "DP001") == text.replace("if x.ndim: x = x.to(DEVICE); y = 1\n", "if x.ndim:\n\t\t\ty = 1\n")
+
+
+@pytest.mark.parametrize("code, text, expected", [
+    ("DDP900", "if True:\r\n\t# ddpify: ignore[DDP001]\r\n\tx = max(\r\n\t\t1,  # noqa: DDP006, E501\r\n\t)\t# ddpify: ignore\r\n",
+     "if True:\r\n\r\n\tx = max(\r\n\t\t1,  # noqa: E501\r\n\t)\r\n"),
+    ("DDP900", "s = '''\n# ddpify: ignore[DDP001]\n'''  # ddpify: ignore[DDP001]\n", "s = '''\n# ddpify: ignore[DDP001]\n'''\n"),
+])
+def test_comment_fix_edits_the_comment_node_only(code, text, expected):
+    """DDP900's fix rewrites LibCST's Comment node: a line of its own keeps no indentation, a comment
+    inside brackets or after a tab loses its spaces, a multi-line string that reads like one stays."""
+    assert fixed(HEAD + text, code) == HEAD + expected

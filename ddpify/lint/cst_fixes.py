@@ -7,7 +7,8 @@ and inside stand-ins for the blocks around it: LibCST re-indents statements and 
 contents alone, so multi-line strings, tabs and CRLF files come out right. A statement that shares
 its line (`a; b`, `if x: a`) is first spread out, one statement a line; one replaced by nothing
 leaves the comments above it in place. The edits no codemod makes are LibCST builders here too
-(`without_module`, `int_from_environment`, `string_like`).
+(`without_module`, `int_from_environment`, `string_like`), and a comment is rewritten as the
+Comment node LibCST keeps it in (`comment_edit`, for DDP900).
 """
 
 from __future__ import annotations
@@ -68,6 +69,55 @@ def expression_edit(a: Anatomy, node: ast.AST, rewrite: Callable[[cst.BaseExpres
         return None
     node_range = parsed.text.offset(pos.line, pos.col), parsed.text.offset(pos.end_line, pos.end_col)
     return _changed_characters(parsed.text, code, node_range)
+
+
+def comment_edit(a: Anatomy, line: int, col: int, text: str) -> Edit | None:
+    """The Edit that makes the comment starting at (`line`, `col`) read `text`; an empty `text`
+    removes the comment with the spaces before it (a comment on a line of its own leaves the line
+    empty). LibCST keeps a comment in the whitespace after a statement, on a line of its own or
+    between the brackets of a call spread over lines: each is a `Comment` node that the edit
+    replaces, so indentation, tabs and line endings stay as they are. None when LibCST cannot parse
+    the script or has no comment there."""
+    parsed = _parsed(a)
+    if parsed is None:
+        return None
+    rewriter = _CommentRewriter((line, col), text)
+    code = MetadataWrapper(parsed.module, unsafe_skip_copy=True).visit(rewriter).code
+    if not rewriter.done:
+        return None
+    start = parsed.text.offset(line, col)
+    return _changed_characters(parsed.text, code, (start, start))
+
+
+class _CommentRewriter(cst.CSTTransformer):
+    """The comment that starts at `at` made to read `text` (removed, with its spaces, if empty)."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, at: Key, text: str) -> None:
+        super().__init__()
+        self.at, self.text, self.done = at, text, False
+
+    def leave_TrailingWhitespace(self, original_node: cst.TrailingWhitespace, updated_node: cst.TrailingWhitespace) -> cst.TrailingWhitespace:
+        if not self._is_target(original_node.comment):
+            return updated_node
+        if self.text:
+            return updated_node.with_changes(comment=cst.Comment(self.text))
+        return updated_node.with_changes(whitespace=cst.SimpleWhitespace(""), comment=None)
+
+    def leave_EmptyLine(self, original_node: cst.EmptyLine, updated_node: cst.EmptyLine) -> cst.EmptyLine:
+        if not self._is_target(original_node.comment):
+            return updated_node
+        if self.text:
+            return updated_node.with_changes(comment=cst.Comment(self.text))
+        return updated_node.with_changes(indent=False, whitespace=cst.SimpleWhitespace(""), comment=None)
+
+    def _is_target(self, comment: cst.Comment | None) -> bool:
+        if comment is None or self.done:
+            return False
+        start = self.get_metadata(PositionProvider, comment).start
+        self.done = (start.line, start.column) == self.at
+        return self.done
 
 
 def without_module(attribute: cst.BaseExpression) -> cst.BaseExpression:
