@@ -330,6 +330,13 @@ class Transform(Codemod):
         pos = self.anatomy.pos(node)
         self.edits.expr[((pos.line, pos.col, pos.end_line, pos.end_col), cst_type)] = rewrite
 
+    def rewrite_expression(self, node: ast.expr, rewrite: Callable[[cst.CSTNode], cst.CSTNode]) -> bool:
+        """`rewrite_node` with the CST type that spells the ast expression's (False: none does, nothing queued)."""
+        cst_type = cst_type_of(node)
+        if cst_type is not None:
+            self.rewrite_node(node, cst_type, rewrite)
+        return cst_type is not None
+
     def guard_statement(self, stmt: ast.stmt, condition: str) -> None:
         """Put `stmt` under `if <condition>:`; neighbours guarded by the same condition share one `if`."""
         self.group_statement(stmt, ("if", condition), lambda run: guard(run, condition))
@@ -355,6 +362,22 @@ class Transform(Codemod):
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         return self.edits.apply(tree, self.anatomy.tree)
+
+
+_CST_TYPES: dict[type, type] = {
+    ast.Name: cst.Name, ast.Attribute: cst.Attribute, ast.Call: cst.Call, ast.Subscript: cst.Subscript,
+    ast.BinOp: cst.BinaryOperation, ast.BoolOp: cst.BooleanOperation, ast.UnaryOp: cst.UnaryOperation,
+    ast.Compare: cst.Comparison, ast.IfExp: cst.IfExp, ast.ListComp: cst.ListComp, ast.JoinedStr: cst.FormattedString,
+}
+_CONSTANT_TYPES: dict[type, type] = {str: cst.SimpleString, int: cst.Integer, float: cst.Float, bool: cst.Name, type(None): cst.Name}
+
+
+def cst_type_of(node: ast.AST) -> type | None:
+    """The LibCST type of the node that spells the ast expression `node` (an edit is keyed by span
+    and type); None where no one type does."""
+    if isinstance(node, ast.Constant):
+        return _CONSTANT_TYPES.get(type(node.value))
+    return _CST_TYPES.get(type(node))
 
 
 class _EditApplier(cst.CSTTransformer):

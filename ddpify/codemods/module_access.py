@@ -57,7 +57,7 @@ class ModuleAccess(Transform):
         return ddp.is_wrapper(self.anatomy, expr, self.WRAPPER)
 
     def _unwrap(self, expr: ast.expr) -> None:
-        self.rewrite_node(expr, type(_cst_name(expr)), module_of)
+        self.rewrite_expression(expr, module_of)
 
     def _index_module(self, node: ast.Subscript) -> None:
         """`net[0]`: a wrapper has no items (`nn.Sequential`, `nn.ModuleList`), its module has."""
@@ -69,10 +69,6 @@ class ModuleAccess(Transform):
         target = node.value
         self.rewrite_node(node, cst.Attribute, _through_module)
         self.changed(node.lineno, f"{ast.unparse(target)}.{node.attr} -> {ast.unparse(target)}.module.{node.attr}")
-
-
-def _cst_name(expr: ast.AST) -> cst.CSTNode:
-    return cst.Name("x") if isinstance(expr, ast.Name) else cst.Attribute(cst.Name("x"), cst.Name("y"))
 
 
 def module_of(node: cst.CSTNode) -> cst.CSTNode:

@@ -19,7 +19,6 @@ from ddpify.codemods.base import Transform, parse_expr
 from ddpify.codemods.ddp.runtime import LOCAL_RANK
 
 _INDEXED_CUDA = re.compile(r"^cuda:\d+$")
-_VARIABLE_TYPES = {ast.Name: cst.Name, ast.Attribute: cst.Attribute, ast.Subscript: cst.Subscript}
 
 
 class RankDevices(Transform):
@@ -58,10 +57,9 @@ class RankDevices(Transform):
                 self._rewrite_index_variable(part.value)
 
     def _rewrite_index_variable(self, index: ast.AST) -> None:
-        cst_type = _VARIABLE_TYPES.get(type(index))
-        if cst_type is None or (isinstance(index, ast.Name) and index.id == LOCAL_RANK):
+        if not isinstance(index, (ast.Name, ast.Attribute, ast.Subscript)) or (isinstance(index, ast.Name) and index.id == LOCAL_RANK):
             return
-        self.rewrite_node(index, cst_type, lambda _: cst.Name(LOCAL_RANK))
+        self.rewrite_expression(index, lambda _: cst.Name(LOCAL_RANK))
         self.changed(index.lineno, f"GPU index {ast.unparse(index)} -> {LOCAL_RANK}")
 
     def _device_index_argument(self, call: ast.Call) -> ast.expr | None:

@@ -38,6 +38,7 @@ from ddpify.anatomy.vocabulary import (
 from ddpify.codemods.base import Transform, add_keyword, guard, parse_expr
 from ddpify.codemods.ddp.runtime import IS_RANK_ZERO, RANK_DEVICE
 from ddpify.codemods.ddp.samplers import fresh_name
+from ddpify.codemods.module_access import module_of
 
 
 
@@ -159,8 +160,7 @@ class RankZeroDuties(Transform):
                         self._use_module(arg)
 
     def _use_module(self, expr: ast.expr) -> None:
-        self.rewrite_node(expr, cst.Name if isinstance(expr, ast.Name) else cst.Attribute,
-                          lambda node: cst.Attribute(value=node, attr=cst.Name("module")))  # type: ignore[arg-type]
+        self.rewrite_expression(expr, module_of)
         name = ast.unparse(expr)
         self.changed(expr.lineno, f"{name} -> {name}.module in rank-0-only code (the DDP wrapper's forward syncs with every rank)")
 

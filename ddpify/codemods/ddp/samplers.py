@@ -14,7 +14,7 @@ import libcst as cst
 
 from ddpify.anatomy import ADAPTIVE_OPTIMIZERS, ROLE_LOADER, ROLE_OPTIMIZER, ROLE_PBAR, LoaderSite, LoopSite
 from ddpify.anatomy import distributed as ddp
-from ddpify.codemods.base import Duty, Transform, data_line, parse_expr
+from ddpify.codemods.base import Duty, Transform, cst_type_of, data_line, parse_expr
 from ddpify.codemods.ddp.runtime import WORLD_SIZE
 
 _TIGHT_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
@@ -34,7 +34,7 @@ class SamplerTransform(Transform):
             return ast.unparse(dataset)
         name = self._fresh_name(base)
         keyword = not isinstance(self.anatomy.parents.get(dataset), ast.Call) or dataset not in self.anatomy.parents[dataset].args  # type: ignore[attr-defined]
-        self.rewrite_node(dataset, _CST_TYPES.get(type(dataset), cst.Call), lambda node: _bind(node, name, keyword))
+        self.rewrite_node(dataset, cst_type_of(dataset) or cst.Call, lambda node: _bind(node, name, keyword))
         return name
 
     def _fresh_name(self, base: str) -> str:
@@ -222,8 +222,6 @@ class DistributedSamplers(SamplerTransform):
         ranked = sorted(visible, key=lambda r: (r not in mentioned, r.scope != scope, r.name))
         return ranked[0].name if ranked else None
 
-
-_CST_TYPES = {ast.Call: cst.Call, ast.Subscript: cst.Subscript, ast.BinOp: cst.BinaryOperation, ast.ListComp: cst.ListComp}
 
 
 def fresh_name(anatomy, base: str, taken: set[str]) -> str:

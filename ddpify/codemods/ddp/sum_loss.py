@@ -14,10 +14,9 @@ import libcst as cst
 
 from ddpify.anatomy import ROLE_SCALER
 from ddpify.anatomy.losses import loss_terms, sums_over_batch
-from ddpify.codemods.base import Transform
+from ddpify.codemods.base import Transform, cst_type_of
 from ddpify.codemods.ddp.runtime import WORLD_SIZE
 
-_CST_TYPES = {ast.Name: cst.Name, ast.Attribute: cst.Attribute, ast.Call: cst.Call, ast.Subscript: cst.Subscript}
 
 
 class SumLossScaling(Transform):
@@ -48,12 +47,11 @@ class SumLossScaling(Transform):
         summed = [t for t, sums in zip(terms, reductions) if sums]
         if not summed:
             return
-        cst_type = _CST_TYPES.get(type(loss))
-        if len(summed) < len(terms) or cst_type is None:
+        if len(summed) < len(terms) or cst_type_of(loss) is None:
             self.advise(line, f"the loss adds terms summed over the batch (reduction='sum') to averaged ones: ranks average "
                               f"gradients, so multiply only the summed terms by {WORLD_SIZE}")
             return
         code = ast.unparse(loss)
-        self.rewrite_node(loss, cst_type, lambda _: cst.parse_expression(f"({code} * {WORLD_SIZE})"))
+        self.rewrite_expression(loss, lambda _: cst.parse_expression(f"({code} * {WORLD_SIZE})"))
         self.changed(line, f"the loss sums over the batch (reduction='sum') and ranks average gradients: backward on "
                            f"{code} * {WORLD_SIZE} keeps the single-process sum")

@@ -1,29 +1,13 @@
-"""Edits the DP transforms share: rewrite an expression, drop a statement but keep its comments."""
+"""Edits the DP transforms share: drop a statement but keep its comments, and the loss mean."""
 
 from __future__ import annotations
 
 import ast
-from typing import Callable
 
 import libcst as cst
 
 from ddpify.anatomy import Anatomy
 from ddpify.codemods.base import Transform, one_statement_a_line
-
-_CST_TYPE = {
-    ast.Call: cst.Call,
-    ast.Subscript: cst.Subscript,
-    ast.Attribute: cst.Attribute,
-    ast.Name: cst.Name,
-    ast.IfExp: cst.IfExp,
-    ast.Constant: cst.SimpleString,
-}
-
-
-def rewrite_expression(transform: Transform, node: ast.expr, rewrite: Callable[[cst.CSTNode], cst.CSTNode]) -> None:
-    """`Transform.rewrite_node` with the CST type that matches the ast node's."""
-    transform.rewrite_node(node, _CST_TYPE[type(node)], rewrite)
-
 
 def remove_statement(transform: Transform, anatomy: Anatomy, stmt: ast.stmt) -> None:
     """Drop `stmt`; the comments and blank lines above it move to the statement after it. The

@@ -14,7 +14,7 @@ import libcst as cst
 
 from ddpify.anatomy.forward import DeviceUse, function_of, hardcoded_devices, input_name, replica_forward_methods
 from ddpify.codemods.base import Transform, parse_expr
-from ddpify.codemods.dp._edits import remove_statement, rewrite_expression
+from ddpify.codemods.dp._edits import remove_statement
 
 
 class ForwardDevices(Transform):
@@ -38,10 +38,10 @@ class ForwardDevices(Transform):
             remove_statement(self, self.anatomy, use.stmt)
             self.changed(use.stmt.lineno, f"removed `{ast.unparse(use.stmt)}`: DataParallel already puts {source} on its replica's GPU")
         elif use.kind == "cuda":
-            rewrite_expression(self, use.node, lambda call: cuda_to(call, device))  # type: ignore[arg-type]
+            self.rewrite_expression(use.node, lambda call: cuda_to(call, device))  # type: ignore[arg-type]
             self.changed(use.node.lineno, f"{spelled} -> .to({device}) (the replica's GPU)")
         else:
-            rewrite_expression(self, use.node, lambda _: parse_expr(device))  # type: ignore[arg-type]
+            self.rewrite_expression(use.node, lambda _: parse_expr(device))  # type: ignore[arg-type]
             self.changed(use.node.lineno, f"{spelled} -> {device} (the replica's GPU)")
 
 

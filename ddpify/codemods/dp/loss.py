@@ -12,7 +12,7 @@ import ast
 
 from ddpify.anatomy.forward import LossAccess, forward_of, is_reduced, loss_accesses, loss_return, model_calls, reads_after
 from ddpify.codemods.base import Transform
-from ddpify.codemods.dp._edits import mean_of, rewrite_expression
+from ddpify.codemods.dp._edits import mean_of
 
 _WHY = "DataParallel returns one loss per GPU"
 
@@ -38,6 +38,6 @@ class MeanLoss(Transform):
                 self.insert_after(access.stmt, f"{node.id} = {node.id}.mean()  # {_WHY}\n")  # type: ignore[attr-defined]
                 self.changed(access.stmt.lineno, f"{node.id} = {node.id}.mean(): {_WHY}")  # type: ignore[attr-defined]
         elif not is_reduced(self.anatomy, node):
-            rewrite_expression(self, node, mean_of)  # type: ignore[arg-type]
+            self.rewrite_expression(node, mean_of)  # type: ignore[arg-type]
             self.changed(node.lineno, f"{ast.unparse(node)}.mean(): {_WHY}")
 

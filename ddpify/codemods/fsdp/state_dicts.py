@@ -75,7 +75,7 @@ class CollectiveStateDicts(Transform):
         """Every rank takes rank 0's branch, so the collective inside runs on all of them or on none."""
         self.insert_before(branch, f"{RANK0_DECISION} = [{ast.unparse(branch.test)}]\n"
                                    f"dist.broadcast_object_list({RANK0_DECISION}, src=0)  # ranks must agree: a collective below\n")
-        self.rewrite_node(branch.test, type(_cst_expr(branch.test)), lambda _node: parse_expr(f"{RANK0_DECISION}[0]"))
+        self.rewrite_expression(branch.test, lambda _node: parse_expr(f"{RANK0_DECISION}[0]"))
         self.changed(branch.lineno, f"every rank follows rank 0's `if {ast.unparse(branch.test)}` (a collective inside)")
 
 
@@ -136,11 +136,6 @@ class FullStateDicts(CollectiveStateDicts):
             return writes[-1]
         saves = [c for c in self.anatomy.calls_to("torch.save") if c.stmt is stmt]
         return stmt if saves else None
-
-
-def _cst_expr(expr: ast.expr) -> cst.BaseExpression:
-    """A CST node of the same type as the ast expression (rewrite_node matches on type and span)."""
-    return cst.parse_expression(ast.unparse(expr))
 
 
 def _arguments(call: cst.CSTNode) -> str:
