@@ -6,13 +6,13 @@ wider than the file's widest original line (at least PEP 8's 79 columns) is laid
 black would: a comment line above it that no longer fits is re-flowed; the outermost one-line call
 (or dict) that ends a line still too wide gets one item a line, with a trailing comma (a conditional
 `a if c else b` goes in brackets, a part a line; a comprehension puts its element and its `for` on
-lines of their own), repeated inward until every line fits or nothing
-is left to open; then a trailing comment that still
-overflows moves above the statement. A body on its header's line (`if c: a; b`) that overflows
+lines of their own), repeated inward until every line fits or nothing is left to open; then a
+trailing comment that still overflows moves above the statement. A body on its header's line (`if c: a; b`) that overflows
 goes on lines of its own, the header of a `with`/`if`/`for`/`while` opens like a statement's line
-(`with (` ... `):`), and a long `from m import a, b` goes into brackets. Strings are never split:
-a line the conversion only indented (a guarded f-string print) may stay wider. Lines the conversion
-did not widen never exceed the limit, so they are never touched.
+(`with (` ... `):`), and a long `from m import a, b` goes into brackets. A string literal still
+too wide on a line of its own inside brackets is split after spaces into adjacent literals, which
+Python joins into the same string (black's preview style): a part without a replacement field
+drops the `f`. Lines the conversion did not widen never exceed the limit, so they are never touched.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def fit(stmt: cst.BaseStatement, column: int, limit: int, step: str = "    ") ->
     if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.ImportFrom):
         stmt = _imports_opened(stmt, column, limit, step)
     for _ in range(_MAX_OPENED):
-        opened_stmt = _open_a_call(stmt, column, limit, step)
+        opened_stmt = _open_a_call(stmt, column, limit, step) or _split_a_string(stmt, column, limit)
         if opened_stmt is None:
             break
         stmt = opened_stmt
@@ -232,6 +232,89 @@ def _open_a_call(stmt: cst.BaseStatement, column: int, limit: int, step: str) ->
     _, node = min(found, key=lambda start_node: start_node[0])
     indent = line[: len(line) - len(line.lstrip())]
     return stmt.deep_replace(node, _opened(node, indent, step))  # type: ignore[return-value]
+
+
+# ----- strings --------------------------------------------------------------------------------
+def _split_a_string(stmt: cst.BaseStatement, column: int, limit: int) -> cst.BaseStatement | None:
+    """`stmt` with the one-line string literal that starts its first too-wide line (inside brackets,
+    once a call is opened) split at spaces into adjacent literals, a line each, which Python joins
+    into the same string (None: every line fits, or no string there can be split to help)."""
+    module = cst.Module(body=[_alone(stmt)])
+    lines = module.code.splitlines()
+    wide = next((number for number, line in enumerate(lines, 1) if column + len(line) > limit), None)
+    if wide is None or wide == 1 or lines[wide - 2].rstrip().endswith("\\"):
+        return None  # a statement's first line, or a backslash continuation, is no place for a line break
+    line = lines[wide - 1]
+    indent = line[: len(line) - len(line.lstrip())]
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    joined_already = {part for node in positions if isinstance(node, cst.ConcatenatedString) for part in (node.left, node.right)}
+    string = next((node for node, where in positions.items() if isinstance(node, _STRINGS) and node not in joined_already
+                   and where.start.line == wide and where.end.line == wide and where.start.column == len(indent)), None)
+    if string is None:
+        return None
+    parts = _string_parts(_code_of_node(string.with_changes(lpar=(), rpar=())), limit - column - len(indent),
+                          len(line) - len(indent) - len(_code_of_node(string)))
+    if len(parts) < 2:
+        return None
+    joined = cst.parse_expression(parts[-1])
+    for part in reversed(parts[:-1]):
+        joined = cst.ConcatenatedString(cst.parse_expression(part), joined, whitespace_between=_line_break(indent))  # type: ignore[arg-type]
+    return stmt.deep_replace(string, joined.with_changes(lpar=string.lpar, rpar=string.rpar))  # type: ignore[return-value]
+
+
+_STRINGS = (cst.SimpleString, cst.FormattedString)
+
+
+def _string_parts(literal: str, width: int, after: int) -> list[str]:
+    """`literal` (`f"a {b} c"`, one line) as literals of `width` columns at the most (the last also
+    followed by `after` columns), split after spaces outside replacement fields; a part without a
+    field loses the `f` prefix."""
+    prefix = literal[: len(literal) - len(literal.lstrip("rRbBuUfF"))]
+    quote = literal[len(prefix)]
+    body = literal[len(prefix) + 1:-1]
+    if literal[len(prefix):len(prefix) + 3] in ('"""', "'''") or not literal.endswith(quote):
+        return [literal]
+    cuts = _split_points(body, formatted="f" in prefix.lower())
+    room = width - len(prefix) - 2
+    parts, start = [], 0
+    while start < len(body):
+        if len(body) - start + after <= room:
+            parts.append(body[start:])
+            break
+        fitting = [cut for cut in cuts if start < cut and cut - start <= room]
+        cut = fitting[-1] if fitting else next((c for c in cuts if c > start), len(body))
+        parts.append(body[start:cut])
+        start = cut
+    return [f"{_prefix_for(prefix, part)}{quote}{part}{quote}" for part in parts]
+
+
+def _split_points(body: str, formatted: bool) -> list[int]:
+    """Where a string's text may end a part: after a space outside `{...}` fields (and the strings
+    inside them), not after a backslash; nowhere in a string with a named escape (`\\N{...}`)."""
+    if "\\N{" in body:
+        return []
+    cuts, depth, index = [], 0, 0
+    while index < len(body):
+        char = body[index]
+        if formatted and char in "{}" and body[index:index + 2] in ("{{", "}}") and depth == 0:
+            index += 2
+            continue
+        if depth and char in "'\"":
+            index = body.find(char, index + 1) + 1 or len(body)
+            continue
+        if formatted and char == "{":
+            depth += 1
+        elif formatted and char == "}":
+            depth -= 1
+        elif char == " " and depth == 0 and index > 0 and body[index - 1] != "\\" and index + 1 < len(body):
+            cuts.append(index + 1)
+        index += 1
+    return cuts
+
+
+def _prefix_for(prefix: str, part: str) -> str:
+    """The literal's prefix, without `f` for a part that holds no `{` or `}`."""
+    return prefix if "{" in part or "}" in part else prefix.replace("f", "").replace("F", "")
 
 
 def _alone(stmt: cst.BaseStatement) -> cst.BaseStatement:
