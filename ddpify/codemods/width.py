@@ -247,8 +247,8 @@ def _split_a_string(stmt: cst.BaseStatement, column: int, limit: int) -> cst.Bas
     line = lines[wide - 1]
     indent = line[: len(line) - len(line.lstrip())]
     positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-    joined_already = {part for node in positions if isinstance(node, cst.ConcatenatedString) for part in (node.left, node.right)}
-    string = next((node for node, where in positions.items() if isinstance(node, _STRINGS) and node not in joined_already
+    lefts = {node.left for node in positions if isinstance(node, cst.ConcatenatedString)}  # must stay one literal
+    string = next((node for node, where in positions.items() if isinstance(node, _STRINGS) and node not in lefts
                    and where.start.line == wide and where.end.line == wide and where.start.column == len(indent)), None)
     if string is None:
         return None
