@@ -406,7 +406,10 @@ class _EditApplier(cst.CSTTransformer):
         return True
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        """Statements with no edit on their lines are left as they are, unvisited."""
+        """Statements with no edit on their lines are left as they are, unvisited; so are the
+        expressions of a statement with no expression rewrite on its lines."""
+        if isinstance(node, cst.BaseExpression) and self.holders and not self.holders[-1][1]:
+            return False
         place = self.statements.get(node) if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) else None
         if place is not None:
             lines = place[0].lineno, place[1].end_lineno or place[1].lineno
