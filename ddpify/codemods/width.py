@@ -20,10 +20,10 @@ from __future__ import annotations
 import ast
 import bisect
 import textwrap
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from ddpify.codemods.base import one_statement_a_line
 
@@ -141,7 +141,7 @@ def fit(stmt: cst.BaseStatement, column: int, limit: int, step: str = "    ") ->
     if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.ImportFrom):
         stmt = _imports_opened(stmt, column, limit, step)
     for _ in range(_MAX_OPENED):
-        opened_stmt = _open_a_call(stmt, column, limit, step) or _split_a_string(stmt, column, limit)
+        opened_stmt = _first_wide_line_laid_out(stmt, column, limit, step)
         if opened_stmt is None:
             break
         stmt = opened_stmt
@@ -211,16 +211,26 @@ def _last_line_width(stmt: cst.BaseStatement, column: int) -> int:
 
 
 # ----- calls ----------------------------------------------------------------------------------
-def _open_a_call(stmt: cst.BaseStatement, column: int, limit: int, step: str) -> cst.BaseStatement | None:
-    """`stmt` with the outermost one-line call (or dict, or conditional) that ends its first too-wide
-    line opened, one item a line (None: every line fits, or no bracket on that line can be opened to
-    help). Of a compound statement only the header is looked at."""
+Positions = Mapping[cst.CSTNode, CodeRange]
+
+
+def _first_wide_line_laid_out(stmt: cst.BaseStatement, column: int, limit: int, step: str) -> cst.BaseStatement | None:
+    """`stmt` with its first too-wide line laid out: a call that ends it opened, else a string that
+    starts it split (None: every line fits, or nothing on that line can help). Of a compound
+    statement only the header is looked at."""
     module = cst.Module(body=[_alone(stmt)])
     lines = module.code.splitlines()
     wide = next((number for number, line in enumerate(lines, 1) if column + len(line) > limit), None)
     if wide is None:
         return None
     positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    return _open_a_call(stmt, positions, lines, wide, column, limit, step) or _split_a_string(stmt, positions, lines, wide, column, limit)
+
+
+def _open_a_call(stmt: cst.BaseStatement, positions: Positions, lines: list[str], wide: int, column: int, limit: int,
+                 step: str) -> cst.BaseStatement | None:
+    """`stmt` with the outermost one-line call (or dict, or conditional) that ends line `wide` opened,
+    one item a line (None: no bracket on that line can be opened to help)."""
     line = lines[wide - 1]
     found = [
         (where.start.column, node) for node, where in positions.items()
@@ -235,18 +245,15 @@ def _open_a_call(stmt: cst.BaseStatement, column: int, limit: int, step: str) ->
 
 
 # ----- strings --------------------------------------------------------------------------------
-def _split_a_string(stmt: cst.BaseStatement, column: int, limit: int) -> cst.BaseStatement | None:
-    """`stmt` with the one-line string literal that starts its first too-wide line (inside brackets,
-    once a call is opened) split at spaces into adjacent literals, a line each, which Python joins
-    into the same string (None: every line fits, or no string there can be split to help)."""
-    module = cst.Module(body=[_alone(stmt)])
-    lines = module.code.splitlines()
-    wide = next((number for number, line in enumerate(lines, 1) if column + len(line) > limit), None)
-    if wide is None or wide == 1 or lines[wide - 2].rstrip().endswith("\\"):
+def _split_a_string(stmt: cst.BaseStatement, positions: Positions, lines: list[str], wide: int, column: int,
+                    limit: int) -> cst.BaseStatement | None:
+    """`stmt` with the one-line string literal that starts line `wide` (inside brackets, once a call
+    is opened) split at spaces into adjacent literals, a line each, which Python joins into the same
+    string (None: no string there can be split to help)."""
+    if wide == 1 or lines[wide - 2].rstrip().endswith("\\"):
         return None  # a statement's first line, or a backslash continuation, is no place for a line break
     line = lines[wide - 1]
     indent = line[: len(line) - len(line.lstrip())]
-    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     lefts = {node.left for node in positions if isinstance(node, cst.ConcatenatedString)}  # must stay one literal
     string = next((node for node, where in positions.items() if isinstance(node, _STRINGS) and node not in lefts
                    and where.start.line == wide and where.end.line == wide and where.start.column == len(indent)), None)
