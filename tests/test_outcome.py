@@ -18,6 +18,7 @@ from ddpify.commands.convert import FAILED, UNCHANGED, Outcome, exit_code, summa
 from ddpify.convert import convert_source, lint_leftovers
 from ddpify.lint.engine import check_text, rule_set
 from ddpify.lint.registry import all_rules
+from helpers import one_line
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -60,13 +61,15 @@ for step in range(10):
     loss.backward()
     opt.step()
 """
-# a GAN whose discriminator is loaded whole: only the generator can be found and wrapped
+# a GAN whose discriminator is loaded whole and trained through a library's parameter groups: only
+# the generator can be found and wrapped
 GAN = HEAD + """\
+from mylib import param_groups
 loader = DataLoader(data, batch_size=4, shuffle=True)
 netG = nn.Linear(4, 4)
 netD = torch.load("netD.pt", weights_only=False)
 optG = torch.optim.Adam(netG.parameters())
-optD = torch.optim.Adam(netD.parameters())
+optD = torch.optim.Adam(param_groups(netD))
 for epoch in range(2):
     for x, _ in loader:
         lossD = netD(netG(torch.randn(4, 4)).detach()).mean() - netD(x).mean()
@@ -129,6 +132,18 @@ def test_a_gan_with_one_model_left_unwrapped_is_incomplete():
     ((missing,),) = [result.missing]
     assert missing.line == line_of(GAN, "optD = ") and "not wrapped in DistributedDataParallel" in missing.what
     assert result.reason == f"{missing.what} (line {missing.line})"
+
+
+@pytest.mark.parametrize("built", ['models.__dict__["resnet18"](num_classes=4)', 'getattr(models, arch)()', 'build_model(cfg)',
+                                   'torch.hub.load("pytorch/vision", "resnet18")', 'torch.load("net.pt", weights_only=False)',
+                                   'REGISTRY[arch]()'])
+def test_a_model_of_unknown_class_that_an_optimizer_trains_is_wrapped(built):
+    """No constructor says it is a model, but the optimizer is built on its parameters: it is one."""
+    head = HEAD + "import torchvision.models as models\nfrom mylib import build_model, cfg, arch, REGISTRY\n"
+    code = COMPLETE.replace(HEAD, head).replace("model = nn.Linear(4, 1)", f"model = {built}")
+    for target, wrapped in (("ddp", "model = DDP(model, "), ("dp", "model = nn.DataParallel(model)")):
+        result = convert_source(code, target)
+        assert result.status is Status.CONVERTED and wrapped in one_line(result.output), (target, result.missing)
 
 
 def test_a_training_loader_that_cannot_be_sharded_is_incomplete():

@@ -40,6 +40,7 @@ from ddpify.anatomy.vocabulary import (
     ITERATION_WRAPPERS,
     MODEL_WRAPPERS,
     MODULE_RETURNING_SELF,
+    PARAMETER_METHODS,
     TQDM_CONSTRUCTORS,
     WRITER_CONSTRUCTORS,
     is_builtin_layer,
@@ -438,6 +439,9 @@ class Anatomy:
         return any(callee and self.function_contains(callee, self._moves_a_model) for callee in calls)
 
     def _moves_a_model(self, node: ast.AST) -> bool:
+        """`model.to(device)` (on a model), or `return <value>.to(device)` in the function that builds it."""
+        if isinstance(node, ast.Return):
+            return node.value is not None and _moves_any(node.value)
         return (
             isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in DEVICE_MOVES
             and self.has_role(node.func.value, ROLE_MODEL)
@@ -899,6 +903,12 @@ class _ValueFlow:
 
     def run(self) -> None:
         self._seed_incoming()
+        self._flow()
+        if self._seed_trained_models():
+            self._flow()
+        self._bind_origins()
+
+    def _flow(self) -> None:
         for _ in range(self.MAX_ROUNDS):
             before = self._known()
             self._flow_assignments()
@@ -906,7 +916,20 @@ class _ValueFlow:
             self._flow_returns()
             if self._known() == before:
                 break
-        self._bind_origins()
+
+    def _seed_trained_models(self) -> bool:
+        """A variable whose `.parameters()` an optimizer is built on holds a model, even where no
+        constructor says so (`models.__dict__[arch]()`, `getattr(models, arch)()`, `torch.hub.load`,
+        a library's `build_model(cfg)`): a model of unknown class. True when one was found."""
+        a, seeded = self.a, False
+        for optimizer in a.optimizers:
+            for node in a._walk_through_variables(optimizer.node):
+                receiver = _parameters_receiver(node)
+                ref = a.ref(receiver) if receiver is not None else None
+                if ref is not None and not a.roles(receiver):
+                    a.values[ref].add((ROLE_MODEL, None))
+                    seeded = True
+        return seeded
 
     def _known(self) -> int:
         a = self.a
@@ -980,6 +1003,16 @@ class _ValueFlow:
                     if getattr(origin, "target", "unset") is None:
                         origin.target = ref  # type: ignore[attr-defined]
         a.models = [m for m in a._model_sites.values() if m.target is not None and m.target.scope not in a.model_classes]
+
+
+def _parameters_receiver(node: ast.AST) -> ast.AST | None:
+    """`model` in `model.parameters()` / `model.named_parameters()` (a variable, not `model.head`)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PARAMETER_METHODS:
+        receiver = node.func.value
+        if isinstance(receiver, ast.Name) or (isinstance(receiver, ast.Attribute) and isinstance(receiver.value, ast.Name)
+                                              and receiver.value.id == "self"):
+            return receiver
+    return None
 
 
 def _assigned_pairs(node: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
