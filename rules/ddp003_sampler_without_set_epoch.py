@@ -56,14 +56,9 @@ class SamplerWithoutSetEpoch(Rule):
             sampler = ddp.loader_sampler(a, loader)
             if sampler is None or not ddp.sampler_shuffles(sampler):
                 continue
-            for epoch_loop in _epoch_loops_around(a, loader):
+            for epoch_loop in a.epoch_loops_around(loader):
                 if not ddp.sets_epoch(a, epoch_loop.node.body):
                     yield Finding(header_pos(a, epoch_loop.node), fix=_fix(a, epoch_loop, loader, sampler))
-
-
-def _epoch_loops_around(a, loader):
-    step_loops = {loop.node for loop in a.step_loops if loop.loader is loader and loop.trains}
-    return [e for e in a.epoch_loops if a.body_contains(e.node.body, lambda n: n in step_loops)]
 
 
 def _fix(a, epoch_loop, loader, sampler) -> Fix | None:

@@ -1118,7 +1118,7 @@ def _find_loops(a: Anatomy) -> None:
     _find_delegated_training(a)
     train_loop_nodes = {loop.node for loop in (*a.step_loops, *a.delegated_steps) if loop.trains}
     for node in a.nodes:
-        if isinstance(node, (ast.For, ast.AsyncFor)) and node not in {l.node for l in a.step_loops}:
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and node not in {l.node for l in a.step_loops}:
             if a.body_contains(node.body, lambda n: n in train_loop_nodes):
                 a.epoch_loops.append(a.site(node, LoopSite, loop_var=_loop_var(node), trains=True))  # type: ignore[arg-type]
 
@@ -1152,13 +1152,25 @@ def _iterated_loader(a: Anatomy, expr: ast.AST) -> LoaderSite | None:
     return next(iter(sorted(found, key=lambda s: s.line)), None) if found else None  # type: ignore[return-value]
 
 
-def _loop_var(loop: ast.For | ast.AsyncFor) -> str | None:
-    """`epoch` in `for epoch in ...` and in `for epoch, item in enumerate(...)`."""
+def _loop_var(loop: ast.For | ast.AsyncFor | ast.While) -> str | None:
+    """`epoch` in `for epoch in ...` and in `for epoch, item in enumerate(...)`; in `while ...:`,
+    the variable its body counts passes with (`epoch += 1`, in the body itself, not a nested loop)."""
+    if isinstance(loop, ast.While):
+        return _pass_counter(loop.body)
     target = loop.target
     if isinstance(target, ast.Tuple) and target.elts and isinstance(loop.iter, ast.Call):
         if isinstance(loop.iter.func, ast.Name) and loop.iter.func.id == "enumerate":
             target = target.elts[0]
     return target.id if isinstance(target, ast.Name) and target.id != "_" else None
+
+
+def _pass_counter(body: list[ast.stmt]) -> str | None:
+    """`epoch` where the statements hold `epoch += 1` (the first such name)."""
+    for stmt in body:
+        if (isinstance(stmt, ast.AugAssign) and isinstance(stmt.op, ast.Add) and isinstance(stmt.target, ast.Name)
+                and isinstance(stmt.value, ast.Constant) and stmt.value.value == 1):
+            return stmt.target.id
+    return None
 
 
 def _find_entry(a: Anatomy) -> None:

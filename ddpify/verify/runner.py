@@ -93,9 +93,9 @@ def training_loaders(script: str) -> dict[int, tuple[tuple[int, int, int], ...]]
             for loader in anatomy.loaders if loader.is_train}
 
 
-def _epoch_loop(loop: ast.For) -> tuple[int, int, int]:
-    """`for epoch in range(1, n):` sets epoch 1 first; other loops 0."""
-    it, first = loop.iter, 0
+def _epoch_loop(loop: ast.For | ast.While) -> tuple[int, int, int]:
+    """`for epoch in range(1, n):` sets epoch 1 first; other loops (a `while` counting its passes) 0."""
+    it, first = getattr(loop, "iter", None), 0
     if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range" and len(it.args) >= 2:
         start = it.args[0]
         first = start.value if isinstance(start, ast.Constant) and type(start.value) is int else 0
