@@ -134,6 +134,14 @@ SamplerWithoutSetEpoch.INVALID = (
         fixed=_HEAD + "sampler = DistributedSampler(data)\nloader = DataLoader(data, sampler=sampler)\n"
         "for epoch in range(3):\n    sampler.set_epoch(epoch)\n    for x, y in loader:\n" + _STEP,
     ),
+    # a step budget: the `while` around the loader counts its passes in `epoch`
+    Invalid(
+        _HEAD + "loader = DataLoader(data, sampler=DistributedSampler(data))\nstep = epoch = 0\n"
+        "while step < 10:\n    for x, y in loader:\n" + _STEP + "        step += 1\n    epoch += 1\n",
+        line=11,
+        fixed=_HEAD + "loader = DataLoader(data, sampler=DistributedSampler(data))\nstep = epoch = 0\n"
+        "while step < 10:\n    loader.sampler.set_epoch(epoch)\n    for x, y in loader:\n" + _STEP + "        step += 1\n    epoch += 1\n",
+    ),
     Invalid(
         _HEAD + "train_loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=2)\n"
         "for ep in range(3):\n    for x, y in train_loader:\n" + _STEP,
