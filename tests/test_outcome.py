@@ -146,6 +146,36 @@ def test_a_model_of_unknown_class_that_an_optimizer_trains_is_wrapped(built):
         assert result.status is Status.CONVERTED and wrapped in one_line(result.output), (target, result.missing)
 
 
+def test_zipped_loaders_are_each_sharded_and_told_the_epoch():
+    code = COMPLETE.replace("loader = DataLoader(data, batch_size=4, shuffle=True)\n",
+                            "loader = DataLoader(data, batch_size=4, shuffle=True)\nother = DataLoader(data, batch_size=4, shuffle=True)\n")
+    code = code.replace("    for x, y in loader:\n", "    for (x, y), (x2, y2) in zip(loader, other):\n")
+    result = convert_source(code, "ddp")
+    output = one_line(result.output)
+    assert result.status is Status.CONVERTED and output.count("sampler=DistributedSampler(") == 2
+    assert "loader.sampler.set_epoch(epoch)" in output and "other.sampler.set_epoch(epoch)" in output
+
+
+def test_models_bound_by_unpacking_are_wrapped_each():
+    for bound in ("enc, dec = nn.Linear(4, 4), nn.Linear(4, 1)", "from mylib import make_pair\nenc, dec = make_pair()"):
+        code = COMPLETE.replace("model = nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)",
+                                f"{bound}\nopt = torch.optim.SGD([*enc.parameters(), *dec.parameters()], lr=0.1)")
+        code = code.replace("model(x)", "dec(enc(x))")
+        result = convert_source(code, "ddp")
+        output = one_line(result.output)
+        assert result.status is Status.CONVERTED and "enc = DDP(enc, " in output and "dec = DDP(dec, " in output, bound
+
+
+def test_a_model_container_without_forward_is_not_wrapped_but_missing():
+    """`heads["a"](x)` calls a module of the ModuleDict past any wrapper: DDP would sync nothing."""
+    code = COMPLETE.replace("model = nn.Linear(4, 1)", "heads = nn.ModuleDict({'a': nn.Linear(4, 1)})")
+    code = code.replace("model.parameters()", "heads.parameters()").replace("model(x)", "heads['a'](x)")
+    result = convert_source(code, "ddp")
+    assert result.status is Status.INCOMPLETE and "DDP(heads" not in one_line(result.output)
+    ((missing,),) = [result.missing]
+    assert "heads is an nn.ModuleDict: it has no forward" in missing.what and missing.line == line_of(code, "heads = ")
+
+
 def test_a_training_loader_that_cannot_be_sharded_is_incomplete():
     code = COMPLETE.replace("shuffle=True", "sampler=torch.utils.data.RandomSampler(data)")
     result = convert_source(code, "ddp")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Iterator
 
-from ddpify.anatomy.bindings import bindings
+from ddpify.anatomy.bindings import Binding, bindings
 from ddpify.anatomy.facts import EPOCHS, NO_FACTS, STEPS, ProjectFacts
 from ddpify.anatomy.names import ImportTable
 from ddpify.anatomy.sites import (
@@ -127,6 +127,7 @@ class Anatomy:
         self.step_loops: list[LoopSite] = []
         self.epoch_loops: list[LoopSite] = []
         self.delegated_steps: list[LoopSite] = []  # calls into another file that iterate a loader of this one
+        self.foreign_models: list[ModelSite] = []  # stand-ins for models other files hand in (ddpify.anatomy.project)
         self.wrapped_elsewhere: set[ModelSite] = set()  # models that arrive already wrapped in DDP
         self.calls: list[CallSite] = []
         self.main_guard: ast.If | None = None
@@ -348,7 +349,18 @@ class Anatomy:
         in a list first) and, without any optimizer, through `for p in model.parameters():` loops
         that update `p` in place.
         """
+        return self._trained_model_bindings[0]
+
+    @property
+    def trained_models_unbound(self) -> list[tuple[ast.AST, ast.AST]]:
+        """(read, the optimizer call or loop it is read at) for models that are trained but whose
+        binding the analysis can't find, so nothing can wrap them (`enc, dec = make_pair()`)."""
+        return self._trained_model_bindings[1]
+
+    @cached_property
+    def _trained_model_bindings(self) -> tuple[list[ModelSite], list[tuple[ast.AST, ast.AST]]]:
         found: dict[Ref, ModelSite] = {}
+        unbound: dict[Ref, tuple[ast.AST, ast.AST]] = {}
         for node, used_at in self._trained_model_reads():
             ref = self.ref(node)
             if ref is None or ref in found or not self.has_role(node, ROLE_MODEL):
@@ -357,7 +369,11 @@ class Anatomy:
             if binding is not None:
                 binding = self._moved_by_callee(binding) or binding
                 found[binding.target] = binding
-        return list(found.values())
+            elif ref.name != "self" and not self.origins(node, ROLE_MODEL) & set(self.foreign_models):
+                unbound.setdefault(ref, (node, used_at))  # (`self` is a model class's own: bound where it is built)
+        bound = {model.target for model in found.values()}
+        in_order = sorted(found.values(), key=lambda model: (model.pos.line, model.pos.col))
+        return in_order, [read for ref, read in unbound.items() if ref not in bound]
 
     def _trained_model_reads(self) -> Iterator[tuple[ast.AST, ast.AST]]:
         """(variable read, call or loop it is read at) for what each optimizer is built over."""
@@ -482,13 +498,13 @@ class Anatomy:
     def _binding(self, ref: Ref, used_at: ast.AST, depth: int = 0) -> ModelSite | None:
         """The assignment that gives `ref` its model, following function parameters to callers."""
         assigns = [
-            s for s in self._assignments_to(ref)
-            if (s.lineno <= used_at.lineno and self._same_or_outer_block(s, used_at)) or ref.name.startswith("self.")
+            b for b in self._values_given(ref)
+            if (b.stmt.lineno <= used_at.lineno and self._same_or_outer_block(b.stmt, used_at)) or ref.name.startswith("self.")
         ]
         if assigns:
-            stmt = assigns[-1] if not ref.name.startswith("self.") else assigns[0]
-            origin = next(iter(self.origins(_assigned_value(stmt), ROLE_MODEL)), None)
-            return self._model_binding(ref, stmt, origin)
+            given = assigns[-1] if not ref.name.startswith("self.") else assigns[0]
+            origin = next(iter(self.origins(given.value, ROLE_MODEL)), None) if given.value is not None else None
+            return self._model_binding(ref, given.stmt, origin, given.value)
         container = self._iterated_container(ref)
         if container is not None:
             return self._container_binding(container, used_at, depth)
@@ -547,14 +563,19 @@ class Anatomy:
             cur = self.parents.get(cur)
         return False
 
-    def _model_binding(self, ref: Ref, stmt: ast.stmt, origin: Site | None) -> ModelSite:
-        value = _assigned_value(stmt)
-        site = self.site(value, ModelSite, target=ref)
+    def _model_binding(self, ref: Ref, stmt: ast.stmt, origin: Site | None, value: ast.AST | None = None) -> ModelSite:
+        """The model `ref` gets from `stmt` (`value`: its part of an unpacking `a, b = x, y`)."""
+        site = self.site(_assigned_value(stmt) if value is None else value, ModelSite, target=ref)
         site.stmt = stmt
         if isinstance(origin, ModelSite):
             site.class_name, site.has_batchnorm = origin.class_name, origin.has_batchnorm
         site.placements = self._placements_after(ref, stmt)
         return site
+
+    def _values_given(self, ref: Ref) -> list[Binding]:
+        """The `=` statements that bind `ref`: to the whole right-hand side, to its item of an
+        unpacking (`a, b = x, y`), or to an unknown part of one (`a, b = make_pair()`)."""
+        return [b for b in bindings(self).get(ref, ()) if isinstance(b.stmt, (ast.Assign, ast.AnnAssign)) and b.stmt.value is not None]
 
     def _assignments_to(self, ref: Ref) -> list[ast.stmt]:
         """The `=` statements that bind `ref` to their whole right-hand side, in source order."""
@@ -638,7 +659,7 @@ class Anatomy:
 
     def epoch_loops_around(self, loader: LoaderSite) -> list[LoopSite]:
         """Epoch loops whose body trains on `loader` (in a step loop here, or through a call into another file)."""
-        steps = {s.node for s in (*self.step_loops, *self.delegated_steps) if s.trains and s.loader is loader}
+        steps = {s.node for s in (*self.step_loops, *self.delegated_steps) if s.trains and loader in s.loaders}
         return [e for e in self.epoch_loops if self.body_contains(e.node.body, lambda n: n in steps)]  # type: ignore[attr-defined]
 
     @property
@@ -955,6 +976,7 @@ class _ValueFlow:
             return loader
         if role == ROLE_MODEL:
             model = a.site(fn.node, ModelSite, target=ref, has_batchnorm=incoming.has_batchnorm)
+            a.foreign_models.append(model)  # type: ignore[arg-type]
             if incoming.wrapped:
                 a.wrapped_elsewhere.add(model)  # type: ignore[arg-type]
             return model
@@ -1109,11 +1131,12 @@ def _find_loops(a: Anatomy) -> None:
     for node in a.nodes:
         if not isinstance(node, (ast.For, ast.AsyncFor)):
             continue
-        loader = _iterated_loader(a, node.iter)
-        if loader is not None:
+        loaders = _iterated_loaders(a, node.iter)
+        if loaders:
             trains = a.body_contains(node.body, a.is_training_call)
-            a.step_loops.append(a.site(node, LoopSite, loader=loader, loop_var=_loop_var(node), trains=trains))  # type: ignore[arg-type]
-            if trains:
+            a.step_loops.append(a.site(node, LoopSite, loader=loaders[0], zipped=tuple(loaders[1:]), loop_var=_loop_var(node),
+                                       trains=trains))  # type: ignore[arg-type]
+            for loader in loaders if trains else ():
                 loader.is_train = True
     _find_delegated_training(a)
     train_loop_nodes = {loop.node for loop in (*a.step_loops, *a.delegated_steps) if loop.trains}
@@ -1143,13 +1166,16 @@ def _find_delegated_training(a: Anatomy) -> None:
                 origin.is_train = origin.is_train or (scope, index) in a.facts.trained_returns
 
 
-def _iterated_loader(a: Anatomy, expr: ast.AST) -> LoaderSite | None:
+def _iterated_loaders(a: Anatomy, expr: ast.AST) -> list[LoaderSite]:
+    """The loaders a loop walks: `loader`, `enumerate(tqdm(loader))`, each of `zip(loader_a, loader_b)`."""
     while isinstance(expr, ast.Call) and (a.qualname(expr.func) in ITERATION_WRAPPERS) and expr.args:
+        if a.qualname(expr.func) == "zip":
+            return [site for arg in expr.args for site in _iterated_loaders(a, arg)]
         expr = expr.args[0]
     if isinstance(expr, ast.Call) and expr in a._loader_sites:
-        return a._loader_sites[expr]
+        return [a._loader_sites[expr]]
     found = a.origins(expr, ROLE_LOADER)
-    return next(iter(sorted(found, key=lambda s: s.line)), None) if found else None  # type: ignore[return-value]
+    return sorted(found, key=lambda s: s.line)[:1]  # type: ignore[return-value]
 
 
 def _loop_var(loop: ast.For | ast.AsyncFor | ast.While) -> str | None:

@@ -326,7 +326,7 @@ def _loader_params(anatomy: Anatomy, scope: str) -> set[tuple[str, str]]:
     """Parameters of `scope` holding a loader that this file iterates: trained on (and who loops over its
     epochs), or only evaluated."""
     out = set()
-    iterated = {loop.loader for loop in anatomy.step_loops}
+    iterated = {loader for loop in anatomy.step_loops for loader in loop.loaders}
     for loader in anatomy.foreign_loaders:
         if loader.call is not None or loader.target.scope != scope:  # type: ignore[union-attr]
             continue

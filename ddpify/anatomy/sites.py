@@ -84,8 +84,14 @@ class LoopSite(Site):
     """A `for` loop: a step loop over a loader, or an epoch loop around training steps."""
 
     loader: LoaderSite | None = None
+    zipped: tuple[LoaderSite, ...] = ()  # the other loaders `zip(loader, ...)` walks with it
     loop_var: str | None = None
     trains: bool = False
+
+    @property
+    def loaders(self) -> tuple[LoaderSite, ...]:
+        """Every loader the loop walks (several, zipped)."""
+        return (self.loader, *self.zipped) if self.loader is not None else ()
 
 
 @dataclass(eq=False)

@@ -300,9 +300,16 @@ class Transform(Codemod):
             if not models:
                 self.fulfil()
             return models
+        unbound = self.anatomy.trained_models_unbound
+        named = {used_at for _, used_at in unbound}  # optimizers whose missing models are named below
         for optimizer in self.anatomy.optimizers_without_model:
-            self.missing(optimizer.line, f"the model this optimizer trains was not found, so it is not wrapped in {wrapper}",
-                         f"wrap that model in {wrapper} once it is on its device, and build the optimizer on its parameters")
+            if optimizer.node not in named:
+                self.missing(optimizer.line, f"the model this optimizer trains was not found, so it is not wrapped in {wrapper}",
+                             f"wrap that model in {wrapper} once it is on its device, and build the optimizer on its parameters")
+        for read, _ in unbound:
+            name = ast.unparse(read)
+            self.missing(read.lineno, f"an optimizer trains {name}, but where {name} gets its model was not found, so it is not wrapped in {wrapper}",
+                         f"wrap {name} in {wrapper} by hand once it is on its device, before the optimizer is built on its parameters")
         return models
 
     # ----- queuing edits ---------------------------------------------------------------------

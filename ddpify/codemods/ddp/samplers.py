@@ -86,7 +86,7 @@ class DistributedSamplers(SamplerTransform):
         for loader in sharded:
             if loader not in with_set_epoch and not loader.handled_elsewhere:
                 self._missing_set_epoch(loader.line, "found no `for epoch in ...` loop around this loader")
-        iterated = {loop.loader for loop in (*self.anatomy.step_loops, *self.anatomy.delegated_steps)}
+        iterated = {loader for loop in (*self.anatomy.step_loops, *self.anatomy.delegated_steps) for loader in loop.loaders}
         for loader in self.anatomy.loaders:
             if loader.handled_elsewhere:
                 continue  # advice about it belongs to the file that iterates it
@@ -143,7 +143,7 @@ class DistributedSamplers(SamplerTransform):
 
     def _also_evaluates(self, loader: LoaderSite) -> bool:
         """Does this DataLoader call also build loaders that are only evaluated (loops, comprehensions)?"""
-        if any(not loop.trains and loop.loader is loader for loop in (*self.anatomy.step_loops, *self.anatomy.delegated_steps)):
+        if any(not loop.trains and loader in loop.loaders for loop in (*self.anatomy.step_loops, *self.anatomy.delegated_steps)):
             return True
         return any(
             isinstance(node, ast.comprehension) and loader in self.anatomy.origins(node.iter, ROLE_LOADER)

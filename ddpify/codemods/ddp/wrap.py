@@ -13,6 +13,7 @@ import ast
 import libcst as cst
 
 from ddpify.anatomy import DP_WRAPPER, ModelSite
+from ddpify.anatomy.vocabulary import MODEL_CONTAINERS
 from ddpify.anatomy import syntax
 from ddpify.anatomy.distributed import SYNC_BATCHNORM_CONVERT
 from ddpify.codemods.base import Duty, Transform, parse_expr, training_line
@@ -79,6 +80,11 @@ class WrapModel(Transform):
 
     def _wrap(self, model: ModelSite) -> None:
         name = model.target.name
+        if model.class_name in MODEL_CONTAINERS:
+            self.missing(model.line, f"{name} is an nn.{model.class_name.rsplit('.', 1)[-1]}: it has no forward, so the step calls its "
+                                     "modules by index, past any wrapper, and DDP would average none of their gradients",
+                         f"wrap each module of {name} that the step calls in DDP, or hold them in a module whose forward runs them")
+            return
         anchor = model.placements[-1] if model.placements else model.stmt
         if model.container:
             self.insert_after(anchor, self._wrap_each(model, name))
