@@ -53,6 +53,22 @@ compare only figures taken back to back):
     15%, lint of the output 14%, edit passes 13%, planning 7%, width pass 8%. A single-stage
     conversion would still pay parse + analysis + plan + one pass + codegen + the lint's analysis of
     the output: about 3.5x of a bare parse+codegen on this corpus, so 3x needs more than fewer stages.
+
+    back to back at 20:40 and 21:02 UTC (f8f8ebb, in a worktree with its own venv, then HEAD; best of
+    3 interleaved rounds; the machine noisier at 21:02), after: each inserted snippet parsed once
+    (769 LibCST parses of 51 texts became 51), the analysis walking children without ast's
+    generators and skipping operator/context leaves (corpus analysis 248 -> 195 ms), the edit pass
+    leaving unedited statements' expressions unvisited, the width pass entering only statements
+    over wide lines; and, new work, string splitting in the width pass:
+      before --to ddp : ratio 8.2-8.5x, 27-32 files/s   after: 6.5-7.2x, 30-39 files/s
+      before --to dp  : ratio 3.1-3.4x, 69-85 files/s   after: 2.8-3.1x, 69-92 files/s
+      before --to fsdp: ratio 6.5-6.7x, 34-41 files/s   after: 5.2-5.9x, 37-48 files/s
+    Where ddp's time goes now (wall clock, one round): codegen 19% (616 renders: a stage's whole
+    module, the width pass's statements), analysis 23% (stages 17%, first 6%), lint of the output
+    13%, LibCST parse 12%, width pass 10%, edit passes 10%, planning 8%. An experiment that planned
+    every transform on the first anatomy and made all edits in one pass (outputs wrong, for timing
+    only) still took 6.5x: the stages cost ~13%, so 3x needs the output's re-analysis, the lint
+    of it and the codegen to shrink, not only fewer stages.
 """
 
 from __future__ import annotations
