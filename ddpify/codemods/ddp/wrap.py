@@ -82,8 +82,8 @@ class WrapModel(Transform):
         name = model.target.name
         if model.class_name in MODEL_CONTAINERS:
             self.missing(model.line, f"{name} is an nn.{model.class_name.rsplit('.', 1)[-1]}: it has no forward, so the step calls its "
-                                     "modules by index, past any wrapper, and DDP would average none of their gradients",
-                         f"wrap each module of {name} that the step calls in DDP, or hold them in a module whose forward runs them")
+                                     "modules by index, past any wrapper, and no rank would sync their gradients",
+                         f"wrap each module of {name} that the step calls, or hold them in a module whose forward runs them")
             return
         anchor = model.placements[-1] if model.placements else model.stmt
         if model.container:
