@@ -36,13 +36,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddpify.codemods.pipeline import Status
 from ddpify.convert import convert_source
 
 try:
-    from helpers import FIXTURES_DIR, failure_report, python_argv, run_script
+    from helpers import FIXTURES_DIR, failure_report, one_line, python_argv, run_script
 except ImportError:  # e.g. pytest --import-mode=importlib
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from helpers import FIXTURES_DIR, failure_report, python_argv, run_script
+    from helpers import FIXTURES_DIR, failure_report, one_line, python_argv, run_script
 
 EXPECTED_DIR = FIXTURES_DIR / "expected" / "ddp"
 FIXTURES = sorted(p for p in FIXTURES_DIR.glob("*.py") if p.is_file())
@@ -114,7 +115,7 @@ def test_every_reported_line_points_at_its_statement(script: Path):
         elif change.transform == "sampler" and "sharded" in change.message:
             assert "DataLoader(" in text or "DL(" in text, (change, text)
         elif change.transform == "sampler" and "set_epoch" in change.message:
-            assert text.lstrip().startswith("for "), (change, text)
+            assert text.lstrip().startswith("for ") or "iter(" in text, (change, text)
         elif change.transform == "rank0" and change.message == "print on rank 0 only":
             assert "print(" in text or ".write(" in text, (change, text)
         elif change.transform == "rank0" and change.message == "torch.save on rank 0 only":
@@ -124,7 +125,6 @@ def test_every_reported_line_points_at_its_statement(script: Path):
 
 
 ADVICE = {  # fixture: words the advice for what the codemod can't do safely must contain
-    "step_based_iter.py": "not iterated by a for loop",
     # the global batch grew WORLD_SIZE times (--batch-size per-gpu): the learning-rate factor
     "validation_accuracy.py": "multiply Adam's learning rate by math.sqrt(WORLD_SIZE)",
     "two_loaders.py": "multiply SGD's learning rate by WORLD_SIZE (linear scaling rule",
@@ -137,10 +137,13 @@ def test_advice_for_what_is_left_to_the_user(name: str):
     assert any(ADVICE[name] in a.message for a in convert(BY_NAME[name]).advice)
 
 
-def test_step_based_loader_is_left_unsharded_not_guessed():
-    """step_based_iter reads its loader with next(iter(...)): no sampler is invented, the user is told."""
-    output = convert(BY_NAME["step_based_iter.py"]).output
-    assert "DistributedSampler(" not in output and "set_epoch" not in output
+def test_a_loader_drawn_with_next_is_sharded_and_each_restart_is_a_new_epoch():
+    """step_based_iter draws batches with next() from `iter(loader)`, restarted on StopIteration."""
+    result = convert(BY_NAME["step_based_iter.py"])
+    output = one_line(result.output)
+    assert result.status is Status.CONVERTED and "sampler=DistributedSampler(" in output
+    restart = "loader.sampler.set_epoch(loader.sampler.epoch + 1)"
+    assert output.count(restart) == 1 and output.index(restart) < output.index("data_iter = iter(loader)", output.index("StopIteration"))
 
 
 @pytest.mark.parametrize("script", FIXTURES, ids=IDS)

@@ -667,13 +667,23 @@ class TestSamplers:
         result = assert_codemod([DistributedSamplers], code, code)
         assert result.status is Status.INCOMPLETE and "own sampler" in result.missing[0].what
 
-    def test_a_loader_read_with_next_iter_is_only_advised(self):
+    def test_a_loader_drawn_with_next_is_sharded_and_a_restart_moves_to_the_next_epoch(self):
+        step = textwrap.indent(textwrap.dedent(STEP), "    ")
+        draw = "    try:\n        x, y = next(it)\n    except StopIteration:\n{restart}        it = iter(loader)\n        x, y = next(it)\n"
+        before = "loader = DataLoader(ds, batch_size=4, shuffle=True)\nit = iter(loader)\nfor step in range(8):\n"
+        after = PER_GPU + "loader = DataLoader(ds, batch_size=4, sampler=DistributedSampler(ds, shuffle=True))\nit = iter(loader)\nfor step in range(8):\n"
+        restart = "        loader.sampler.set_epoch(loader.sampler.epoch + 1)  # a new pass: reshuffle\n"
+        result = assert_codemod([DistributedSamplers], loader_script(before + draw.format(restart="") + step),
+                                loader_script(after + draw.format(restart=restart) + step, sampler_import=True))
+        assert result.status is Status.CONVERTED
+
+    def test_a_loader_only_peeked_at_with_next_iter_is_advised(self):
         code = loader_script(
-            "loader = DataLoader(ds, batch_size=4, shuffle=True)\nit = iter(loader)\nfor step in range(4):\n"
-            "    x, y = next(it)\n" + textwrap.indent(textwrap.dedent(STEP), "    ")
+            "loader = DataLoader(ds, batch_size=4)\nprint(next(iter(loader))[0].shape)\n"
+            "for epoch in range(2):\n    for x, y in ds:\n" + STEP
         )
         result = assert_codemod([DistributedSamplers], code, code)
-        assert any("DistributedSampler by hand" in m for m in messages(result))
+        assert any("not iterated by a for loop" in m for m in messages(result))
 
     def test_global_batch_size_is_divided_by_the_world_size(self):
         result = assert_codemod(

@@ -138,6 +138,9 @@ async def shut_down(client: Client) -> int:
     return code
 
 
+CONVERTED = {"basic_main.py": "basic_main.py", "fullbatch_regression.py": "real/fullbatch_regression.py"}  # converts; incomplete
+
+
 async def run_session(folder: Path) -> Session:
     seen = Session()
     buggy = folder / "buggy_ddp.py"
@@ -149,7 +152,7 @@ async def run_session(folder: Path) -> Session:
             lsp.HoverParams(lsp.TextDocumentIdentifier(buggy.as_uri()), lsp.Position(12, 10))), TIMEOUT)
         [fix] = seen.quick_fixes_at_set_epoch[0].edit.changes[buggy.as_uri()]
         seen.after_fix = await client.edit(buggy, fix, version=2)
-        for name in ("basic_main.py", "step_based_iter.py"):
+        for name in CONVERTED:
             script = folder / name
             await client.open(script)
             result = await asyncio.wait_for(client.workspace_execute_command_async(lsp.ExecuteCommandParams(
@@ -176,8 +179,8 @@ def folder(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("workspace")
     (folder / "pyproject.toml").write_text('[tool.ddpify]\nignore = ["DDP008"]\n')
     (folder / "buggy_ddp.py").write_text(BUGGY_DDP, encoding="utf-8")
-    for name in ("basic_main.py", "step_based_iter.py"):
-        (folder / name).write_text((ROOT / "fixtures" / name).read_text())
+    for name, source in CONVERTED.items():
+        (folder / name).write_text((ROOT / "fixtures" / source).read_text())
     return folder
 
 
@@ -238,7 +241,7 @@ def test_convert_command_applies_the_ddp_conversion(session):
 
 
 def test_convert_command_reports_an_incomplete_conversion_with_its_missing_items(session):
-    result, text, message = session.converted["step_based_iter.py"]
+    result, text, message = session.converted["fullbatch_regression.py"]
     assert result["status"] == "incomplete" and result["missing"]
     assert message.type == lsp.MessageType.Warning and "incomplete" in message.message
     assert "the training data is not sharded" in message.message

@@ -127,6 +127,9 @@ class Anatomy:
         self.step_loops: list[LoopSite] = []
         self.epoch_loops: list[LoopSite] = []
         self.delegated_steps: list[LoopSite] = []  # calls into another file that iterate a loader of this one
+        # `iter(loader)` calls whose batches training draws with next(): each starts a pass over the
+        # loader (the call node; the training loop it stands in, when it restarts the pass there)
+        self.iterator_passes: list[tuple[ast.Call, LoaderSite, ast.stmt | None]] = []
         self.foreign_models: list[ModelSite] = []  # stand-ins for models other files hand in (ddpify.anatomy.project)
         self.wrapped_elsewhere: set[ModelSite] = set()  # models that arrive already wrapped in DDP
         self.calls: list[CallSite] = []
@@ -1139,11 +1142,43 @@ def _find_loops(a: Anatomy) -> None:
             for loader in loaders if trains else ():
                 loader.is_train = True
     _find_delegated_training(a)
+    _find_iterator_passes(a)
     train_loop_nodes = {loop.node for loop in (*a.step_loops, *a.delegated_steps) if loop.trains}
     for node in a.nodes:
         if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and node not in {l.node for l in a.step_loops}:
             if a.body_contains(node.body, lambda n: n in train_loop_nodes):
                 a.epoch_loops.append(a.site(node, LoopSite, loop_var=_loop_var(node), trains=True))  # type: ignore[arg-type]
+
+
+def _find_iterator_passes(a: Anatomy) -> None:
+    """`data_iter = iter(loader)` whose `next(data_iter)` a training loop draws its batches from, and
+    `iter(loader)` inside a training loop (a restart on StopIteration, or `next(iter(loader))` each
+    step): the loader feeds training, one pass per `iter()` call."""
+    for node in a.nodes:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "iter" and len(node.args) == 1):
+            continue
+        loaders = a.origins(node.args[0], ROLE_LOADER)
+        if len(loaders) != 1:
+            continue
+        (loader,) = loaders
+        loop = next((lp for lp in a.enclosing(node, (ast.For, ast.While)) if a.body_contains(lp.body, a.is_training_call)), None)
+        if loop is not None or _drawn_from_in_training(a, node):
+            loader.is_train = True  # type: ignore[attr-defined]
+            a.iterator_passes.append((node, loader, loop))  # type: ignore[arg-type]
+
+
+def _drawn_from_in_training(a: Anatomy, call: ast.Call) -> bool:
+    """Is the iterator that `it = iter(...)` makes read by a `next(it)` inside a loop that trains?"""
+    assign = a.parents.get(call)
+    if not (isinstance(assign, ast.Assign) and assign.value is call and len(assign.targets) == 1):
+        return False
+    ref = a.ref(assign.targets[0])
+    for node in a.nodes:
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "next" and node.args
+                and a.ref(node.args[0]) == ref and ref is not None):
+            if any(a.body_contains(lp.body, a.is_training_call) for lp in a.enclosing(node, (ast.For, ast.While))):
+                return True
+    return False
 
 
 def _find_delegated_training(a: Anatomy) -> None:

@@ -83,10 +83,12 @@ class DistributedSamplers(SamplerTransform):
             self.fulfil()
         sharded += foreign
         with_set_epoch = {ld for loop in self.anatomy.epoch_loops for ld in self._set_epoch(loop, sharded)}
+        with_set_epoch |= self._next_epoch_at_restarts(sharded)
         for loader in sharded:
             if loader not in with_set_epoch and not loader.handled_elsewhere:
                 self._missing_set_epoch(loader.line, "found no `for epoch in ...` loop around this loader")
         iterated = {loader for loop in (*self.anatomy.step_loops, *self.anatomy.delegated_steps) for loader in loop.loaders}
+        iterated |= {loader for _, loader, _ in self.anatomy.iterator_passes}
         for loader in self.anatomy.loaders:
             if loader.handled_elsewhere:
                 continue  # advice about it belongs to the file that iterates it
@@ -198,6 +200,26 @@ class DistributedSamplers(SamplerTransform):
                 self.insert_at_body_start(loop.node, call.format(name))  # type: ignore[arg-type]
             self.changed(loop.line, f"{name}.sampler.set_epoch({loop.loop_var}) at the start of every epoch")
         return handled
+
+    def _next_epoch_at_restarts(self, sharded: list[LoaderSite]) -> set[LoaderSite]:
+        """Loaders training draws from with next(): before each `iter(loader)` inside the training
+        loop (a new pass), the sampler moves to its next epoch; the first pass, before the loop, is
+        epoch 0. Returns the loaders handled (every pass numbered, or only the first made)."""
+        handled, unnamed = set(), set()
+        for call, loader, loop in self.anatomy.iterator_passes:
+            if loader not in sharded:
+                continue
+            handled.add(loader)
+            if loop is None:
+                continue
+            source = call.args[0]
+            if not isinstance(source, (ast.Name, ast.Attribute)):
+                unnamed.add(loader)
+                continue
+            sampler = f"{ast.unparse(source)}.sampler"
+            self.insert_before(self.anatomy.stmt_of[call], f"{sampler}.set_epoch({sampler}.epoch + 1)  # a new pass: reshuffle\n")
+            self.changed(call.lineno, f"{sampler}.set_epoch(...) before each new pass over the loader (the next epoch)")
+        return handled - unnamed
 
     def _trains_inside(self, loop: LoopSite, loader: LoaderSite) -> bool:
         return loop in self.anatomy.epoch_loops_around(loader)
