@@ -19,6 +19,9 @@ difflib pass over popular lines (autojunk): `--files 10` right after: convert --
 
 `--files 10` at 19:20 UTC (fewer stages, one walk per analysis, and the new width pass): convert
 --to ddp 41.3 s, --to dp 30.1 s, lint 4.8 s.
+
+`--files 10` at 20:40 UTC (snippets parsed once, a leaner analysis walk and edit pass): convert
+--to ddp 35.3 s, --to dp 28.8 s, lint 4.3 s.
 """
 
 from __future__ import annotations
