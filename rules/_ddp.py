@@ -58,9 +58,9 @@ def rank_zero_test(a: Anatomy, node: ast.AST) -> tuple[str, bool] | None:
     process group at that point, so not known to work). None when torch.distributed isn't spelled.
     """
     scope = syntax.enclosing_function(a, node)
-    for guard in _rank_zero_guards(a):
-        if syntax.enclosing_function(a, guard) == scope and guard.lineno < node.lineno:  # type: ignore[attr-defined]
-            return ast.get_source_segment(a.text, guard.test) or "", True  # type: ignore[attr-defined]
+    for branch in _rank_zero_guards(a):
+        if syntax.enclosing_function(a, branch) == scope and branch.lineno < node.lineno:  # type: ignore[attr-defined]
+            return ast.get_source_segment(a.text, branch.test) or "", True  # type: ignore[attr-defined]
     rank_variable = _global_rank_variable(a, scope, node.lineno)  # type: ignore[attr-defined]
     if rank_variable is not None:
         return f"{rank_variable} == 0", True
