@@ -130,6 +130,7 @@ class Anatomy:
         # `iter(loader)` calls whose batches training draws with next(): each starts a pass over the
         # loader (the call node; the training loop it stands in, when it restarts the pass there)
         self.iterator_passes: list[tuple[ast.Call, LoaderSite, ast.stmt | None]] = []
+        self.loader_iters: list[tuple[ast.Call, LoaderSite]] = []  # every `iter(loader)`: a pass of its own
         self.foreign_models: list[ModelSite] = []  # stand-ins for models other files hand in (ddpify.anatomy.project)
         self.wrapped_elsewhere: set[ModelSite] = set()  # models that arrive already wrapped in DDP
         self.calls: list[CallSite] = []
@@ -1161,6 +1162,7 @@ def _find_iterator_passes(a: Anatomy) -> None:
         if len(loaders) != 1:
             continue
         (loader,) = loaders
+        a.loader_iters.append((node, loader))  # type: ignore[arg-type]
         loop = next((lp for lp in a.enclosing(node, (ast.For, ast.While)) if a.body_contains(lp.body, a.is_training_call)), None)
         if loop is not None or _drawn_from_in_training(a, node):
             loader.is_train = True  # type: ignore[attr-defined]

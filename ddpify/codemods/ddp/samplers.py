@@ -85,7 +85,7 @@ class DistributedSamplers(SamplerTransform):
         with_set_epoch = {ld for loop in self.anatomy.epoch_loops for ld in self._set_epoch(loop, sharded)}
         with_set_epoch |= self._next_epoch_at_restarts(sharded)
         for loader in sharded:
-            if loader not in with_set_epoch and not loader.handled_elsewhere:
+            if loader not in with_set_epoch and not loader.handled_elsewhere and not self._one_pass(loader):
                 self._missing_set_epoch(loader.line, "found no `for epoch in ...` loop around this loader")
         iterated = {loader for loop in (*self.anatomy.step_loops, *self.anatomy.delegated_steps) for loader in loop.loaders}
         iterated |= {loader for _, loader, _ in self.anatomy.iterator_passes}
@@ -200,6 +200,14 @@ class DistributedSamplers(SamplerTransform):
                 self.insert_at_body_start(loop.node, call.format(name))  # type: ignore[arg-type]
             self.changed(loop.line, f"{name}.sampler.set_epoch({loop.loop_var}) at the start of every epoch")
         return handled
+
+    def _one_pass(self, loader: LoaderSite) -> bool:
+        """Is the loader walked once only (one step loop, in no loop, and no `iter()` of it, such as
+        a `next(iter(loader))` peek)? Then there is no later epoch to reshuffle for."""
+        a = self.anatomy
+        steps = [loop for loop in a.step_loops if loader in loop.loaders]
+        return (len(steps) == 1 and next(a.enclosing(steps[0].node, (ast.For, ast.AsyncFor, ast.While)), None) is None
+                and not any(iterated is loader for _, iterated in a.loader_iters))
 
     def _next_epoch_at_restarts(self, sharded: list[LoaderSite]) -> set[LoaderSite]:
         """Loaders training draws from with next(): before each `iter(loader)` inside the training
