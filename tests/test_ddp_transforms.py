@@ -677,13 +677,17 @@ class TestSamplers:
                                 loader_script(after + draw.format(restart=restart) + step, sampler_import=True))
         assert result.status is Status.CONVERTED
 
-    def test_one_pass_over_a_loader_needs_no_set_epoch_but_a_second_pass_does(self):
+    def test_passes_in_straight_line_code_are_numbered_and_one_pass_needs_none(self):
         one_pass = "loader = DataLoader(ds, batch_size=4, shuffle=True)\nfor x, y in loader:\n" + textwrap.indent(textwrap.dedent(STEP), "    ")
         result = assert_codemod([DistributedSamplers], loader_script(one_pass), loader_script(
             PER_GPU + one_pass.replace("shuffle=True", "sampler=DistributedSampler(ds, shuffle=True)"), sampler_import=True))
         assert result.status is Status.CONVERTED
         peeked = one_pass.replace("\nfor x, y", "\nfirst = next(iter(loader))\nfor x, y")  # that peek was the first pass
         result = run_pipeline(loader_script(peeked), "snippet.py", [DistributedSamplers], Options())
+        assert result.status is Status.CONVERTED
+        assert "first = next(iter(loader))\nloader.sampler.set_epoch(1)  # pass 2 over it: reshuffle\nfor x, y" in result.output
+        looped = one_pass.replace("\nfor x, y", "\nfor _ in range(2):\n    first = next(iter(loader))\nfor x, y")  # passes in a loop
+        result = run_pipeline(loader_script(looped), "snippet.py", [DistributedSamplers], Options())
         assert result.status is Status.INCOMPLETE and "never told the epoch" in result.missing[0].what
 
     def test_a_loader_only_peeked_at_with_next_iter_is_advised(self):

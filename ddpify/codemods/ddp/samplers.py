@@ -85,7 +85,7 @@ class DistributedSamplers(SamplerTransform):
         with_set_epoch = {ld for loop in self.anatomy.epoch_loops for ld in self._set_epoch(loop, sharded)}
         with_set_epoch |= self._next_epoch_at_restarts(sharded)
         for loader in sharded:
-            if loader not in with_set_epoch and not loader.handled_elsewhere and not self._one_pass(loader):
+            if loader not in with_set_epoch and not loader.handled_elsewhere and not self._passes_numbered(loader):
                 self._missing_set_epoch(loader.line, "found no `for epoch in ...` loop around this loader")
         iterated = {loader for loop in (*self.anatomy.step_loops, *self.anatomy.delegated_steps) for loader in loop.loaders}
         iterated |= {loader for _, loader, _ in self.anatomy.iterator_passes}
@@ -201,13 +201,24 @@ class DistributedSamplers(SamplerTransform):
             self.changed(loop.line, f"{name}.sampler.set_epoch({loop.loop_var}) at the start of every epoch")
         return handled
 
-    def _one_pass(self, loader: LoaderSite) -> bool:
-        """Is the loader walked once only (one step loop, in no loop, and no `iter()` of it, such as
-        a `next(iter(loader))` peek)? Then there is no later epoch to reshuffle for."""
+    def _passes_numbered(self, loader: LoaderSite) -> bool:
+        """Training walks the loader once, or a few times in straight-line code (one function, no
+        pass inside a loop: a `next(iter(loader))` peek, then an epoch). Each pass after the first
+        moves the sampler to the next epoch, as the single process reshuffles for each pass.
+        False when the passes are not like that (nothing is queued then)."""
         a = self.anatomy
-        steps = [loop for loop in a.step_loops if loader in loop.loaders]
-        return (len(steps) == 1 and next(a.enclosing(steps[0].node, (ast.For, ast.AsyncFor, ast.While)), None) is None
-                and not any(iterated is loader for _, iterated in a.loader_iters))
+        passes = sorted([*(loop.node for loop in a.step_loops if loader in loop.loaders),
+                         *(call for call, iterated in a.loader_iters if iterated is loader)], key=lambda node: (node.lineno, node.col_offset))
+        if len({a.scope_of.get(node) for node in passes}) != 1 or any(next(a.enclosing(node, _LOOPS), None) for node in passes):
+            return False
+        names = [self._visible_name(a.site(node), loader) for node in passes[1:]]  # type: ignore[arg-type]
+        if None in names:
+            return False
+        for epoch, (node, name) in enumerate(zip(passes[1:], names), 1):
+            stmt = node if isinstance(node, ast.stmt) else a.stmt_of[node]
+            self.insert_before(stmt, f"{name}.sampler.set_epoch({epoch})  # pass {epoch + 1} over it: reshuffle\n")
+            self.changed(stmt.lineno, f"{name}.sampler.set_epoch({epoch}) before pass {epoch + 1} over the loader")
+        return True
 
     def _next_epoch_at_restarts(self, sharded: list[LoaderSite]) -> set[LoaderSite]:
         """Loaders training draws from with next(): before each `iter(loader)` inside the training
@@ -252,6 +263,9 @@ class DistributedSamplers(SamplerTransform):
         ranked = sorted(visible, key=lambda r: (r not in mentioned, r.scope != scope, r.name))
         return ranked[0].name if ranked else None
 
+
+
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
 
 def fresh_name(anatomy, base: str, taken: set[str]) -> str:
