@@ -1,4 +1,4 @@
-"""Helpers shared by the DDP rules: the kinds they apply to, finding ranges, and fix edits.
+"""Helpers shared by the DDP rules: finding ranges and fix edits.
 
 The facts themselves come from `ddpify.anatomy.distributed`; this module only turns them into
 positions and source edits.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from typing import Sequence
 
-from ddpify.anatomy import Anatomy, Pos, ScriptKind
+from ddpify.anatomy import Anatomy, Pos
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.anatomy.cache import per_anatomy
@@ -18,9 +18,6 @@ from ddpify.codemods.ddp.rank_zero import hoisted_names, hoisted_then_guarded
 from ddpify.codemods.module_access import module_of
 from ddpify.lint import Edit, Fix
 from ddpify.lint.cst_fixes import expression_edit, statement_edit, statement_edit_with
-
-DDP_KINDS = frozenset({ScriptKind.DDP, ScriptKind.SPAWN})
-
 
 def header_pos(a: Anatomy, stmt: ast.stmt) -> Pos:
     """The first line of a compound statement (`for epoch in range(n):`), or the whole statement."""

@@ -1,5 +1,5 @@
-"""Helpers shared by the DataParallel rules: the kind they apply to, which values are the
-DataParallel wrapper, and which forwards its replicas run.
+"""Helpers shared by the DataParallel rules: which values are the DataParallel wrapper, and which
+forwards its replicas run.
 
 The facts about `forward` and its outputs come from `ddpify.anatomy.forward` (the DP codemod reads
 the same ones); this module turns them into what the rules report.
@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import DP_WRAPPER, Anatomy, ScriptKind
+from ddpify.anatomy import DP_WRAPPER, Anatomy
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy.forward import dp_wrapped_models, replica_forward_methods
-
-DP_KINDS = frozenset({ScriptKind.DATA_PARALLEL})
 
 HEAD = """import torch
 from torch import nn

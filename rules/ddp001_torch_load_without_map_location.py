@@ -5,13 +5,13 @@ from __future__ import annotations
 import ast
 from typing import Iterable
 
-from ddpify.anatomy import MODULE_SCOPE, Anatomy, CallSite, ScriptKind
+from ddpify.anatomy import MODULE_SCOPE, Anatomy, CallSite
 from ddpify.codemods.base import add_keyword
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit
 
 
-class TorchLoadWithoutMapLocation(Rule):
+class TorchLoadWithoutMapLocation(Rule, code="DDP001", name="torch-load-without-map-location", severity="error"):
     """
     ## What it does
     Checks for `torch.load(...)` calls without a `map_location` in scripts that run one process
@@ -41,10 +41,7 @@ class TorchLoadWithoutMapLocation(Rule):
     CPU tensors to the model's device, but tensors used directly would now stay on the CPU.
     """
 
-    code = "DDP001"
-    name = "torch-load-without-map-location"
     message = "torch.load() without map_location loads every rank's copy onto the GPU it was saved from (usually cuda:0)"
-    applies_to = frozenset({ScriptKind.DDP, ScriptKind.SPAWN})
 
     VALID = (
         "import torch\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\n"

@@ -7,10 +7,10 @@ import ast
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS, module_fix
+from ddpify.rules._ddp import module_fix
 
 
-class CollectiveUnderRankCondition(Rule):
+class CollectiveUnderRankCondition(Rule, code="DDP002", name="collective-under-rank-condition", severity="error"):
     """## What it does
     Flags a collective (`dist.all_reduce`, `dist.barrier`, `dist.broadcast`, `dist.all_gather`, ...,
     and the distributed checkpoint's `dcp.save` / `dcp.load`, which every rank joins with its shards)
@@ -48,14 +48,9 @@ class CollectiveUnderRankCondition(Rule):
     fix: whether to move them out of the branch or drop them needs a decision.
     """
 
-    code = "DDP002"
-    name = "collective-under-rank-condition"
     message = "collective runs on some ranks only; the other ranks never join it and the job hangs"
-    severity = "error"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         for site in ddp.collectives(a):
             if ddp.rank_guarded(a, site.node) and not _has_complementary_partner(a, site):
                 name = site.qualname.rpartition(".")[2]

@@ -7,10 +7,10 @@ import ast
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Fix, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS, header_pos, insert_at_top_of_body
+from ddpify.rules._ddp import header_pos, insert_at_top_of_body
 
 
-class SamplerWithoutSetEpoch(Rule):
+class SamplerWithoutSetEpoch(Rule, code="DDP003", name="sampler-without-set-epoch", severity="warning"):
     """## What it does
     Flags an epoch loop around a training loader whose `DistributedSampler` shuffles, when nothing
     in the loop (or in the functions it calls) calls `set_epoch(...)`.
@@ -44,14 +44,9 @@ class SamplerWithoutSetEpoch(Rule):
     name before the loop (a loader rebuilt inside the loop needs the call after it).
     """
 
-    code = "DDP003"
-    name = "sampler-without-set-epoch"
     message = "DistributedSampler never gets `set_epoch(epoch)`: every epoch uses the same shuffle"
-    severity = "warning"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         for loader in a.train_loaders:
             sampler = ddp.loader_sampler(a, loader)
             if sampler is None or not ddp.sampler_shuffles(sampler):

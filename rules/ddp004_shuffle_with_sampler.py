@@ -5,10 +5,10 @@ from __future__ import annotations
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS, remove_keyword_fix
+from ddpify.rules._ddp import remove_keyword_fix
 
 
-class ShuffleWithSampler(Rule):
+class ShuffleWithSampler(Rule, code="DDP004", name="shuffle-with-sampler", severity="error"):
     """## What it does
     Flags a `DataLoader(...)` given both `shuffle=True` and a `sampler=` (or `batch_sampler=`).
 
@@ -31,14 +31,9 @@ class ShuffleWithSampler(Rule):
     Safe: drops `shuffle=True`; the line raised before, and a `DistributedSampler` shuffles by default.
     """
 
-    code = "DDP004"
-    name = "shuffle-with-sampler"
     message = "`shuffle=True` with `sampler=` raises ValueError; the sampler does the shuffling"
-    severity = "error"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         for loader in a.loaders:
             shuffle = syntax.keyword(loader.call, "shuffle")
             if shuffle is None or not syntax.constant(shuffle.value, True) or not ddp.has_sampler_argument(loader):

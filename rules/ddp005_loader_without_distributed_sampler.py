@@ -5,10 +5,11 @@ from __future__ import annotations
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS
 
 
-class LoaderWithoutDistributedSampler(Rule):
+class LoaderWithoutDistributedSampler(
+    Rule, code="DDP005", name="loader-without-distributed-sampler", severity="warning"
+):
     """## What it does
     Flags a DataLoader that a training loop iterates, in a DDP script, when it has no `sampler=`
     or `batch_sampler=` and its dataset does not depend on the rank.
@@ -36,14 +37,9 @@ class LoaderWithoutDistributedSampler(Rule):
     epoch, which learning-rate schedules may depend on.
     """
 
-    code = "DDP005"
-    name = "loader-without-distributed-sampler"
     message = "training DataLoader has no DistributedSampler: every rank trains on the whole dataset"
-    severity = "warning"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         for loader in a.train_loaders:
             if ddp.has_sampler_argument(loader):
                 continue

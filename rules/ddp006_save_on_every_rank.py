@@ -8,9 +8,9 @@ from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import OPEN_CALLS, SAVE_CALLS, opens_for_writing
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS, per_rank_target, rank_zero_guard_fix
+from ddpify.rules._ddp import per_rank_target, rank_zero_guard_fix
 
-class SaveOnEveryRank(Rule):
+class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="error"):
     """## What it does
     Flags `torch.save(...)`, `numpy.save(...)`, `.save_pretrained(...)` and `open(..., "w")` that
     run on every rank: not under a rank-0 test, not after an early return of the other ranks, and
@@ -42,14 +42,9 @@ class SaveOnEveryRank(Rule):
     which the fix does not add.
     """
 
-    code = "DDP006"
-    name = "save-on-every-rank"
     message = "every rank writes this file at once; the writes race — write on rank 0 only"
-    severity = "error"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         for site in a.calls:
             call: ast.Call = site.node  # type: ignore[assignment]
             if not _writes_file(a, site) or per_rank_target(a, _path(a, site)) or not ddp.runs_on_every_rank(a, call):

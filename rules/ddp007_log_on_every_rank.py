@@ -8,7 +8,7 @@ from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import INFO_LOG_METHODS, TQDM_CONSTRUCTORS, WRITER_CONSTRUCTORS
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS, call_arguments, per_rank_target, rank_zero_guard_fix
+from ddpify.rules._ddp import call_arguments, per_rank_target, rank_zero_guard_fix
 
 _LOGGING_SETUP = frozenset({"logging.basicConfig"})
 _LOGGER_SETUP_METHODS = frozenset({"setLevel", "addHandler"})
@@ -19,7 +19,7 @@ _HARMLESS = frozenset({
 })
 
 
-class LogOnEveryRank(Rule):
+class LogOnEveryRank(Rule, code="DDP007", name="log-on-every-rank", severity="warning"):
     """## What it does
     Flags `print(...)`, `logging.info(...)`/`logger.info(...)` (debug/info levels),
     `SummaryWriter(...)`, `wandb.init(...)` and `tqdm(...)` without `disable=` that run on every
@@ -56,14 +56,9 @@ class LogOnEveryRank(Rule):
     fix. Writers and progress bars have no fix: the object is used later on every rank.
     """
 
-    code = "DDP007"
-    name = "log-on-every-rank"
     message = "runs on every rank: the output is repeated world-size times"
-    severity = "warning"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         silenced = _logging_depends_on_rank(a)
         print_replaced = _replaces_builtin_print(a)
         for site in a.calls:

@@ -7,10 +7,10 @@ import ast
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS, module_fix
+from ddpify.rules._ddp import module_fix
 
 
-class WrapperStateDictSaved(Rule):
+class WrapperStateDictSaved(Rule, code="DDP008", name="wrapper-state-dict-saved", severity="warning"):
     """## What it does
     Flags `model.state_dict()` saved with `torch.save` (directly, or through a checkpoint dict or
     variable that is saved) when `model` is the `DistributedDataParallel` wrapper.
@@ -38,14 +38,9 @@ class WrapperStateDictSaved(Rule):
     fix that call too, see DDP009).
     """
 
-    code = "DDP008"
-    name = "wrapper-state-dict-saved"
     message = "state_dict() of the DDP wrapper is saved: its keys start with `module.`; save `model.module.state_dict()`"
-    severity = "warning"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         if not ddp.wrap_calls(a):
             return
         safe = not _loads_into_wrapper(a)

@@ -9,10 +9,10 @@ from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import DDP_WRAPPER, wrapper_lacks
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS, module_fix
+from ddpify.rules._ddp import module_fix
 
 
-class WrapperAttribute(Rule):
+class WrapperAttribute(Rule, code="DDP009", name="wrapper-attribute", severity="error"):
     """## What it does
     Flags `model.<name>` where `model` is the `DistributedDataParallel` wrapper and `<name>` is
     not something `nn.Module` or DDP itself provides: the model's own methods (`model.generate()`,
@@ -48,14 +48,9 @@ class WrapperAttribute(Rule):
     keys and loads into the wrapper as written.
     """
 
-    code = "DDP009"
-    name = "wrapper-attribute"
     message = "attribute of the model read through the DDP wrapper; use `.module`"
-    severity = "error"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         if not ddp.wrap_calls(a):
             return
         for node in a.nodes:

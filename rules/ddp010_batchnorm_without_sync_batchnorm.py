@@ -11,7 +11,6 @@ from ddpify.anatomy import syntax
 from ddpify.codemods.ddp.wrap import sync_batchnorm_of
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit
-from ddpify.rules._ddp import DDP_KINDS
 
 # torchvision families built with BatchNorm layers
 _TORCHVISION_BATCHNORM = re.compile(
@@ -20,7 +19,7 @@ _TORCHVISION_BATCHNORM = re.compile(
 )
 
 
-class BatchNormWithoutSyncBatchNorm(Rule):
+class BatchNormWithoutSyncBatchNorm(Rule, code="DDP010", name="batchnorm-without-sync-batchnorm", severity="warning"):
     """## What it does
     Flags a `DistributedDataParallel(model)` call when the model has BatchNorm layers (a model
     class of this file that builds `nn.BatchNorm*d`, an `nn.BatchNorm*d` itself, or a torchvision
@@ -54,14 +53,9 @@ class BatchNormWithoutSyncBatchNorm(Rule):
     SyncBatchNorm needs CUDA tensors (it fails on CPU/gloo runs).
     """
 
-    code = "DDP010"
-    name = "batchnorm-without-sync-batchnorm"
     message = "model with BatchNorm wrapped in DDP without SyncBatchNorm: each rank normalises over its own small batch"
-    severity = "warning"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         if a.calls_to(ddp.SYNC_BATCHNORM_CONVERT):
             return
         for site in ddp.wrap_calls(a):

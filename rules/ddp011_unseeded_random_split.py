@@ -9,10 +9,9 @@ from ddpify.anatomy import distributed as ddp
 from ddpify.codemods.ddp.random_split import with_seeded_generator
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit
-from ddpify.rules._ddp import DDP_KINDS
 
 
-class UnseededRandomSplit(Rule):
+class UnseededRandomSplit(Rule, code="DDP011", name="unseeded-random-split", severity="warning"):
     """## What it does
     Flags `random_split(...)` in a DDP script when it has no `generator=` and no
     `torch.manual_seed(...)` (or `seed_everything`/`set_seed`, or a local function that calls
@@ -43,16 +42,12 @@ class UnseededRandomSplit(Rule):
     than the one a single-GPU run drew.
     """
 
-    code = "DDP011"
-    name = "unseeded-random-split"
     message = ("random_split without a generator or seed: each rank draws a different split, so one rank's "
                "validation samples are another rank's training samples")
-    severity = "warning"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        for site in ddp.unseeded_random_splits(anatomy):
-            yield Finding(site.pos, fix=_fix(anatomy, site.node))
+    def check(self, a):
+        for site in ddp.unseeded_random_splits(a):
+            yield Finding(site.pos, fix=_fix(a, site.node))
 
 
 def _fix(a, call: ast.Call) -> Fix | None:

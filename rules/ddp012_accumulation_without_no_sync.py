@@ -7,10 +7,9 @@ import ast
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS
 
 
-class AccumulationWithoutNoSync(Rule):
+class AccumulationWithoutNoSync(Rule, code="DDP012", name="accumulation-without-no-sync", severity="warning"):
     """## What it does
     Flags `loss.backward()` in a training loop that accumulates gradients — the optimizer steps
     only under a condition like `if (i + 1) % accum_steps == 0:` while backward runs on every
@@ -49,14 +48,9 @@ class AccumulationWithoutNoSync(Rule):
     restructuring the loop body.
     """
 
-    code = "DDP012"
-    name = "accumulation-without-no-sync"
     message = "gradient accumulation without `model.no_sync()`: DDP all-reduces gradients on every micro-batch"
-    severity = "warning"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         if not ddp.wrap_calls(a) or ddp.uses_no_sync(a):
             return
         for loop in a.step_loops:

@@ -9,10 +9,9 @@ from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.anatomy.evaluation import statements_after
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS
 
 
-class UnreducedMetric(Rule):
+class UnreducedMetric(Rule, code="DDP013", name="unreduced-metric", severity="warning"):
     """## What it does
     Flags a metric accumulated (`correct += ...`, `total_loss += ...`) in an evaluation loop over a
     loader with a `DistributedSampler`, and used after the loop, when neither that function nor
@@ -44,14 +43,9 @@ class UnreducedMetric(Rule):
     No fix: the reduction needs tensors on the right device and a decision of what to sum.
     """
 
-    code = "DDP013"
-    name = "unreduced-metric"
     message = "metric accumulated over this rank's shard only (DistributedSampler); all_reduce it before using it"
-    severity = "warning"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         if a.names.imports("torchmetrics"):
             return
         for loop in a.step_loops:

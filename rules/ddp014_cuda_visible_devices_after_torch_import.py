@@ -8,10 +8,11 @@ from ddpify.anatomy import MODULE_SCOPE
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS
 
 
-class CudaVisibleDevicesAfterTorchImport(Rule):
+class CudaVisibleDevicesAfterTorchImport(
+    Rule, code="DDP014", name="cuda-visible-devices-after-torch-import", severity="error"
+):
     """## What it does
     Flags `os.environ["CUDA_VISIBLE_DEVICES"] = ...` (and `os.environ.setdefault`/`update`,
     `os.putenv`) that runs after `import torch`: further down the module, or in any function.
@@ -48,14 +49,9 @@ class CudaVisibleDevicesAfterTorchImport(Rule):
     which devices the rest of the script numbers from 0.
     """
 
-    code = "DDP014"
-    name = "cuda-visible-devices-after-torch-import"
     message = "CUDA_VISIBLE_DEVICES set after `import torch`: ignored once CUDA has initialised"
-    severity = "error"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         first_import = _first_torch_import_line(a)
         if first_import is None:
             return

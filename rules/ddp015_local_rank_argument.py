@@ -8,10 +8,9 @@ from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit, int_from_environment
-from ddpify.rules._ddp import DDP_KINDS
 
 
-class LocalRankArgument(Rule):
+class LocalRankArgument(Rule, code="DDP015", name="local-rank-argument", severity="warning"):
     """## What it does
     Flags `parser.add_argument("--local_rank", ...)` (or `"--local-rank"`): the convention of the
     deprecated `python -m torch.distributed.launch`, which passed the local rank on the command line.
@@ -43,14 +42,9 @@ class LocalRankArgument(Rule):
     No fix when `os` is not imported or the default is not an integer literal.
     """
 
-    code = "DDP015"
-    name = "local-rank-argument"
     message = "`--local_rank` argument: torchrun passes LOCAL_RANK in the environment, not as an argument"
-    severity = "warning"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         for site in ddp.local_rank_arguments(a):
             if not _defaults_to_environment(site.node):
                 yield Finding(site.pos, fix=_fix(a, site.node))

@@ -8,13 +8,12 @@ from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit, string_like
-from ddpify.rules._ddp import DDP_KINDS
 
 _CUDA_SETUP = frozenset({"torch.cuda.set_device", "torch.cuda.device"})
 _CUDA_CHECKS = frozenset({"torch.cuda.is_available", "torch.cuda.device_count"})
 
 
-class GlooWithCuda(Rule):
+class GlooWithCuda(Rule, code="DDP016", name="gloo-with-cuda", severity="warning"):
     """## What it does
     Flags `init_process_group("gloo")` (or `backend="gloo"`) in a script that puts its work on the
     GPU: it calls `.cuda()`, `torch.cuda.set_device(...)`, or moves things to a `"cuda..."` device.
@@ -43,14 +42,9 @@ class GlooWithCuda(Rule):
     tensors the script may also run then fail.
     """
 
-    code = "DDP016"
-    name = "gloo-with-cuda"
     message = "gloo backend while training on CUDA: use NCCL for GPU tensors"
-    severity = "warning"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         gloo = [
             (site, backend) for site, backend in ddp.backends(a)
             if syntax.constant(backend, "gloo") and not _depends_on_cuda(a, site.node)

@@ -9,13 +9,12 @@ from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import DEVICE_MOVES
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS
 
 FIXED = "fixed"      # cuda:N with a literal N
 CURRENT = "current"  # "cuda" without an index: the current device, cuda:0 unless set_device was called
 
 
-class ModelOnFixedDevice(Rule):
+class ModelOnFixedDevice(Rule, code="DDP017", name="model-on-fixed-device", severity="error"):
     """## What it does
     Flags a model moved to a GPU that does not depend on the rank: `.to("cuda:0")`, `.cuda(1)`,
     `torch.device("cuda", 0)`, `DDP(model, device_ids=[0])`, and — when the script never calls
@@ -49,14 +48,9 @@ class ModelOnFixedDevice(Rule):
     reliably.
     """
 
-    code = "DDP017"
-    name = "model-on-fixed-device"
     message = "model placed on the same GPU on every rank"
-    severity = "error"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         if any(ddp.mentions_rank(a, a.stmt_of.get(w, w)) for w in ddp.env_writes(a, "CUDA_VISIBLE_DEVICES")):
             return  # each rank sees only its own GPU, as cuda:0
         selects_device = bool(a.calls_to("torch.cuda.set_device", "torch.cuda.device"))

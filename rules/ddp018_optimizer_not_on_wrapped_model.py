@@ -9,10 +9,9 @@ from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import is_optimizer_constructor
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS
 
 
-class OptimizerNotOnWrappedModel(Rule):
+class OptimizerNotOnWrappedModel(Rule, code="DDP018", name="optimizer-not-on-wrapped-model", severity="error"):
     """## What it does
     Flags an optimizer built from the parameters of a model object that no
     `DistributedDataParallel(...)` call wraps: a model constructed again after wrapping
@@ -47,14 +46,9 @@ class OptimizerNotOnWrappedModel(Rule):
     No fix: which of the two models was meant is a decision for the author.
     """
 
-    code = "DDP018"
-    name = "optimizer-not-on-wrapped-model"
     message = "optimizer updates a model that DDP does not wrap: its gradients are never averaged across ranks"
-    severity = "error"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         wrapped = ddp.wrapped_origins(a)
         if not wrapped:
             return

@@ -8,12 +8,12 @@ from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import MODEL_CONTAINERS, is_builtin_layer
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS, remove_keyword_fix
+from ddpify.rules._ddp import remove_keyword_fix
 
 _BRANCHES = (ast.If, ast.IfExp, ast.Try, ast.While, ast.Break, ast.Match)
 
 
-class NeedlessFindUnusedParameters(Rule):
+class NeedlessFindUnusedParameters(Rule, code="DDP019", name="needless-find-unused-parameters", severity="info"):
     """## What it does
     Flags `DDP(model, find_unused_parameters=True)` when the whole model is in sight and every
     parameter takes part in every forward: a built-in `torch.nn` layer (`nn.Linear`,
@@ -46,14 +46,9 @@ class NeedlessFindUnusedParameters(Rule):
     ("Expected to have finished reduction in the prior iteration").
     """
 
-    code = "DDP019"
-    name = "needless-find-unused-parameters"
     message = "`find_unused_parameters=True` but every parameter is used in forward: it only costs time"
-    severity = "info"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         for site in ddp.wrap_calls(a):
             call: ast.Call = site.node  # type: ignore[assignment]
             flag = syntax.keyword(call, "find_unused_parameters")

@@ -8,7 +8,7 @@ from ddpify.lint.cst_fixes import comment_edit
 from ddpify.lint.suppress import ALL, Directive, directive_text
 
 
-class UnusedSuppression(Rule):
+class UnusedSuppression(Rule, code="DDP900", name="unused-suppression", severity="warning"):
     """## What it does
     Flags a `# ddpify: ignore[CODE]` or `# ddpify: ignore` comment, and a ddpify code in a
     `# noqa: CODE` comment, that suppresses no finding of this run. A bare `# noqa` and other
@@ -35,10 +35,7 @@ class UnusedSuppression(Rule):
     A directive followed by other comment text is reported without a fix.
     """
 
-    code = "DDP900"
-    name = "unused-suppression"
     message = "suppression comment that suppresses nothing"
-    severity = "warning"
     applies_to = frozenset(ScriptKind)
     default_enabled = False
 

@@ -7,10 +7,10 @@ from ddpify.codemods.base import parse_expr
 from ddpify.codemods.dp.devices import cuda_to
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit, statement_edit
-from ddpify.rules._dp import DP_KINDS, HEAD, dp_replica_forwards
+from ddpify.rules._dp import HEAD, dp_replica_forwards
 
 
-class DeviceInForward(Rule):
+class DeviceInForward(Rule, code="DP001", name="device-in-forward", severity="error"):
     """## What it does
     Flags devices named inside the `forward` of a model wrapped in `nn.DataParallel` (and of the
     submodules it builds): `x.to("cuda:0")`, `.cuda()`, `torch.zeros(..., device="cuda")`,
@@ -42,14 +42,9 @@ class DeviceInForward(Rule):
     argument might not be a tensor (a dict of inputs, a list), and then it has no `.device`.
     """
 
-    code = "DP001"
-    name = "device-in-forward"
     message = "device hard-coded inside forward(): every DataParallel replica would use this one device"
-    severity = "error"
-    applies_to = DP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         for forward in dp_replica_forwards(a):
             source = input_name(forward)
             for use in hardcoded_devices(a, forward):

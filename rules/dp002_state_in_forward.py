@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from ddpify.anatomy.forward import state_mutations
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._dp import DP_KINDS, HEAD, dp_replica_forwards
+from ddpify.rules._dp import HEAD, dp_replica_forwards
 
 
-class StateInForward(Rule):
+class StateInForward(Rule, code="DP002", name="state-in-forward", severity="warning"):
     """## What it does
     Flags changes to the module's own state inside the `forward` of a model wrapped in
     `nn.DataParallel` (or in the methods `forward` calls): `self.calls += 1`, `self.cache = out`,
@@ -41,11 +41,7 @@ class StateInForward(Rule):
     No fix: where the state should live instead depends on what it is for.
     """
 
-    code = "DP002"
-    name = "state-in-forward"
     message = "forward() changes the module's state: under DataParallel it runs on per-GPU copies that are discarded, so the change is lost"
-    severity = "warning"
-    applies_to = DP_KINDS
 
     def check(self, anatomy):
         for forward in dp_replica_forwards(anatomy):

@@ -17,13 +17,13 @@ from ddpify.anatomy.forward import (
 from ddpify.codemods.dp._edits import mean_of
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit
-from ddpify.rules._dp import DP_KINDS, is_dp_wrapper
+from ddpify.rules._dp import is_dp_wrapper
 
 _SCALAR_METHODS = frozenset({"backward", "item"})
 _MAX_HOPS = 4
 
 
-class LossWithoutMean(Rule):
+class LossWithoutMean(Rule, code="DP003", name="loss-without-mean", severity="error"):
     """## What it does
     Flags `.backward()`, `.item()` and `float(...)` on a loss that the model's `forward` returns
     (alone, in a tuple, or in a dict) when the model is wrapped in `nn.DataParallel`, unless the
@@ -56,14 +56,9 @@ class LossWithoutMean(Rule):
     weighs the samples differently than the single-GPU loss did.
     """
 
-    code = "DP003"
-    name = "loss-without-mean"
     message = "forward() returns a loss, and DataParallel gathers one per GPU: average it with .mean() first"
-    severity = "error"
-    applies_to = DP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         for call, cls in model_calls(a):
             returned = loss_return(a, forward_of(a, cls))  # type: ignore[arg-type]
             if returned is None or not is_dp_wrapper(a, call.func):

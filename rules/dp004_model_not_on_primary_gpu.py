@@ -10,11 +10,10 @@ from ddpify.anatomy import syntax
 from ddpify.anatomy.forward import gpu_index, gpu_of_moves, walk_body
 from ddpify.anatomy.vocabulary import DEVICE_MOVES
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._dp import DP_KINDS
 
 
 
-class ModelNotOnPrimaryGpu(Rule):
+class ModelNotOnPrimaryGpu(Rule, code="DP004", name="model-not-on-primary-gpu", severity="error"):
     """## What it does
     Flags `nn.DataParallel(model, device_ids=...)` when the script put `model` on another GPU than
     `device_ids[0]`: `model.to("cuda:1")` with the default `device_ids` (every GPU, cuda:0 first),
@@ -43,14 +42,9 @@ class ModelNotOnPrimaryGpu(Rule):
     No fix: whether the model or the device list is wrong depends on which GPUs the user means to use.
     """
 
-    code = "DP004"
-    name = "model-not-on-primary-gpu"
     message = "the model is not on device_ids[0], where DataParallel needs its parameters"
-    severity = "error"
-    applies_to = DP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         for wrap in a.calls_to(DP_WRAPPER):
             call: ast.Call = wrap.node  # type: ignore[assignment]
             module = syntax.argument(call, 0, "module")

@@ -7,10 +7,10 @@ import ast
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.anatomy.vocabulary import DP_WRAPPER, wrapper_lacks
 from ddpify.rules._ddp import module_fix
-from ddpify.rules._dp import DP_KINDS, is_dp_wrapper
+from ddpify.rules._dp import is_dp_wrapper
 
 
-class WrapperAttribute(Rule):
+class WrapperAttribute(Rule, code="DP005", name="dp-wrapper-attribute", severity="error"):
     """## What it does
     Flags `model.<name>` where `model` is the `nn.DataParallel` wrapper and `<name>` is neither
     something every `nn.Module` has nor DataParallel's own (`module`, `device_ids`, ...): the
@@ -36,14 +36,9 @@ class WrapperAttribute(Rule):
     Inserting `.module` is safe: the line raised `AttributeError` before.
     """
 
-    code = "DP005"
-    name = "dp-wrapper-attribute"
     message = "attribute of the model read through the DataParallel wrapper; use `.module`"
-    severity = "error"
-    applies_to = DP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         for node in a.nodes:
             if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)):
                 continue

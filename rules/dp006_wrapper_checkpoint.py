@@ -8,11 +8,11 @@ from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._ddp import module_fix
-from ddpify.rules._dp import DP_KINDS, is_dp_wrapper
+from ddpify.rules._dp import is_dp_wrapper
 from ddpify.rules.ddp008_wrapper_state_dict_saved import _is_saved
 
 
-class WrapperCheckpoint(Rule):
+class WrapperCheckpoint(Rule, code="DP006", name="dp-wrapper-checkpoint", severity="warning"):
     """## What it does
     Flags `model.state_dict()` saved with `torch.save` (directly, or through a checkpoint dict or
     variable that is saved) and `model.load_state_dict(...)` of a state dict read with
@@ -43,14 +43,9 @@ class WrapperCheckpoint(Rule):
     `module.` keys and load into the wrapper only.
     """
 
-    code = "DP006"
-    name = "dp-wrapper-checkpoint"
     message = "checkpoint of the DataParallel wrapper: its keys start with `module.`; use `model.module`"
-    severity = "warning"
-    applies_to = DP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         calls = [(site, site.node.func.value) for site in a.calls if syntax.method_name(site.node) in ("state_dict", "load_state_dict")]  # type: ignore[attr-defined]
         calls = [(site, receiver) for site, receiver in calls if is_dp_wrapper(a, receiver)]
         loads = [(site, receiver) for site, receiver in calls if syntax.method_name(site.node) == "load_state_dict" and _reads_checkpoint(a, site.node)]

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from ddpify.anatomy import DP_WRAPPER
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._dp import DP_KINDS
 
 
-class PreferDDP(Rule):
+class PreferDDP(Rule, code="DP007", name="prefer-ddp", severity="info"):
     """## What it does
     Reports every `nn.DataParallel(...)`. Off by default; turn it on with `extend-select = ["DP007"]`.
 
@@ -34,11 +33,7 @@ class PreferDDP(Rule):
     single-GPU version of the script does it.
     """
 
-    code = "DP007"
-    name = "prefer-ddp"
     message = "nn.DataParallel is slower than DistributedDataParallel, even on one machine; consider DDP"
-    severity = "info"
-    applies_to = DP_KINDS
     default_enabled = False
 
     def check(self, anatomy):

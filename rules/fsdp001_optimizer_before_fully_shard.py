@@ -7,10 +7,9 @@ import ast
 from ddpify.anatomy import distributed as dist_facts
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS
 
 
-class OptimizerBeforeFullyShard(Rule):
+class OptimizerBeforeFullyShard(Rule, code="FSDP001", name="optimizer-before-fully-shard", severity="error"):
     """## What it does
     Flags a `torch.optim` optimizer constructed from a model's parameters earlier in the same
     function than the `fully_shard(model)` call (FSDP2) that shards that model.
@@ -38,14 +37,9 @@ class OptimizerBeforeFullyShard(Rule):
     No fix: moving the optimizer may move code that other statements depend on.
     """
 
-    code = "FSDP001"
-    name = "optimizer-before-fully-shard"
     message = "optimizer built before fully_shard() shards its model: it steps parameters FSDP no longer uses"
-    severity = "error"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         for shard in dist_facts.shard_calls(a):
             module = syntax.argument(shard.node, 0, "module")  # type: ignore[arg-type]
             origins = dist_facts.model_origins(a, module) if module is not None else None

@@ -5,10 +5,9 @@ from __future__ import annotations
 from ddpify.anatomy import distributed as dist_facts
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS
 
 
-class StateDictGatherUnderRankGuard(Rule):
+class StateDictGatherUnderRankGuard(Rule, code="FSDP002", name="state-dict-gather-under-rank-guard", severity="error"):
     """## What it does
     Flags `get_model_state_dict` / `get_optimizer_state_dict` / `get_state_dict`
     (`torch.distributed.checkpoint.state_dict`), and `state_dict()` of a legacy
@@ -37,14 +36,9 @@ class StateDictGatherUnderRankGuard(Rule):
     No fix: the gather must move out of the guard, which may need other statements to move too.
     """
 
-    code = "FSDP002"
-    name = "state-dict-gather-under-rank-guard"
     message = "gathering a sharded model's state is a collective: run it on every rank, then save on rank 0"
-    severity = "error"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         for call in a.calls:
             if _gathers_state(a, call) and dist_facts.rank_guarded(a, call.node):
                 yield Finding(call.pos)

@@ -7,10 +7,9 @@ import ast
 from ddpify.anatomy import distributed as dist_facts
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit, without_module
-from ddpify.rules._ddp import DDP_KINDS
 
 
-class ModuleOnFullyShardedModel(Rule):
+class ModuleOnFullyShardedModel(Rule, code="FSDP003", name="module-on-fully-sharded-model", severity="error"):
     """## What it does
     Flags `model.module` where `model` was sharded with `fully_shard` (FSDP2), typically left
     over from a DDP or legacy-FSDP version of the script.
@@ -38,14 +37,9 @@ class ModuleOnFullyShardedModel(Rule):
     Safe: the fix drops `.module`, which is what the access meant.
     """
 
-    code = "FSDP003"
-    name = "module-on-fully-sharded-model"
     message = "fully_shard keeps the model's class: it has no .module (AttributeError)"
-    severity = "error"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         if not dist_facts.shard_calls(a):
             return
         for node in a.nodes:

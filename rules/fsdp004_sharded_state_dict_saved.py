@@ -7,10 +7,9 @@ import ast
 from ddpify.anatomy import distributed as dist_facts
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS
 
 
-class ShardedStateDictSaved(Rule):
+class ShardedStateDictSaved(Rule, code="FSDP004", name="sharded-state-dict-saved", severity="error"):
     """## What it does
     Flags `torch.save(...)` of `model.state_dict()` (directly or inside a dict) where `model` was
     sharded with `fully_shard` (FSDP2), or is a legacy `FullyShardedDataParallel` whose state-dict
@@ -42,14 +41,9 @@ class ShardedStateDictSaved(Rule):
     No fix: the gather is a collective and must run on every rank, outside any rank-0 guard.
     """
 
-    code = "FSDP004"
-    name = "sharded-state-dict-saved"
     message = "state_dict() of a fully_shard model holds this rank's shards only: gather it with get_model_state_dict(full_state_dict=True)"
-    severity = "error"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         if not dist_facts.shard_calls(a) and not dist_facts.sharded_legacy_state_dicts(a):
             return
         for save in a.calls_to("torch.save"):

@@ -8,10 +8,11 @@ from ddpify.anatomy import distributed as dist_facts
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import PARAMETER_ATTRIBUTES, PARAMETER_METHODS
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_KINDS
 
 
-class LegacyParametersBetweenForwardAndBackward(Rule):
+class LegacyParametersBetweenForwardAndBackward(
+    Rule, code="FSDP005", name="legacy-fsdp-parameters-between-forward-and-backward", severity="error"
+):
     """## What it does
     Flags reads of a legacy `FullyShardedDataParallel` model's parameters (`model.parameters()`,
     `model.named_parameters()`, `model.fc.weight`) after its forward and before `backward()` in a
@@ -47,14 +48,9 @@ class LegacyParametersBetweenForwardAndBackward(Rule):
     No fix: where the term belongs depends on the model.
     """
 
-    code = "FSDP005"
-    name = "legacy-fsdp-parameters-between-forward-and-backward"
     message = "legacy FSDP reshards after forward: these are this rank's flat shards, not the model's parameters"
-    severity = "error"
-    applies_to = DDP_KINDS
 
-    def check(self, anatomy):
-        a = anatomy
+    def check(self, a):
         if not a.calls_to(dist_facts.LEGACY_FSDP):
             return
         for loop in a.step_loops:

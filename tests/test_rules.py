@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpify.anatomy import analyze
+from ddpify.anatomy import ScriptKind, analyze
 from ddpify.lint.docs import SECTIONS, render_reference, rule_doc
 from ddpify.lint.engine import Options, RuleSet, check_text, fix_text
 from ddpify.lint.registry import RuleError, all_rules, discover
@@ -68,6 +68,33 @@ def test_codes_and_names_are_unique():
     assert len({r.name for r in RULES}) == len(RULES)
 
 
+def test_a_rule_names_itself_in_its_class_statement():
+    class Sharded(Rule, code="FSDP998", name="sharded", severity="info"):
+        """Doc."""
+
+    assert (Sharded.code, Sharded.name, Sharded.severity) == ("FSDP998", "sharded", "info")
+    assert Sharded.applies_to == frozenset({ScriptKind.DDP, ScriptKind.SPAWN})
+
+
+def test_applies_to_follows_the_code_family_unless_the_rule_sets_it():
+    class Replicas(Rule, code="DP998", name="replicas"):
+        """Doc."""
+
+    class Everywhere(Rule, code="DDP998", name="everywhere"):
+        """Doc."""
+
+        applies_to = frozenset(ScriptKind)
+
+    assert Replicas.applies_to == frozenset({ScriptKind.DATA_PARALLEL})
+    assert Everywhere.applies_to == frozenset(ScriptKind)
+
+
+@pytest.mark.parametrize("code", [None, "XYZ001", "DDP3"])
+def test_a_rule_without_a_valid_code_fails_at_class_creation(code):
+    with pytest.raises(TypeError, match="needs a code"):
+        type("Nameless", (Rule,), {}, code=code, name="nameless")
+
+
 def test_discovery_refuses_duplicate_codes(tmp_path, monkeypatch):
     package = tmp_path / "dup_rules"
     package.mkdir()
@@ -88,7 +115,7 @@ def test_discovery_refuses_duplicate_codes(tmp_path, monkeypatch):
 
 
 def test_docstring_headings_may_be_markdown_colon_or_underlined():
-    class Styles(Rule):
+    class Styles(Rule, code="DDP999", name="styles"):
         """Summary line.
 
         ## What it does

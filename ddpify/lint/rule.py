@@ -1,18 +1,34 @@
 """The rule API: what a lint rule is, what it yields, and how its fixes are spelled.
 
-One rule per module in the top-level `rules/` directory (shipped as `ddpify.rules`). A rule reads
-the script's `Anatomy` and yields `Finding`s; the engine does everything else (selection by kind
-and config, suppression comments, output formats, applying fixes).
+One rule per module in the top-level `rules/` directory (shipped as `ddpify.rules`). A rule names
+itself in its class statement, reads the script's `Anatomy` and yields `Finding`s; the engine does
+everything else (selection by kind and config, suppression comments, output formats, applying
+fixes):
+
+    class SamplerWithoutSetEpoch(Rule, code="DDP003", name="sampler-without-set-epoch", severity="warning"):
+        "(the rule's documentation: What it does, Why is this bad?, ...)"
+
+        message = "DistributedSampler never gets `set_epoch(epoch)`: every epoch uses the same shuffle"
+
+        def check(self, a):
+            ...
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar, Iterable
 
 from ddpify.anatomy import Anatomy, Pos, ScriptKind
 
 SEVERITIES = ("error", "warning", "info")
+
+# The scripts a family of rules checks, by the letters its codes start with. FSDP runs one process
+# per GPU as DDP does, so the FSDP rules check the same scripts as the DDP rules.
+_PROCESS_PER_GPU = frozenset({ScriptKind.DDP, ScriptKind.SPAWN})
+FAMILY_KINDS = {"DDP": _PROCESS_PER_GPU, "FSDP": _PROCESS_PER_GPU, "DP": frozenset({ScriptKind.DATA_PARALLEL})}
+_CODE = re.compile(r"(?P<family>[A-Z]+)\d{3}")
 
 
 @dataclass(frozen=True)
@@ -72,7 +88,11 @@ class Invalid:
 
 class Rule:
     """Base class of lint rules. The subclass docstring is the rule's documentation, with the
-    sections "What it does", "Why is this bad?", "Example", "Use instead" and "Fix safety"."""
+    sections "What it does", "Why is this bad?", "Example", "Use instead" and "Fix safety".
+
+    A subclass gives its `code`, `name` and `severity` as keywords of its class statement;
+    `applies_to` is the kinds of its code's family (`FAMILY_KINDS`) unless the class sets it.
+    """
 
     code: ClassVar[str]
     name: ClassVar[str]
@@ -83,6 +103,21 @@ class Rule:
     VALID: ClassVar[tuple[str, ...]] = ()
     INVALID: ClassVar[tuple[Invalid, ...]] = ()
 
-    def check(self, anatomy: Anatomy) -> Iterable[Finding]:
-        """Yield a Finding for each problem in the script."""
+    def __init_subclass__(
+        cls, *, code: str | None = None, name: str | None = None, severity: str | None = None, **kwargs
+    ):
+        """Take the identity from the class statement; refuse a rule without a code of a known family."""
+        super().__init_subclass__(**kwargs)
+        for attribute, value in (("code", code), ("name", name), ("severity", severity)):
+            if value is not None:
+                setattr(cls, attribute, value)
+        match = _CODE.fullmatch(getattr(cls, "code", ""))
+        if match is None or match["family"] not in FAMILY_KINDS:
+            raise TypeError(f"rule {cls.__qualname__} needs a code such as DDP003: class {cls.__name__}(Rule, code=...)")
+        if not hasattr(cls, "applies_to"):
+            cls.applies_to = FAMILY_KINDS[match["family"]]
+
+    def check(self, anatomy: Anatomy, /) -> Iterable[Finding]:
+        """Yield a Finding for each problem in the script (the engine passes it positionally, so a
+        rule may name the parameter as its helpers do, usually `a`)."""
         raise NotImplementedError
