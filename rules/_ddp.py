@@ -1,4 +1,5 @@
-"""Helpers shared by the DDP rules: finding ranges and fix edits.
+"""Helpers shared by the DDP rules (and the DataParallel rules, where the wrapper behaves alike):
+finding ranges, what a state dict ends up in, and fix edits.
 
 The facts themselves come from `ddpify.anatomy.distributed`; this module only turns them into
 positions and source edits.
@@ -18,6 +19,7 @@ from ddpify.codemods.ddp.rank_zero import hoisted_names, hoisted_then_guarded
 from ddpify.codemods.module_access import module_of
 from ddpify.lint import Edit, Fix
 from ddpify.lint.cst_fixes import expression_edit, statement_edit, statement_edit_with
+
 
 def header_pos(a: Anatomy, stmt: ast.stmt) -> Pos:
     """The first line of a compound statement (`for epoch in range(n):`), or the whole statement."""
@@ -97,6 +99,36 @@ def rank_zero_guard_fix(a: Anatomy, stmt: ast.stmt, may_be_safe: bool, hoisted: 
 def per_rank_target(a: Anatomy, *exprs: ast.AST | None, through_variables: bool = True) -> bool:
     """Do these arguments name their target after the rank (`f"ckpt_rank{rank}.pt"`, `print(f"[{rank}] ...")`)?"""
     return any(expr is not None and ddp.mentions_rank(a, expr, through_variables) for expr in exprs)
+
+
+def is_saved(a: Anatomy, call: ast.Call) -> bool:
+    """Inside `torch.save(...)`, or put into a variable (or a dict in one) that is saved later."""
+    for parent, _ in syntax.ancestors(a, call):
+        if isinstance(parent, ast.Call) and a.qualname(parent.func) == "torch.save":
+            return True
+        if isinstance(parent, ast.stmt):
+            return _saved_later(a, parent)
+    return False
+
+
+def _saved_later(a: Anatomy, stmt: ast.stmt) -> bool:
+    """Does a later `torch.save` in the same function save a variable that `stmt` assigns?"""
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+    names = {_base_name(t) for t in targets} - {None}
+    scope = syntax.enclosing_function(a, stmt)
+    return any(
+        syntax.enclosing_function(a, save.node) == scope
+        and save.line >= stmt.lineno
+        and any(isinstance(n, ast.Name) and n.id in names for arg in save.node.args for n in ast.walk(arg))  # type: ignore[attr-defined]
+        for save in a.calls_to("torch.save")
+    )
+
+
+def _base_name(target: ast.AST | None) -> str | None:
+    """`ckpt` for `ckpt`, `ckpt["model"]`, `ckpt.model`."""
+    while isinstance(target, (ast.Subscript, ast.Attribute)):
+        target = target.value
+    return target.id if isinstance(target, ast.Name) else None
 
 
 def call_arguments(call: ast.Call) -> list[ast.AST]:

@@ -7,7 +7,7 @@ import ast
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import module_fix
+from ddpify.rules._ddp import is_saved, module_fix
 
 
 class WrapperStateDictSaved(Rule, code="DDP008", name="wrapper-state-dict-saved", severity="warning"):
@@ -48,7 +48,7 @@ class WrapperStateDictSaved(Rule, code="DDP008", name="wrapper-state-dict-saved"
             call: ast.Call = site.node  # type: ignore[assignment]
             if syntax.method_name(call) != "state_dict" or not ddp.is_wrapper(a, call.func.value):  # type: ignore[attr-defined]
                 continue
-            if _is_saved(a, call):
+            if is_saved(a, call):
                 fix = module_fix(a, call.func.value, safe=safe, description="save the state dict of `.module`")  # type: ignore[attr-defined]
                 yield Finding(site.pos, fix=fix)
 
@@ -58,35 +58,6 @@ def _loads_into_wrapper(a) -> bool:
         syntax.method_name(c.node) == "load_state_dict" and ddp.is_wrapper(a, c.node.func.value)  # type: ignore[attr-defined]
         for c in a.calls
     )
-
-
-def _is_saved(a, call: ast.Call) -> bool:
-    """Inside `torch.save(...)`, or put into a variable (or a dict in one) that is saved later."""
-    for parent, _ in syntax.ancestors(a, call):
-        if isinstance(parent, ast.Call) and a.qualname(parent.func) == "torch.save":
-            return True
-        if isinstance(parent, ast.stmt):
-            return _saved_later(a, parent)
-    return False
-
-
-def _saved_later(a, stmt: ast.stmt) -> bool:
-    targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
-    names = {_base_name(t) for t in targets} - {None}
-    scope = syntax.enclosing_function(a, stmt)
-    return any(
-        syntax.enclosing_function(a, save.node) == scope
-        and save.line >= stmt.lineno
-        and any(isinstance(n, ast.Name) and n.id in names for arg in save.node.args for n in ast.walk(arg))  # type: ignore[attr-defined]
-        for save in a.calls_to("torch.save")
-    )
-
-
-def _base_name(target: ast.AST | None) -> str | None:
-    """`ckpt` for `ckpt`, `ckpt["model"]`, `ckpt.model`."""
-    while isinstance(target, (ast.Subscript, ast.Attribute)):
-        target = target.value
-    return target.id if isinstance(target, ast.Name) else None
 
 
 _HEAD = """import torch

@@ -7,9 +7,8 @@ import ast
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import module_fix
+from ddpify.rules._ddp import is_saved, module_fix
 from ddpify.rules._dp import is_dp_wrapper
-from ddpify.rules.ddp008_wrapper_state_dict_saved import _is_saved
 
 
 class WrapperCheckpoint(Rule, code="DP006", name="dp-wrapper-checkpoint", severity="warning"):
@@ -53,7 +52,7 @@ class WrapperCheckpoint(Rule, code="DP006", name="dp-wrapper-checkpoint", severi
             fix = module_fix(a, receiver, safe=False, description="load into `.module`")
             yield Finding(site.pos, "load_state_dict on the DataParallel wrapper expects `module.` keys; load into `model.module`", fix)
         for site, receiver in calls:
-            if syntax.method_name(site.node) == "state_dict" and _is_saved(a, site.node):
+            if syntax.method_name(site.node) == "state_dict" and is_saved(a, site.node):
                 fix = module_fix(a, receiver, safe=not loads, description="save the state dict of `.module`")
                 yield Finding(site.pos, "state_dict() of the DataParallel wrapper is saved: its keys start with `module.`", fix)
 
