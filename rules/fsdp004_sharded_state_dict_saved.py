@@ -24,12 +24,16 @@ class ShardedStateDictSaved(Rule, code="FSDP004", name="sharded-state-dict-saved
 
     ## Example
     ```python
+    fully_shard(model)
+    ...
     if rank == 0:
         torch.save(model.state_dict(), "model.pt")
     ```
 
     ## Use instead
     ```python
+    fully_shard(model)
+    ...
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
         torch.save(state, "model.pt")
