@@ -12,21 +12,9 @@ import ast
 from ddpify.anatomy import DP_WRAPPER, Anatomy
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy.forward import dp_wrapped_models, replica_forward_methods
+from ddpify.rules._cases import NET
 
-HEAD = """import torch
-from torch import nn
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 2)
-
-    def forward(self, x):
-        return self.fc(x)
-
-
-"""
+HEAD = "import torch\nfrom torch import nn\n\n\n" + NET + "\n\n"
 
 
 def is_dp_wrapper(a: Anatomy, expr: ast.AST) -> bool:

@@ -54,23 +54,17 @@ class TorchLoadWithoutMapLocation(Rule, code="DDP001", name="torch-load-without-
         "import torch\n\nstate = torch.load('ckpt.pt')\n",
     )
     INVALID = (
-        Invalid(
+        Invalid.fixed_by(
             "import torch\nimport torch.distributed as dist\n\n\ndef main(local_rank):\n"
             "    dist.init_process_group('nccl')\n"
             "    device = torch.device('cuda', local_rank)\n"
             "    state = torch.load('ckpt.pt')\n",
-            line=8,
-            fixed="import torch\nimport torch.distributed as dist\n\n\ndef main(local_rank):\n"
-            "    dist.init_process_group('nccl')\n"
-            "    device = torch.device('cuda', local_rank)\n"
-            "    state = torch.load('ckpt.pt', map_location=device)\n",
+            old="torch.load('ckpt.pt')", new="torch.load('ckpt.pt', map_location=device)",
         ),
-        Invalid(
+        Invalid.fixed_by(
             "import torch\nimport torch.multiprocessing as mp\n\n\ndef worker(rank):\n"
             "    state = torch.load(\n        'ckpt.pt',\n    )\n\n\nmp.spawn(worker, nprocs=2)\n",
-            line=6,
-            fixed="import torch\nimport torch.multiprocessing as mp\n\n\ndef worker(rank):\n"
-            "    state = torch.load(\n        'ckpt.pt',\n        map_location=\"cpu\",\n    )\n\n\nmp.spawn(worker, nprocs=2)\n",
+            old="        'ckpt.pt',\n", new="        'ckpt.pt',\n        map_location=\"cpu\",\n", line=6,
         ),
     )
 

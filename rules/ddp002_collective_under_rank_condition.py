@@ -163,17 +163,12 @@ finish(dist.get_rank())
 """,
         line=7,
     ),
-    Invalid(
+    Invalid.fixed_by(
         _HEAD + """from torch.nn.parallel import DistributedDataParallel as DDP
 model = DDP(torch.nn.Linear(2, 2))
 if rank == 0:
     out = model(torch.ones(1, 2))
 """,
-        line=8,
-        fixed=_HEAD + """from torch.nn.parallel import DistributedDataParallel as DDP
-model = DDP(torch.nn.Linear(2, 2))
-if rank == 0:
-    out = model.module(torch.ones(1, 2))
-""",
+        old="model(torch.ones(1, 2))", new="model.module(torch.ones(1, 2))",
     ),
 )

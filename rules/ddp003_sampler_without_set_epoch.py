@@ -96,9 +96,15 @@ _STEP = """        loss = (model(x) - y).pow(2).mean()
         opt.step()
 """
 
+
+def _epoch_loop_case(head: str, body: str, set_epoch: str) -> Invalid:
+    """`head` ends with an epoch loop's header, where the finding is; its `body` never calls
+    set_epoch, and the fix puts `set_epoch` first in it."""
+    before = _HEAD + head
+    return Invalid(before + body, line=before.count("\n"), fixed=f"{before}    {set_epoch}\n{body}")
+
+
 SamplerWithoutSetEpoch.VALID = (
-    _HEAD + "sampler = DistributedSampler(data)\nloader = DataLoader(data, sampler=sampler)\n"
-    "for epoch in range(3):\n    sampler.set_epoch(epoch)\n    for x, y in loader:\n" + _STEP,
     # an unshuffled sampler has nothing to reseed
     _HEAD + "loader = DataLoader(data, sampler=DistributedSampler(data, shuffle=False))\n"
     "for epoch in range(3):\n    for x, y in loader:\n" + _STEP,
@@ -122,27 +128,21 @@ SamplerWithoutSetEpoch.INVALID = (
         "    for x, y in loader:\n" + _STEP,
         line=9,
     ),
-    Invalid(
-        _HEAD + "sampler = DistributedSampler(data)\nloader = DataLoader(data, sampler=sampler)\n"
-        "for epoch in range(3):\n    for x, y in loader:\n" + _STEP,
-        line=11,
-        fixed=_HEAD + "sampler = DistributedSampler(data)\nloader = DataLoader(data, sampler=sampler)\n"
-        "for epoch in range(3):\n    sampler.set_epoch(epoch)\n    for x, y in loader:\n" + _STEP,
+    _epoch_loop_case(
+        "sampler = DistributedSampler(data)\nloader = DataLoader(data, sampler=sampler)\nfor epoch in range(3):\n",
+        "    for x, y in loader:\n" + _STEP,
+        set_epoch="sampler.set_epoch(epoch)",
     ),
     # a step budget: the `while` around the loader counts its passes in `epoch`
-    Invalid(
-        _HEAD + "loader = DataLoader(data, sampler=DistributedSampler(data))\nstep = epoch = 0\n"
-        "while step < 10:\n    for x, y in loader:\n" + _STEP + "        step += 1\n    epoch += 1\n",
-        line=11,
-        fixed=_HEAD + "loader = DataLoader(data, sampler=DistributedSampler(data))\nstep = epoch = 0\n"
-        "while step < 10:\n    loader.sampler.set_epoch(epoch)\n    for x, y in loader:\n" + _STEP + "        step += 1\n    epoch += 1\n",
+    _epoch_loop_case(
+        "loader = DataLoader(data, sampler=DistributedSampler(data))\nstep = epoch = 0\nwhile step < 10:\n",
+        "    for x, y in loader:\n" + _STEP + "        step += 1\n    epoch += 1\n",
+        set_epoch="loader.sampler.set_epoch(epoch)",
     ),
-    Invalid(
-        _HEAD + "train_loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=2)\n"
-        "for ep in range(3):\n    for x, y in train_loader:\n" + _STEP,
-        line=10,
-        fixed=_HEAD + "train_loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=2)\n"
-        "for ep in range(3):\n    train_loader.sampler.set_epoch(ep)\n    for x, y in train_loader:\n" + _STEP,
+    _epoch_loop_case(
+        "train_loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=2)\nfor ep in range(3):\n",
+        "    for x, y in train_loader:\n" + _STEP,
+        set_epoch="train_loader.sampler.set_epoch(ep)",
     ),
     # a body on the loop's own line is spread out first
     Invalid(

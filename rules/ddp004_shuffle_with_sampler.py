@@ -56,15 +56,13 @@ ShuffleWithSampler.VALID = (
     _HEAD + "loader = DataLoader(data, batch_size=2, shuffle=True, sampler=None)\n",
 )
 ShuffleWithSampler.INVALID = (
-    Invalid(
+    Invalid.fixed_by(
         _HEAD + "loader = DataLoader(data, batch_size=2, shuffle=True, sampler=DistributedSampler(data))\n",
-        line=7,
-        fixed=_HEAD + "loader = DataLoader(data, batch_size=2, sampler=DistributedSampler(data))\n",
+        old="shuffle=True, ", new="",
     ),
-    Invalid(
+    Invalid.fixed_by(
         _HEAD + "sampler = DistributedSampler(data)\nloader = DataLoader(\n    data,\n    shuffle=True,\n    sampler=sampler,\n)\n",
-        line=10,
-        fixed=_HEAD + "sampler = DistributedSampler(data)\nloader = DataLoader(\n    data,\n    sampler=sampler,\n)\n",
+        old="    shuffle=True,\n", new="",
     ),
     # the last argument: the one before it takes over the trailing comma
     Invalid(

@@ -8,6 +8,7 @@ from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import OPEN_CALLS, SAVE_CALLS, opens_for_writing
 from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._cases import guarded_case
 from ddpify.rules._ddp import per_rank_target, rank_zero_guard_fix
 
 class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="error"):
@@ -99,21 +100,15 @@ if dist.get_rank() == 0:
     _HEAD + "ngpus_per_node = 8\nif rank % ngpus_per_node == 0:\n    torch.save(model.state_dict(), 'model.pt')\n",
 )
 SaveOnEveryRank.INVALID = (
-    Invalid(
-        _HEAD + "torch.save(model.state_dict(), 'model.pt')\n",
-        line=7,
-        fixed=_HEAD + "if rank == 0:\n    torch.save(model.state_dict(), 'model.pt')\n",
+    guarded_case(_HEAD, "torch.save(model.state_dict(), 'model.pt')\n"),
+    # no rank-0 test in the function to reuse
+    guarded_case(
+        _HEAD + "\n\ndef finish(net):\n",
+        "    torch.save(net.state_dict(), 'model.pt')\n",
+        test="dist.get_rank() == 0",
+        after="\n\nfinish(model)\n",
     ),
-    Invalid(
-        _HEAD + "\n\ndef finish(net):\n    torch.save(net.state_dict(), 'model.pt')\n\n\nfinish(model)\n",
-        line=10,
-        fixed=_HEAD + "\n\ndef finish(net):\n    if dist.get_rank() == 0:\n        torch.save(net.state_dict(), 'model.pt')\n\n\nfinish(model)\n",
-    ),
-    Invalid(
-        _HEAD + "if rank == 0:\n    print('saving')\nwith open('log.txt', 'a') as f:\n    f.write('x')\n",
-        line=9,
-        fixed=_HEAD + "if rank == 0:\n    print('saving')\nif rank == 0:\n    with open('log.txt', 'a') as f:\n        f.write('x')\n",
-    ),
+    guarded_case(_HEAD + "if rank == 0:\n    print('saving')\n", "with open('log.txt', 'a') as f:\n    f.write('x')\n"),
     # a multi-line string keeps its contents: only the code lines move in
     Invalid(
         _HEAD + 'with open("README.txt", "w") as f:\n    f.write(f"""model\n{model}\n""")\n',

@@ -8,6 +8,7 @@ from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import INFO_LOG_METHODS, TQDM_CONSTRUCTORS, WRITER_CONSTRUCTORS
 from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._cases import guarded_case
 from ddpify.rules._ddp import call_arguments, per_rank_target, rank_zero_guard_fix
 
 _LOGGING_SETUP = frozenset({"logging.basicConfig"})
@@ -132,6 +133,8 @@ def evaluate(t):
 
 
 """
+# a rank-0 test that the fix reuses
+_STARTED = _HEAD + "if rank == 0:\n    print('start')\n"
 
 LogOnEveryRank.VALID = (
     _HEAD + "if rank == 0:\n    print(f'loss {loss.item():.4f}')\n",
@@ -172,17 +175,8 @@ if __name__ == "__main__":
 """,
 )
 LogOnEveryRank.INVALID = (
-    Invalid(
-        _HEAD + "if rank == 0:\n    print('start')\nprint(f'loss {loss.item():.4f}')\n",
-        line=9,
-        fixed=_HEAD + "if rank == 0:\n    print('start')\nif rank == 0:\n    print(f'loss {loss.item():.4f}')\n",
-    ),
-    Invalid(
-        _HEAD + "import logging\nlogger = logging.getLogger(__name__)\nlogger.info('loss %f', loss.item())\n",
-        line=9,
-        fixed=_HEAD + "import logging\nlogger = logging.getLogger(__name__)\n"
-        "if rank == 0:\n    logger.info('loss %f', loss.item())\n",
-    ),
+    guarded_case(_STARTED, "print(f'loss {loss.item():.4f}')\n"),
+    guarded_case(_HEAD + "import logging\nlogger = logging.getLogger(__name__)\n", "logger.info('loss %f', loss.item())\n"),
     Invalid(_HEAD + "from torch.utils.tensorboard import SummaryWriter\nwriter = SummaryWriter('runs/exp')\n", line=8),
     # an evaluation that every rank must join runs on every rank first, into a variable the print reads
     Invalid(
@@ -193,39 +187,22 @@ LogOnEveryRank.INVALID = (
     ),
     # a triple-quoted f-string keeps its contents: only the code lines move in
     Invalid(
-        _HEAD + "if rank == 0:\n    print('start')\nprint(f\"\"\"done\n  loss {loss.item():.4f}\n\"\"\")\n",
+        _STARTED + "print(f\"\"\"done\n  loss {loss.item():.4f}\n\"\"\")\n",
         line=9,
-        fixed=_HEAD + "if rank == 0:\n    print('start')\nif rank == 0:\n    print(f\"\"\"done\n  loss {loss.item():.4f}\n\"\"\")\n",
+        fixed=_STARTED + "if rank == 0:\n    print(f\"\"\"done\n  loss {loss.item():.4f}\n\"\"\")\n",
     ),
     # an implicit concatenation over lines is re-indented with the call
-    Invalid(
-        _HEAD + "if rank == 0:\n    print('start')\nprint('loss',\n      'is',\n      loss.item())\n",
-        line=9,
-        fixed=_HEAD + "if rank == 0:\n    print('start')\nif rank == 0:\n    print('loss',\n          'is',\n          loss.item())\n",
-    ),
-    Invalid(
+    guarded_case(_STARTED, "print('loss',\n      'is',\n      loss.item())\n"),
+    guarded_case(
         """import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
 def worker(rank, world_size):
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    print("worker up")
-
-
-if __name__ == "__main__":
-    mp.spawn(worker, args=(2,), nprocs=2)
 """,
-        line=7,
-        fixed="""import torch.distributed as dist
-import torch.multiprocessing as mp
-
-
-def worker(rank, world_size):
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    if rank == 0:
-        print("worker up")
-
+        '    print("worker up")\n',
+        after="""
 
 if __name__ == "__main__":
     mp.spawn(worker, args=(2,), nprocs=2)

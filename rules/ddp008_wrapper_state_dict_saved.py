@@ -7,6 +7,7 @@ import ast
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._cases import IN_MEMORY_COPY, saved_state_dict_cases
 from ddpify.rules._ddp import is_saved, module_fix
 
 
@@ -72,20 +73,10 @@ model = DDP(net)
 WrapperStateDictSaved.VALID = (
     _HEAD + "if dist.get_rank() == 0:\n    torch.save(model.module.state_dict(), 'model.pt')\n",
     _HEAD + "torch.save(net.state_dict(), 'model.pt')\n",
-    # an in-memory copy, loaded back into the same wrapper
-    _HEAD + "import copy\nbest = copy.deepcopy(model.state_dict())\nmodel.load_state_dict(best)\n",
+    _HEAD + IN_MEMORY_COPY,
 )
 WrapperStateDictSaved.INVALID = (
-    Invalid(
-        _HEAD + "torch.save(model.state_dict(), 'model.pt')\n",
-        line=8,
-        fixed=_HEAD + "torch.save(model.module.state_dict(), 'model.pt')\n",
-    ),
-    Invalid(
-        _HEAD + "ckpt = {'model': model.state_dict(), 'epoch': 3}\ntorch.save(ckpt, 'ckpt.pt')\n",
-        line=8,
-        fixed=_HEAD + "ckpt = {'model': model.module.state_dict(), 'epoch': 3}\ntorch.save(ckpt, 'ckpt.pt')\n",
-    ),
+    *saved_state_dict_cases(_HEAD),
     Invalid(
         """import torch
 import torch.distributed as dist

@@ -9,6 +9,7 @@ from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import DDP_WRAPPER, wrapper_lacks
 from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._cases import NET
 from ddpify.rules._ddp import module_fix
 
 
@@ -108,17 +109,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 2)
-
-    def encode(self, x):
-        return self.fc(x)
-
-    def forward(self, x):
-        return self.encode(x)
-
+""" + NET + """
 
 dist.init_process_group("gloo")
 """
@@ -134,9 +125,9 @@ WrapperAttribute.VALID = (
     def _restore(self):
         self.model.load_state_dict(torch.load("net.pt", map_location="cpu"))
 """,
-    _HEAD + "model = DDP(Net())\nmodel.train()\nparams = list(model.parameters())\nz = model.module.encode(torch.ones(1, 4))\n",
+    _HEAD + "model = DDP(Net())\nmodel.train()\nparams = list(model.parameters())\nz = model.module.predict(torch.ones(1, 4))\n",
     # before wrapping, `model` is the plain network
-    _HEAD + "model = Net()\nz = model.encode(torch.ones(1, 4))\nmodel = DDP(model)\n",
+    _HEAD + "model = Net()\nz = model.predict(torch.ones(1, 4))\nmodel = DDP(model)\n",
     _HEAD + "model = DDP(Net())\nwith model.no_sync():\n    model(torch.ones(1, 4)).sum().backward()\n",
     _HEAD + "model = DDP(Net())\nmodel.module.load_state_dict(torch.load('net.pt', map_location='cpu'))\n",
     # nanoGPT's unwrap idiom
@@ -145,16 +136,12 @@ model = Net()
 if distributed:
     model = DDP(model)
 raw_model = model.module if distributed else model
-z = raw_model.encode(torch.ones(1, 4))
+z = raw_model.predict(torch.ones(1, 4))
 """,
 )
 WrapperAttribute.INVALID = (
-    Invalid(
-        _HEAD + "model = DDP(Net())\nz = model.encode(torch.ones(1, 4))\n",
-        line=21,
-        fixed=_HEAD + "model = DDP(Net())\nz = model.module.encode(torch.ones(1, 4))\n",
-    ),
-    Invalid(
+    Invalid.fixed_by(_HEAD + "model = DDP(Net())\nz = model.predict(torch.ones(1, 4))\n", old="model.predict", new="model.module.predict"),
+    Invalid.fixed_by(
         _HEAD + """
 
 def evaluate(net, x):
@@ -163,19 +150,10 @@ def evaluate(net, x):
 
 evaluate(DDP(Net()), torch.ones(1, 4))
 """,
-        line=23,
-        fixed=_HEAD + """
-
-def evaluate(net, x):
-    return net.module.fc(x)
-
-
-evaluate(DDP(Net()), torch.ones(1, 4))
-""",
+        old="net.fc", new="net.module.fc",
     ),
-    Invalid(
+    Invalid.fixed_by(
         _HEAD + "model = DDP(Net())\nmodel.load_state_dict(torch.load('net.pt', map_location='cpu'))\n",
-        line=21,
-        fixed=_HEAD + "model = DDP(Net())\nmodel.module.load_state_dict(torch.load('net.pt', map_location='cpu'))\n",
+        old="model.load_state_dict", new="model.module.load_state_dict",
     ),
 )

@@ -102,10 +102,9 @@ BatchNormWithoutSyncBatchNorm.VALID = (
     _HEAD + "model = DDP(nn.Linear(4, 2).cuda())\n",
 )
 BatchNormWithoutSyncBatchNorm.INVALID = (
-    Invalid(
+    Invalid.fixed_by(
         _HEAD + "model = ConvNet().cuda()\nmodel = DDP(model, device_ids=[0])\n",
-        line=19,
-        fixed=_HEAD + "model = ConvNet().cuda()\nmodel = DDP(nn.SyncBatchNorm.convert_sync_batchnorm(model), device_ids=[0])\n",
+        old="DDP(model,", new="DDP(nn.SyncBatchNorm.convert_sync_batchnorm(model),",
     ),
     Invalid(
         "import torch.distributed as dist\nimport torchvision\nfrom torch.nn.parallel import DistributedDataParallel\n"

@@ -83,14 +83,9 @@ def main():
     _HEAD + "model = DDP(torch.nn.Linear(4, 1))\n",
 )
 UnseededRandomSplit.INVALID = (
-    Invalid(
-        _HEAD + "train, val = random_split(data, [8, 2])\n",
-        line=8,
-        fixed=_HEAD + "train, val = random_split(data, [8, 2], generator=torch.Generator().manual_seed(0))\n",
-    ),
-    Invalid(
+    Invalid.fixed_by(_HEAD + "train, val = random_split(data, [8, 2])\n", old="[8, 2])", new="[8, 2], generator=torch.Generator().manual_seed(0))"),
+    Invalid.fixed_by(
         _HEAD + "model = DDP(torch.nn.Linear(4, 1))\ntrain, val = random_split(\n    data,\n    [8, 2],\n)\ntorch.manual_seed(0)\n",
-        line=9,
-        fixed=_HEAD + "model = DDP(torch.nn.Linear(4, 1))\ntrain, val = random_split(\n    data,\n    [8, 2],\n    generator=torch.Generator().manual_seed(0),\n)\ntorch.manual_seed(0)\n",
+        old="    [8, 2],\n", new="    [8, 2],\n    generator=torch.Generator().manual_seed(0),\n", line=9,
     ),
 )

@@ -78,21 +78,18 @@ import torch.distributed as dist
 parser = argparse.ArgumentParser()
 """
 
+
+def _parsing(arguments: str) -> str:
+    """A script whose parser gets `parser.add_argument(<arguments>)` on line 6."""
+    return f"{_HEAD}parser.add_argument({arguments})\nargs = parser.parse_args()\ndist.init_process_group('nccl')\n"
+
+
 LocalRankArgument.VALID = (
-    _HEAD + "parser.add_argument('--local_rank', type=int, default=int(os.environ.get('LOCAL_RANK', -1)))\n"
-    "args = parser.parse_args()\ndist.init_process_group('nccl')\n",
+    _parsing("'--local_rank', type=int, default=int(os.environ.get('LOCAL_RANK', -1))"),
     _HEAD + "parser.add_argument('--epochs', type=int, default=3)\nargs = parser.parse_args()\n"
     "local_rank = int(os.environ['LOCAL_RANK'])\ndist.init_process_group('nccl')\n",
 )
 LocalRankArgument.INVALID = (
-    Invalid(
-        _HEAD + "parser.add_argument('--local_rank', type=int, default=-1)\nargs = parser.parse_args()\ndist.init_process_group('nccl')\n",
-        line=6,
-        fixed=_HEAD + "parser.add_argument('--local_rank', type=int, default=int(os.environ.get(\"LOCAL_RANK\", -1)))\n"
-        "args = parser.parse_args()\ndist.init_process_group('nccl')\n",
-    ),
-    Invalid(
-        _HEAD + "parser.add_argument('--local-rank', type=int)\nargs = parser.parse_args()\ndist.init_process_group('nccl')\n",
-        line=6,
-    ),
+    Invalid.fixed_by(_parsing("'--local_rank', type=int, default=-1"), old="default=-1", new='default=int(os.environ.get("LOCAL_RANK", -1))'),
+    Invalid(_parsing("'--local-rank', type=int"), line=6),
 )

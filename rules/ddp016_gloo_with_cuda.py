@@ -99,18 +99,12 @@ def setup(local_rank):
     _HEAD + "dist.init_process_group('gloo')\nmodel = DDP(torch.nn.Linear(4, 1))\n",
     _HEAD + "dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')\n"
     "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\nmodel = DDP(torch.nn.Linear(4, 1).to(device))\n",
-    _HEAD + "dist.init_process_group(backend='nccl')\nmodel = DDP(torch.nn.Linear(4, 1).cuda())\n",
 )
 GlooWithCuda.INVALID = (
-    Invalid(
+    Invalid.fixed_by(
         _HEAD + "dist.init_process_group(backend='gloo')\nrank = dist.get_rank()\nmodel = DDP(torch.nn.Linear(4, 1).to(f'cuda:{rank}'))\n",
-        line=4,
-        fixed=_HEAD + "dist.init_process_group(backend='nccl')\nrank = dist.get_rank()\nmodel = DDP(torch.nn.Linear(4, 1).to(f'cuda:{rank}'))\n",
+        old="'gloo'", new="'nccl'",
     ),
     # no "gloo" in the text to replace: the fix writes the literal anew
-    Invalid(
-        _HEAD + "dist.init_process_group(r'gl' 'oo')\nmodel = DDP(torch.nn.Linear(4, 1).cuda())\n",
-        line=4,
-        fixed=_HEAD + "dist.init_process_group(r'nccl')\nmodel = DDP(torch.nn.Linear(4, 1).cuda())\n",
-    ),
+    Invalid.fixed_by(_HEAD + "dist.init_process_group(r'gl' 'oo')\nmodel = DDP(torch.nn.Linear(4, 1).cuda())\n", old="'gl' 'oo'", new="'nccl'"),
 )

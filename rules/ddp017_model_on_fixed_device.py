@@ -128,6 +128,8 @@ ModelOnFixedDevice.VALID = (
     _HEAD + "device = torch.device(f'cuda:{local_rank}')\nmodel = DDP(torch.nn.Linear(4, 1).to(device), device_ids=[local_rank])\n",
     _HEAD + "model = DDP(torch.nn.Linear(4, 1).to(local_rank), device_ids=[local_rank])\n",
     _HEAD + "device = torch.device('cuda', local_rank)\nmodel = DDP(torch.nn.Linear(4, 1).to(device))\n",
+    # each rank sees only its own GPU, as cuda:0
+    _HEAD + "os.environ['CUDA_VISIBLE_DEVICES'] = str(local_rank)\nmodel = DDP(torch.nn.Linear(4, 1).to('cuda:0'), device_ids=[0])\n",
 )
 ModelOnFixedDevice.INVALID = (
     Invalid(_HEAD + "model = torch.nn.Linear(4, 1).to('cuda:0')\nmodel = DDP(model, device_ids=[local_rank])\n", line=8),

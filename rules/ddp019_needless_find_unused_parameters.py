@@ -152,14 +152,9 @@ NeedlessFindUnusedParameters.VALID = (
     "dist.init_process_group('gloo')\nmodel = DDP(torchvision.models.resnet18(), find_unused_parameters=True)\n",
 )
 NeedlessFindUnusedParameters.INVALID = (
-    Invalid(
-        _HEAD + "model = DDP(Plain(), find_unused_parameters=True)\n",
-        line=32,
-        fixed=_HEAD + "model = DDP(Plain())\n",
-    ),
-    Invalid(
+    Invalid.fixed_by(_HEAD + "model = DDP(Plain(), find_unused_parameters=True)\n", old=", find_unused_parameters=True", new=""),
+    Invalid.fixed_by(
         _HEAD + "model = DDP(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), broadcast_buffers=False, find_unused_parameters=True)\n",
-        line=32,
-        fixed=_HEAD + "model = DDP(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), broadcast_buffers=False)\n",
+        old=", find_unused_parameters=True", new="",
     ),
 )

@@ -145,24 +145,8 @@ LossWithoutMean.VALID = (
     _SCALAR + "model.module(x, y).backward()\n",
 )
 LossWithoutMean.INVALID = (
-    Invalid(
-        _SCALAR + "loss = model(x, y)\nloss.backward()\n",
-        line=19,
-        fixed=_SCALAR + "loss = model(x, y)\nloss.mean().backward()\n",
-    ),
-    Invalid(
-        _TUPLE + 'loss, pred = model(x, y)\nprint(f"loss {loss.item():.4f}")\n',
-        line=19,
-        fixed=_TUPLE + 'loss, pred = model(x, y)\nprint(f"loss {loss.mean().item():.4f}")\n',
-    ),
-    Invalid(
-        _DICT + 'out = model(x, y)\nout["loss"].backward()\n',
-        line=19,
-        fixed=_DICT + 'out = model(x, y)\nout["loss"].mean().backward()\n',
-    ),
-    Invalid(
-        _SCALAR + "loss = model(x, y)\nloss = loss / 4\nloss.backward()\n",
-        line=20,
-        fixed=_SCALAR + "loss = model(x, y)\nloss = loss / 4\nloss.mean().backward()\n",
-    ),
+    Invalid.fixed_by(_SCALAR + "loss = model(x, y)\nloss.backward()\n", old="loss.backward", new="loss.mean().backward"),
+    Invalid.fixed_by(_TUPLE + 'loss, pred = model(x, y)\nprint(f"loss {loss.item():.4f}")\n', old="loss.item", new="loss.mean().item"),
+    Invalid.fixed_by(_DICT + 'out = model(x, y)\nout["loss"].backward()\n', old='out["loss"].backward', new='out["loss"].mean().backward'),
+    Invalid.fixed_by(_SCALAR + "loss = model(x, y)\nloss = loss / 4\nloss.backward()\n", old="loss.backward", new="loss.mean().backward"),
 )

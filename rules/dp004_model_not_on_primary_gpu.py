@@ -86,17 +86,27 @@ def _primary_gpu(a: Anatomy, ids: ast.AST | None) -> int | None:
     return None
 
 
-_HEAD = "import torch\nfrom torch import nn\n\nnet = nn.Linear(4, 2)\n"
+def _wrapping(placement: str, arguments: str) -> str:
+    """A script that puts `net` on a device with the `placement` statements, then wraps it:
+    `model = nn.DataParallel(<arguments>)` on its last line."""
+    return f"import torch\nfrom torch import nn\n\nnet = nn.Linear(4, 2)\n{placement}model = nn.DataParallel({arguments})\n"
+
+
+def _misplaced(placement: str, arguments: str) -> Invalid:
+    """A case reported at the DataParallel call, the last line."""
+    script = _wrapping(placement, arguments)
+    return Invalid(script, line=script.count("\n"))
+
 
 ModelNotOnPrimaryGpu.VALID = (
-    _HEAD + "model = nn.DataParallel(net.cuda())\n",
-    _HEAD + "net.to('cuda:1')\nmodel = nn.DataParallel(net, device_ids=[1, 0])\n",
-    _HEAD + "device = torch.device('cuda:0' if torch.cuda.is_available() else 'cpu')\nmodel = nn.DataParallel(net.to(device))\n",
+    _wrapping("", "net.cuda()"),
+    _wrapping("net.to('cuda:1')\n", "net, device_ids=[1, 0]"),
+    _wrapping("device = torch.device('cuda:0' if torch.cuda.is_available() else 'cpu')\n", "net.to(device)"),
     # where the model is can't be read: no finding
-    _HEAD + "import sys\nmodel = nn.DataParallel(net.to(sys.argv[1]), device_ids=[2, 3])\n",
+    _wrapping("import sys\n", "net.to(sys.argv[1]), device_ids=[2, 3]"),
 )
 ModelNotOnPrimaryGpu.INVALID = (
-    Invalid(_HEAD + "model = net.to('cuda:1')\nmodel = nn.DataParallel(model)\n", line=6),
-    Invalid(_HEAD + "GPUS = [1, 2]\nnet.cuda()\nmodel = nn.DataParallel(net, device_ids=GPUS)\n", line=7),
-    Invalid(_HEAD + "device = torch.device('cuda', 1)\nmodel = nn.DataParallel(net.to(device), device_ids=[0, 1])\n", line=6),
+    _misplaced("model = net.to('cuda:1')\n", "model"),
+    _misplaced("GPUS = [1, 2]\nnet.cuda()\n", "net, device_ids=GPUS"),
+    _misplaced("device = torch.device('cuda', 1)\n", "net.to(device), device_ids=[0, 1]"),
 )

@@ -70,14 +70,9 @@ WrapperAttribute.VALID = (
     _HEAD + "model = nn.DataParallel(model)\nparams = sum(p.numel() for p in model.parameters())\n",
 )
 WrapperAttribute.INVALID = (
-    Invalid(
-        _HEAD + "model = nn.DataParallel(model)\nprint(model.labels)\n",
-        line=17,
-        fixed=_HEAD + "model = nn.DataParallel(model)\nprint(model.module.labels)\n",
-    ),
-    Invalid(
+    Invalid.fixed_by(_HEAD + "model = nn.DataParallel(model)\nprint(model.labels)\n", old="model.labels", new="model.module.labels"),
+    Invalid.fixed_by(
         _HEAD + "model = nn.DataParallel(model)\n\n\ndef first_weight(m):\n    return m.fc.weight[0]\n\n\nfirst_weight(model)\n",
-        line=20,
-        fixed=_HEAD + "model = nn.DataParallel(model)\n\n\ndef first_weight(m):\n    return m.module.fc.weight[0]\n\n\nfirst_weight(model)\n",
+        old="m.fc.weight", new="m.module.fc.weight",
     ),
 )

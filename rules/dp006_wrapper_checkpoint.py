@@ -7,6 +7,7 @@ import ast
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._cases import IN_MEMORY_COPY, saved_state_dict_cases
 from ddpify.rules._ddp import is_saved, module_fix
 from ddpify.rules._dp import is_dp_wrapper
 
@@ -69,23 +70,12 @@ _HEAD = "import torch\nfrom torch import nn\n\nmodel = nn.DataParallel(nn.Linear
 
 WrapperCheckpoint.VALID = (
     _HEAD + "torch.save(model.module.state_dict(), 'model.pt')\nmodel.module.load_state_dict(torch.load('model.pt'))\n",
-    # an in-memory copy, loaded back into the same wrapper
-    _HEAD + "import copy\nbest = copy.deepcopy(model.state_dict())\nmodel.load_state_dict(best)\n",
+    _HEAD + IN_MEMORY_COPY,
 )
 WrapperCheckpoint.INVALID = (
-    Invalid(
-        _HEAD + "torch.save(model.state_dict(), 'model.pt')\n",
-        line=5,
-        fixed=_HEAD + "torch.save(model.module.state_dict(), 'model.pt')\n",
-    ),
-    Invalid(
-        _HEAD + "ckpt = {'model': model.state_dict(), 'epoch': 3}\ntorch.save(ckpt, 'ckpt.pt')\n",
-        line=5,
-        fixed=_HEAD + "ckpt = {'model': model.module.state_dict(), 'epoch': 3}\ntorch.save(ckpt, 'ckpt.pt')\n",
-    ),
-    Invalid(
+    *saved_state_dict_cases(_HEAD),
+    Invalid.fixed_by(
         _HEAD + "checkpoint = torch.load('ckpt.pt')\nmodel.load_state_dict(checkpoint['model'])\n",
-        line=6,
-        fixed=_HEAD + "checkpoint = torch.load('ckpt.pt')\nmodel.module.load_state_dict(checkpoint['model'])\n",
+        old="model.load_state_dict", new="model.module.load_state_dict",
     ),
 )

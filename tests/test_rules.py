@@ -13,7 +13,7 @@ from ddpify.anatomy import ScriptKind, analyze
 from ddpify.lint.docs import SECTIONS, render_reference, rule_doc
 from ddpify.lint.engine import Options, RuleSet, check_text, fix_text
 from ddpify.lint.registry import RuleError, all_rules, discover
-from ddpify.lint.rule import SEVERITIES, Rule
+from ddpify.lint.rule import SEVERITIES, Invalid, Rule
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RULES = all_rules()
@@ -46,6 +46,12 @@ def test_fixes_give_the_expected_source(rule, case):
     assert not errors
     assert applied >= 1
     assert fixed == case.fixed
+
+
+@pytest.mark.parametrize(("rule", "case"), [p for p in INVALID if p.values[1].fixed is not None])
+def test_fixed_source_gives_no_finding(rule, case):
+    """What the fixes write is a VALID case too: a fix removes the problem and brings no new one."""
+    assert [(d.pos.line, d.message) for d in findings_of(rule, case.fixed)] == []
 
 
 @EACH_RULE
@@ -93,6 +99,14 @@ def test_applies_to_follows_the_code_family_unless_the_rule_sets_it():
 def test_a_rule_without_a_valid_code_fails_at_class_creation(code):
     with pytest.raises(TypeError, match="needs a code"):
         type("Nameless", (Rule,), {}, code=code, name="nameless")
+
+
+def test_a_fixed_case_is_reported_where_its_edit_is_unless_told():
+    case = Invalid.fixed_by("a = 1\nb = f(x)\n", old="f(x)", new="f(x, y)")
+    assert (case.line, case.fixed) == (2, "a = 1\nb = f(x, y)\n")
+    assert Invalid.fixed_by("f(\n    x,\n)\n", old="    x,\n", new="    x,\n    y,\n", line=1).line == 1
+    with pytest.raises(ValueError, match="2 times"):
+        Invalid.fixed_by("x\nx\n", old="x", new="y")
 
 
 def test_discovery_refuses_duplicate_codes(tmp_path, monkeypatch):

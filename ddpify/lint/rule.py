@@ -85,6 +85,15 @@ class Invalid:
     line: int
     fixed: str | None = None
 
+    @classmethod
+    def fixed_by(cls, code: str, old: str, new: str, line: int | None = None) -> "Invalid":
+        """A case whose fixes turn the one `old` in `code` into `new`, reported on the line where
+        `old` starts unless `line` says otherwise."""
+        if code.count(old) != 1:
+            raise ValueError(f"{old!r} stands {code.count(old)} times in the case, not once")
+        where = code.count("\n", 0, code.index(old)) + 1
+        return cls(code, where if line is None else line, code.replace(old, new))
+
 
 class Rule:
     """Base class of lint rules. The subclass docstring is the rule's documentation, with the
