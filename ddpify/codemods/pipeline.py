@@ -24,6 +24,7 @@ from libcst.codemod import CodemodContext
 from ddpify.anatomy import Anatomy, analyze
 from ddpify.anatomy.facts import NO_FACTS, ProjectFacts
 from ddpify.codemods.base import Advice, Change, Duty, Edits, Import, Missing, Options, Report, Transform
+from ddpify.codemods.codegen import Renderer
 from ddpify.codemods.imports import add_imports
 from ddpify.codemods.width import fit_to_width, width_limit
 
@@ -142,6 +143,7 @@ class _Conversion:
         self.path, self.facts = path, facts
         self.module = cst.parse_module(text)
         self.code = text
+        self.renderer = Renderer()
         self.origin = list(range(1, _line_count(text) + 1))
         self.original = self.latest = anatomy or analyze(text, path, facts=facts)
         self.output = ConversionResult(source=text, output=text)
@@ -169,7 +171,7 @@ class _Conversion:
         if last and self.imports:
             module = add_imports(module, self.imports)
         if module is not self.module:
-            self._now(module, module.code)
+            self._now(module, self.renderer.code(module))
 
     def fit_to_width(self) -> None:
         """Lay out again the statements whose lines the conversion made wider than the file's own
