@@ -95,3 +95,37 @@ def test_dataparallel_drops_an_input_move_from_a_one_line_body():
     assert "        if x.dim() > 1:\n            y = 1\n        return self.fc(x)\n" in result.output
     assert "x.to(DEVICE)" not in result.output
     assert result.status is Status.CONVERTED
+
+
+class _Setup(Transform):
+    """Inserts `setup()` after the first statement and leaves room for helpers between the two."""
+
+    NAME = "setup"
+
+    def plan(self) -> None:
+        first = self.anatomy.tree.body[0]
+        self.insert_after(first, "def setup(): pass\n")
+        self.leave_room_for_helpers_after(first)
+        self.insert_after(first, "setup()\n")
+
+
+def _asking_for(*names: str) -> type[Transform]:
+    class _AsksForHelpers(Transform):
+        NAME = "asks-" + "-".join(names)
+        SEES_EDITS_OF = ()
+
+        def plan(self) -> None:
+            for name in names if self.can_add_helpers() else ():
+                self.add_helper(name, f"def {name}(): pass\n")
+
+    return _AsksForHelpers
+
+
+def test_helpers_asked_for_in_the_setup_stage_land_after_its_helpers_once_each_in_order():
+    result = run_pipeline("import torch\nx = 1\n", "snippet.py", [_Setup, _asking_for("a", "b"), _asking_for("b", "c")], Options())
+    assert result.output == ("import torch\ndef setup(): pass\ndef a(): pass\ndef b(): pass\ndef c(): pass\n"
+                             "setup()\nx = 1\n")
+
+
+def test_without_a_setup_planned_alongside_there_is_no_room_for_helpers():
+    assert run_pipeline("x = 1\n", "snippet.py", [_asking_for("a")], Options()).output == "x = 1\n"

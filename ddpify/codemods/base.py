@@ -185,9 +185,12 @@ class Edits:
     expr: dict[tuple[Span, type], Callable[[cst.CSTNode], cst.CSTNode]] = field(default_factory=dict)
     grouped: dict[Key, tuple[object, GroupBuilder]] = field(default_factory=dict)
     statements: dict[Key, ast.stmt] = field(default_factory=dict)  # each statement the edits above touch
+    # where the helper functions of later transforms go: after a statement, at a place among its insertions
+    helper_slot: tuple[Key, int] | None = None
+    helpers: dict[str, list[cst.BaseStatement]] = field(default_factory=dict)  # by function name, in order
 
     def __bool__(self) -> bool:
-        return any((self.before, self.after, self.rewrite, self.body_start, self.module_end, self.expr, self.grouped))
+        return any((self.before, self.after, self.rewrite, self.body_start, self.module_end, self.expr, self.grouped, self.helpers))
 
     def at(self, stmt: ast.stmt) -> Key:
         """The key of a statement an edit touches (remembered, to tell whether edits interact)."""
@@ -214,6 +217,20 @@ class Edits:
                              (self.statements, later.statements)):
             mine.update(theirs)  # type: ignore[attr-defined]
         self.module_end.extend(later.module_end)
+        self._place_helpers(later.helpers)
+        self.helper_slot = self.helper_slot or later.helper_slot
+
+    def _place_helpers(self, helpers: dict[str, list[cst.BaseStatement]]) -> None:
+        """The helper functions a later transform asks for, those not asked for yet, into the slot (where
+        they land as they would if that transform were planned on the code with these edits made)."""
+        new = {name: code for name, code in helpers.items() if name not in self.helpers}
+        if not new or self.helper_slot is None:
+            return
+        key, index = self.helper_slot
+        statements = [stmt for code in new.values() for stmt in code]
+        self.after[key][index:index] = statements
+        self.helper_slot = key, index + len(statements)
+        self.helpers.update(new)
 
     def _beside_groups(self, anatomy: Anatomy) -> set[Place]:
         """The places of grouped statements and of their neighbours: an edit there could split a group or land in it."""
@@ -258,10 +275,11 @@ class Transform(Codemod):
     # they produced); None: every earlier transform's. The others' edits may still be pending.
     SEES_EDITS_OF: ClassVar[tuple[str, ...] | None] = None
 
-    def __init__(self, context: CodemodContext, anatomy: Anatomy, options: Options) -> None:
+    def __init__(self, context: CodemodContext, anatomy: Anatomy, options: Options, pending: Edits | None = None) -> None:
         super().__init__(context)
         self.anatomy = anatomy
         self.options = options
+        self.pending = pending or Edits()  # the edits of earlier transforms, planned on the same code, not made yet
         self.report = Report()
         self.edits = Edits()
 
@@ -322,6 +340,20 @@ class Transform(Codemod):
     def insert_at_body_start(self, compound: ast.stmt, code: str | Sequence[cst.BaseStatement]) -> None:
         """Insert as the first statements of a def/for/while/with/if body (after a docstring)."""
         self.edits.body_start.setdefault(self.edits.at(compound), []).extend(self._statements(code))
+
+    def leave_room_for_helpers_after(self, stmt: ast.stmt) -> None:
+        """Later transforms' helper functions (add_helper) go after `stmt`, after what is inserted there so far."""
+        key = self.edits.at(stmt)
+        self.edits.helper_slot = key, len(self.edits.after.get(key, []))
+
+    def can_add_helpers(self) -> bool:
+        """Does an earlier transform of this stage leave room for helper functions?"""
+        return self.pending.helper_slot is not None
+
+    def add_helper(self, name: str, code: str) -> None:
+        """Ask for the function `name`, defined by `code`, in the room an earlier transform left (once, whoever asks)."""
+        if name not in self.pending.helpers:
+            self.edits.helpers[name] = self._statements(code)
 
     def append_to_module(self, code: str | Sequence[cst.BaseStatement]) -> None:
         self.edits.module_end.extend(self._statements(code))

@@ -122,7 +122,7 @@ class _Stage:
         self.edits = Edits()
 
     def plan(self, transform_cls: type[Transform], options: Options) -> Transform:
-        transform = transform_cls(CodemodContext(filename=self.anatomy.path), self.anatomy, options)
+        transform = transform_cls(CodemodContext(filename=self.anatomy.path), self.anatomy, options, self.edits)
         transform.plan()
         return transform
 

@@ -33,7 +33,7 @@ _WHOLE = "evaluation left on the whole set on every rank (same metric as one GPU
 class EvaluationSharding(SamplerTransform):
     NAME = "evaluation"
     DESCRIPTION = "Shard evaluation loaders (whole batches, unpadded) and sum their metrics over ranks."
-    SEES_EDITS_OF = ("setup",)  # the helpers it adds after
+    SEES_EDITS_OF = ()  # its helpers go after setup's, there or pending (add_helpers)
 
     def plan(self) -> None:
         super().plan()
@@ -79,7 +79,7 @@ class EvaluationSharding(SamplerTransform):
 class ReducedLossPrints(Transform):
     NAME = "log-loss"
     DESCRIPTION = "Print the training loss averaged over ranks (at print time only)."
-    SEES_EDITS_OF = ("setup", "evaluation")  # the helpers present
+    SEES_EDITS_OF = ()  # its helpers go after setup's, there or pending (add_helpers)
 
     def plan(self) -> None:
         prints = loss_prints(self.anatomy) if self.options.log_loss == "reduced" else []
@@ -94,13 +94,16 @@ class ReducedLossPrints(Transform):
 
 
 def add_helpers(transform: Transform, names: set[str]) -> bool:
-    """Queue the helpers in `names` the script lacks after the distributed setup (False: no setup found)."""
+    """Queue the helpers in `names` the script lacks after the distributed setup, there already or
+    planned in the same stage (False: no setup found)."""
     added = [transform.anatomy.functions[n].node for n in ADDED_FUNCTIONS if n in transform.anatomy.functions]
+    missing = {name: code for name, code in EVALUATION_HELPERS.items() if name in names and name not in transform.anatomy.functions}
     if not added:
-        return False
-    missing = [code for name, code in EVALUATION_HELPERS.items() if name in names and name not in transform.anatomy.functions]
+        for name, code in missing.items() if transform.can_add_helpers() else ():
+            transform.add_helper(name, code)
+        return transform.can_add_helpers()
     if missing:
-        transform.insert_after(max(added, key=lambda fn: fn.lineno), "".join(missing))
+        transform.insert_after(max(added, key=lambda fn: fn.lineno), "".join(missing.values()))
     return True
 
 

@@ -25,6 +25,7 @@ class DistributedSetup(Transform):
         self.add_import("torch")
         self.add_import("torch.distributed", asname="dist")
         self.insert_after(anchor, HELPERS)
+        self.leave_room_for_helpers_after(anchor)
         self.changed(anchor.lineno, "added distributed helpers (RANK, LOCAL_RANK, WORLD_SIZE, RANK_DEVICE, setup/cleanup)")
         guard = self.anatomy.main_guard
         if guard is not None and not _needs_group_at_import(self.anatomy):
