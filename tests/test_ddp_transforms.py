@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ddpify.anatomy import analyze
 from ddpify.codemods.base import Options
 from ddpify.codemods.ddp import (
     DDP_TRANSFORMS,
@@ -1295,3 +1296,15 @@ def test_a_download_runs_on_each_nodes_local_rank_zero_first():
     at = lines.index('train = datasets.MNIST("data", train=True, download=True)')
     assert lines[at - 2:at] == ["if LOCAL_RANK != 0:", "dist.barrier()  # local rank 0 downloads first, once per node"]
     assert lines[at + 1:at + 3] == ["if LOCAL_RANK == 0:", "dist.barrier()  # the node's other ranks now find the files"]
+
+
+@pytest.mark.parametrize(("code", "expected"), [
+    ("model = Net().to(device)\nopt = SGD(model.parameters())\nprint(model.vocab)\n", True),
+    ("model = Net().to(device)\nopt = SGD(model.parameters())\ntorch.save(model.state_dict(), 'm.pt')\n", True),
+    ("def build():\n    return Net()\nmodel = build()\nopt = SGD(model.parameters())\nmodel.generate()\n", True),
+    ("model = Net().to(device)\nopt = SGD(model.parameters())\nout = model(x)\nmodel.train()\n", False),
+])
+def test_module_access_is_planned_only_where_a_model_is_read_through_what_its_wrapper_lacks(code, expected):
+    """Judged before the wrap (in the wrap's own stage), so most scripts need no stage after the wrap for it."""
+    anatomy = analyze("import torch\nfrom torch.optim import SGD\nfrom net import Net\n" + code)
+    assert DDPModuleAccess.finds_work(anatomy, Options()) is expected

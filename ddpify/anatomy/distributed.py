@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import re
 from collections import defaultdict
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from ddpify.anatomy.analyzer import ROLE_LOGGER, ROLE_MODEL, Anatomy, walk_body
 from ddpify.anatomy.bindings import bindings
@@ -509,6 +509,22 @@ def wrapped_module(call: ast.Call) -> ast.AST | None:
 
 def is_wrapper(a: Anatomy, expr: ast.AST, wrapper: str = DDP_WRAPPER, depth: int = 0) -> bool:
     """Does `expr` evaluate to a `wrapper` (DDP, or DataParallel), not the module inside it?"""
+    def wrapped(named: ast.AST, at_depth: int) -> bool:
+        if not a.has_role(named, ROLE_MODEL) or not _wrap_calls_of(a, wrapper):
+            return False
+        return any(is_wrapper(a, v, wrapper, at_depth + 1) for v in reaching_values(a, named))
+
+    return _evaluates_to(a, expr, wrapper, wrapped, depth)
+
+
+def may_become_wrapper(a: Anatomy, expr: ast.AST, wrapper: str = DDP_WRAPPER) -> bool:
+    """Before the wrap: could `expr` evaluate to a `wrapper` once the models are wrapped (does it hold a model)?"""
+    return _evaluates_to(a, expr, wrapper, lambda named, _: a.has_role(named, ROLE_MODEL), 0)
+
+
+def _evaluates_to(a: Anatomy, expr: ast.AST, wrapper: str, named: Callable[[ast.AST, int], bool], depth: int) -> bool:
+    """Does `expr` evaluate to a `wrapper`, a variable or attribute judged by `named`? Seen through
+    `torch.compile`, methods that return the module, helpers' returns and conditionals."""
     if depth > _MAX_DEPTH:
         return False
     if isinstance(expr, ast.Call):
@@ -516,19 +532,17 @@ def is_wrapper(a: Anatomy, expr: ast.AST, wrapper: str = DDP_WRAPPER, depth: int
         if q == wrapper:
             return True
         if q == "torch.compile" and expr.args:
-            return is_wrapper(a, expr.args[0], wrapper, depth + 1)
+            return _evaluates_to(a, expr.args[0], wrapper, named, depth + 1)
         if method_name(expr) in MODULE_RETURNING_SELF:
-            return is_wrapper(a, expr.func.value, wrapper, depth + 1)  # type: ignore[attr-defined]
+            return _evaluates_to(a, expr.func.value, wrapper, named, depth + 1)  # type: ignore[attr-defined]
         callee = a.callee(expr)
-        return callee is not None and any(is_wrapper(a, v, wrapper, depth + 1) for v in returned_values(a, callee))
+        return callee is not None and any(_evaluates_to(a, v, wrapper, named, depth + 1) for v in returned_values(a, callee))
     if isinstance(expr, ast.IfExp):
         if _unwraps(expr):
             return False
-        return is_wrapper(a, expr.body, wrapper, depth + 1) or is_wrapper(a, expr.orelse, wrapper, depth + 1)
+        return _evaluates_to(a, expr.body, wrapper, named, depth + 1) or _evaluates_to(a, expr.orelse, wrapper, named, depth + 1)
     if isinstance(expr, (ast.Name, ast.Attribute)):
-        if not a.has_role(expr, ROLE_MODEL) or not _wrap_calls_of(a, wrapper):
-            return False
-        return any(is_wrapper(a, v, wrapper, depth + 1) for v in reaching_values(a, expr))
+        return named(expr, depth)
     return False
 
 

@@ -10,13 +10,14 @@ mean the model itself (`torch.save(model)`, `copy.deepcopy(model)`).
 from __future__ import annotations
 
 import ast
+from typing import Callable, Iterator
 
 import libcst as cst
 
-from ddpify.anatomy import ROLE_MODEL
+from ddpify.anatomy import ROLE_MODEL, Anatomy
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy.vocabulary import WHOLE_MODEL_CALLS, reads_through_module
-from ddpify.codemods.base import Transform
+from ddpify.codemods.base import Options, Transform
 
 
 class ModuleAccess(Transform):
@@ -27,27 +28,25 @@ class ModuleAccess(Transform):
     SEES_EDITS_OF = ("wrap",)  # the wrapper it reaches through
     WRAPPER = ""
 
+    @classmethod
+    def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
+        """Judged before the wrap too: is a model read where its wrapper would need `.module`?"""
+        if anatomy.wrapped_elsewhere:
+            return True
+        return any(_reads_through_module(anatomy, lambda expr: ddp.may_become_wrapper(anatomy, expr, cls.WRAPPER)))
+
     def plan(self) -> None:
         if not self.anatomy.calls_to(self.WRAPPER) and not self.anatomy.wrapped_elsewhere:
             return
-        for node in self.anatomy.nodes:
-            if self._needs_module(node):
-                self._insert_module(node)  # type: ignore[arg-type]
-            elif isinstance(node, ast.Subscript) and isinstance(node.value, (ast.Name, ast.Attribute)) and self._on_wrapper(node.value):
-                self._index_module(node)
-        for call in self.anatomy.calls_to(*WHOLE_MODEL_CALLS):
-            whole = call.node.args[0] if call.node.args else None  # type: ignore[attr-defined]
-            if isinstance(whole, (ast.Name, ast.Attribute)) and self._on_wrapper(whole):
+        for node, whole in _reads_through_module(self.anatomy, self._on_wrapper):
+            if whole is not None:
                 self._unwrap(whole)
                 name = ast.unparse(whole)
-                self.changed(call.line, f"{call.qualname}({name}) -> {WHOLE_MODEL_CALLS[call.qualname].format(name)}")
-
-    def _needs_module(self, node: ast.AST) -> bool:
-        if not isinstance(node, ast.Attribute) or not reads_through_module(node.attr):
-            return False
-        if self.anatomy.scope_of.get(node, "").split(".")[0] in self.anatomy.model_classes:
-            return False
-        return self._on_wrapper(node.value)
+                self.changed(node.line, f"{node.qualname}({name}) -> {WHOLE_MODEL_CALLS[node.qualname].format(name)}")
+            elif isinstance(node, ast.Subscript):
+                self._index_module(node)
+            else:
+                self._insert_module(node)
 
     def _on_wrapper(self, expr: ast.AST) -> bool:
         """Does `expr` hold the wrapper where it is read (judged as the lint rules judge it), or a
@@ -69,6 +68,21 @@ class ModuleAccess(Transform):
         target = node.value
         self.rewrite_node(node, cst.Attribute, _through_module)
         self.changed(node.lineno, f"{ast.unparse(target)}.{node.attr} -> {ast.unparse(target)}.module.{node.attr}")
+
+
+def _reads_through_module(a: Anatomy, on_wrapper: Callable[[ast.AST], bool]) -> Iterator[tuple]:
+    """Each read that goes through `.module` where `on_wrapper` holds: (attribute, None) for a method or
+    attribute the wrapper lacks, (subscript, None) for an index, (call site, model) for a whole-model call."""
+    for node in a.nodes:
+        if isinstance(node, ast.Attribute) and reads_through_module(node.attr) and a.scope_of.get(node, "").split(".")[0] not in a.model_classes:
+            if on_wrapper(node.value):
+                yield node, None
+        elif isinstance(node, ast.Subscript) and isinstance(node.value, (ast.Name, ast.Attribute)) and on_wrapper(node.value):
+            yield node, None
+    for call in a.calls_to(*WHOLE_MODEL_CALLS):
+        whole = call.node.args[0] if call.node.args else None  # type: ignore[attr-defined]
+        if isinstance(whole, (ast.Name, ast.Attribute)) and on_wrapper(whole):
+            yield call, whole
 
 
 def module_of(node: cst.CSTNode) -> cst.CSTNode:
