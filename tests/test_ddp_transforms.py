@@ -63,7 +63,7 @@ def test_the_ddp_transforms_in_order():
         DistributedSamplers, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
     )
     for transform in DDP_TRANSFORMS:
-        assert transform.NAME and transform.DESCRIPTION, transform
+        assert transform.NAME and transform.__doc__, transform
 
 
 # ===== setup ===================================================================================

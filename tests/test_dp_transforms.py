@@ -61,7 +61,7 @@ class TransformTest(CodemodTest):
 def test_transforms_are_named_and_described():
     assert DP_TRANSFORMS == (ForwardDevices, WrapDataParallel, MeanLoss, DPModuleAccess, ForwardState, BatchSizeAdvice)
     for transform in DP_TRANSFORMS:
-        assert transform.NAME and transform.DESCRIPTION, transform
+        assert transform.NAME and transform.__doc__, transform
 
 
 class TestForwardDevices(TransformTest):

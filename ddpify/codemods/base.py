@@ -72,6 +72,12 @@ def training_line(anatomy: Anatomy) -> int:
     return sites[0].line if sites else 1
 
 
+def wrap_duty(wrapper: str, ready: str, by_hand: str) -> Duty:
+    """The duty of the transform that wraps each trained model in `wrapper` once it is `ready`."""
+    return Duty(f"no model was wrapped in {wrapper} (found no model that an optimizer trains)",
+                f"wrap the trained model by hand once it is {ready}: {by_hand}", training_line)
+
+
 def data_line(anatomy: Anatomy) -> int:
     """Where the training data comes from: its first training loader, else any loader, else where it trains."""
     loaders = anatomy.train_loaders or anatomy.loaders
@@ -266,10 +272,9 @@ class Edits:
 
 
 class Transform(Codemod):
-    """Base of every rewrite step. Subclasses set NAME and DESCRIPTION and override `plan()`."""
+    """Base of every rewrite step. Subclasses say what they do in their docstring, set NAME and override `plan()`."""
 
     NAME: ClassVar[str] = ""
-    DESCRIPTION: ClassVar[str] = ""
     DUTY: ClassVar[Duty | None] = None
     # NAMEs of the earlier transforms whose edits this one's plan reads (it is planned on the code
     # they produced); None: every earlier transform's. The others' edits may still be pending.

@@ -21,10 +21,10 @@ from ddpify.codemods.base import Options, Transform
 
 
 class ModuleAccess(Transform):
-    """Base for `.module` rewriting; subclasses name the wrapper's qualified name."""
+    """Custom methods/attributes and state_dict() of a wrapped model go through `.module`; subclasses
+    name the wrapper's qualified name."""
 
     NAME = "module"
-    DESCRIPTION = "Custom methods/attributes and state_dict() of a wrapped model go through `.module`."
     SEES_EDITS_OF = ("wrap",)  # the wrapper it reaches through
     WRAPPER = ""
 

@@ -22,8 +22,9 @@ _INDEXED_CUDA = re.compile(r"^cuda:\d+$")
 
 
 class RankDevices(Transform):
+    """Explicit GPU indices become LOCAL_RANK; 'cuda' alone already means this rank's GPU."""
+
     NAME = "device"
-    DESCRIPTION = "Explicit GPU indices become LOCAL_RANK; 'cuda' alone already means this rank's GPU."
     SEES_EDITS_OF = ()
 
     def plan(self) -> None:

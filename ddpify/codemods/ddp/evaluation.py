@@ -31,8 +31,9 @@ _WHOLE = "evaluation left on the whole set on every rank (same metric as one GPU
 
 
 class EvaluationSharding(SamplerTransform):
+    """Shard evaluation loaders (whole batches, unpadded) and sum their metrics over ranks."""
+
     NAME = "evaluation"
-    DESCRIPTION = "Shard evaluation loaders (whole batches, unpadded) and sum their metrics over ranks."
     SEES_EDITS_OF = ()  # its helpers go after setup's, there or pending (add_helpers)
 
     def plan(self) -> None:
@@ -77,8 +78,9 @@ class EvaluationSharding(SamplerTransform):
 
 
 class ReducedLossPrints(Transform):
+    """Print the training loss averaged over ranks (at print time only)."""
+
     NAME = "log-loss"
-    DESCRIPTION = "Print the training loss averaged over ranks (at print time only)."
     SEES_EDITS_OF = ()  # its helpers go after setup's, there or pending (add_helpers)
 
     def plan(self) -> None:

@@ -15,8 +15,9 @@ from ddpify.codemods.ddp.setup import _last_leading_import
 
 
 class LibraryRuntime(Transform):
+    """Rank constants for an imported module's edits; the entry script alone joins the process group."""
+
     NAME = "setup"
-    DESCRIPTION = "Rank constants for an imported module's edits; the entry script alone joins the process group."
 
     def plan(self) -> None:
         tree = self.anatomy.tree

@@ -5,4 +5,6 @@ from ddpify.codemods.module_access import ModuleAccess
 
 
 class DDPModuleAccess(ModuleAccess):
+    """Methods, attributes and state_dict() of a DDP-wrapped model go through `.module`."""
+
     WRAPPER = DDP_WRAPPER

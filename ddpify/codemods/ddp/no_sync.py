@@ -15,8 +15,9 @@ from ddpify.codemods.base import Transform, enclose
 
 
 class NoSyncAccumulation(Transform):
+    """Skip gradient all-reduce on accumulation micro-steps with model.no_sync()."""
+
     NAME = "no_sync"
-    DESCRIPTION = "Skip gradient all-reduce on accumulation micro-steps with model.no_sync()."
     SEES_EDITS_OF = ()
 
     def plan(self) -> None:

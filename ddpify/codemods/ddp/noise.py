@@ -13,8 +13,9 @@ from ddpify.codemods.base import Options, Transform
 
 
 class SameNoiseOnEveryRank(Transform):
+    """Advise where every rank draws the same random values in its training steps."""
+
     NAME = "noise"
-    DESCRIPTION = "Advise where every rank draws the same random values in its training steps."
 
     @classmethod
     def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:

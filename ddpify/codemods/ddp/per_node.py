@@ -20,8 +20,9 @@ RELEASE = f"if {LOCAL_RANK} == 0:\n    dist.barrier()  # the node's other ranks 
 
 
 class PerNodeDownloads(Transform):
+    """Downloads run on each node's local rank 0 first; the node's other ranks wait for them."""
+
     NAME = "per-node"
-    DESCRIPTION = "Downloads run on each node's local rank 0 first; the node's other ranks wait for them."
     SEES_EDITS_OF = ("setup", "rank0")  # the setup call before, rank-0 guards around
 
     @classmethod

@@ -22,8 +22,9 @@ def with_seeded_generator(call: cst.Call, torch: str) -> cst.Call:
 
 
 class SameSplitOnEveryRank(Transform):
+    """Give random_split a seeded generator, so that every rank draws the same split."""
+
     NAME = "split"
-    DESCRIPTION = "Give random_split a seeded generator, so that every rank draws the same split."
     SEES_EDITS_OF = ()
 
     def plan(self) -> None:

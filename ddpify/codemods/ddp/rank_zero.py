@@ -43,8 +43,9 @@ from ddpify.codemods.module_access import module_of
 
 
 class RankZeroDuties(Transform):
+    """Print, log, save and write files on rank 0 only; load checkpoints onto this rank's device."""
+
     NAME = "rank0"
-    DESCRIPTION = "Print, log, save and write files on rank 0 only; load checkpoints onto this rank's device."
     # Not the samplers' (names of their own, a `set_epoch` at an epoch loop's top) nor `.module`
     # access's (expression rewrites inside statements it guards; an overlap re-plans, Edits.interferes_with).
     SEES_EDITS_OF = ("setup", "device", "dataparallel", "wrap", "shard", "split", "checkpoint", "state_dict",

@@ -62,8 +62,9 @@ class SamplerTransform(Transform):
 
 
 class DistributedSamplers(SamplerTransform):
+    """Shard training loaders with DistributedSampler and reshuffle every epoch."""
+
     NAME = "sampler"
-    DESCRIPTION = "Shard training loaders with DistributedSampler and reshuffle every epoch."
     SEES_EDITS_OF = ()
     DUTY = Duty(
         "the training data is not sharded (found no DataLoader that a training loop iterates): every rank trains on all of it",

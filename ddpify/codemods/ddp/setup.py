@@ -10,8 +10,9 @@ from ddpify.codemods.ddp.runtime import CLEANUP_CALL, HELPERS, RELEASE_COMMENT, 
 
 
 class DistributedSetup(Transform):
+    """Join the process group (torchrun env, nccl/gloo) and leave it at the end."""
+
     NAME = "setup"
-    DESCRIPTION = "Join the process group (torchrun env, nccl/gloo) and leave it at the end."
 
     def plan(self) -> None:
         tree = self.anatomy.tree

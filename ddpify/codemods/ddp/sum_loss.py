@@ -20,8 +20,9 @@ from ddpify.codemods.ddp.runtime import WORLD_SIZE
 
 
 class SumLossScaling(Transform):
+    """Scale a loss summed over the batch by WORLD_SIZE before backward (ranks average gradients)."""
+
     NAME = "sum_loss"
-    DESCRIPTION = "Scale a loss summed over the batch by WORLD_SIZE before backward (ranks average gradients)."
     SEES_EDITS_OF = ()
 
     def plan(self) -> None:

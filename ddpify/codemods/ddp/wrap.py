@@ -16,7 +16,7 @@ from ddpify.anatomy import DP_WRAPPER, ModelSite
 from ddpify.anatomy.vocabulary import MODEL_CONTAINERS
 from ddpify.anatomy import syntax
 from ddpify.anatomy.distributed import SYNC_BATCHNORM_CONVERT
-from ddpify.codemods.base import Duty, Transform, parse_expr, training_line
+from ddpify.codemods.base import Transform, parse_expr, wrap_duty
 from ddpify.codemods.containers import wrap_each
 from ddpify.codemods.ddp.runtime import LOCAL_RANK
 
@@ -28,8 +28,9 @@ def sync_batchnorm_of(module: cst.BaseExpression, convert: str) -> cst.Call:
 
 
 class RemoveDataParallel(Transform):
+    """Take nn.DataParallel out: DDP replaces it (one process per GPU)."""
+
     NAME = "dataparallel"
-    DESCRIPTION = "Take nn.DataParallel out: DDP replaces it (one process per GPU)."
     SEES_EDITS_OF = ()
 
     def plan(self) -> None:
@@ -57,14 +58,11 @@ class RemoveDataParallel(Transform):
 
 
 class WrapModel(Transform):
+    """Wrap each trained model in DistributedDataParallel once it is on its device."""
+
     NAME = "wrap"
-    DESCRIPTION = "Wrap each trained model in DistributedDataParallel once it is on its device."
     SEES_EDITS_OF = ("dataparallel",)  # DataParallel calls gone, models rebound
-    DUTY = Duty(
-        "no model was wrapped in DistributedDataParallel (found no model that an optimizer trains)",
-        "wrap the trained model by hand once it is on its device: model = DDP(model, device_ids=[local_rank])",
-        training_line,
-    )
+    DUTY = wrap_duty("DistributedDataParallel", "on its device", "model = DDP(model, device_ids=[local_rank])")
 
     def plan(self) -> None:
         models = self.models_to_wrap("DistributedDataParallel")

@@ -19,8 +19,9 @@ _WHY = (
 
 
 class BatchSizeAdvice(Transform):
+    """Warn when the training batch is smaller than the number of GPUs DataParallel splits it over."""
+
     NAME = "batch-size"
-    DESCRIPTION = "Warn when the training batch is smaller than the number of GPUs DataParallel splits it over."
     SEES_EDITS_OF = ()  # advice only, on the user's loaders
 
     def plan(self) -> None:

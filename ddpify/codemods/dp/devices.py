@@ -18,8 +18,9 @@ from ddpify.codemods.dp._edits import remove_statement
 
 
 class ForwardDevices(Transform):
+    """Devices hard-coded inside forward() become the input's device (each replica has its own GPU)."""
+
     NAME = "forward-device"
-    DESCRIPTION = "Devices hard-coded inside forward() become the input's device (each replica has its own GPU)."
 
     def plan(self) -> None:
         for forward in replica_forward_methods(self.anatomy, self.anatomy.trained_models):

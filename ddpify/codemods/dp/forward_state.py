@@ -17,8 +17,9 @@ _LIMIT = 60
 
 
 class ForwardState(Transform):
+    """Warn about module state changed inside forward(): replicas are discarded after each call."""
+
     NAME = "forward-state"
-    DESCRIPTION = "Warn about module state changed inside forward(): replicas are discarded after each call."
     SEES_EDITS_OF = ()  # reports only, on the user's forward()s
 
     def plan(self) -> None:

@@ -18,8 +18,9 @@ _WHY = "DataParallel returns one loss per GPU"
 
 
 class MeanLoss(Transform):
+    """A loss that forward() returns comes back once per GPU: average it with .mean()."""
+
     NAME = "loss"
-    DESCRIPTION = "A loss that forward() returns comes back once per GPU: average it with .mean()."
     SEES_EDITS_OF = ()  # model calls and forward()s are the user's code
 
     def plan(self) -> None:

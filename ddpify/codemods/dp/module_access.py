@@ -5,4 +5,6 @@ from ddpify.codemods.module_access import ModuleAccess
 
 
 class DPModuleAccess(ModuleAccess):
+    """Methods, attributes and state_dict() of a DataParallel-wrapped model go through `.module`."""
+
     WRAPPER = DP_WRAPPER

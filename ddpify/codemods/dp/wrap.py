@@ -15,20 +15,17 @@ import ast
 from ddpify.anatomy import Anatomy, ModelSite
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy.forward import model_gpu_index, model_moves
-from ddpify.codemods.base import Duty, Transform, training_line
+from ddpify.codemods.base import Transform, wrap_duty
 from ddpify.codemods.containers import wrap_each
 
 _ENCLOSING_BLOCKS = (ast.If, ast.With, ast.Try)
 
 
 class WrapDataParallel(Transform):
+    """Wrap each trained model in nn.DataParallel once its parameters are on the primary GPU."""
+
     NAME = "wrap"
-    DESCRIPTION = "Wrap each trained model in nn.DataParallel once its parameters are on the primary GPU."
-    DUTY = Duty(
-        "no model was wrapped in nn.DataParallel (found no model that an optimizer trains)",
-        "wrap the trained model by hand once it is on cuda:0: model = nn.DataParallel(model)",
-        training_line,
-    )
+    DUTY = wrap_duty("nn.DataParallel", "on cuda:0", "model = nn.DataParallel(model)")
 
     def plan(self) -> None:
         models = self.models_to_wrap("nn.DataParallel")

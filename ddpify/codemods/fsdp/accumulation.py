@@ -13,8 +13,9 @@ from ddpify.codemods.ddp.no_sync import NoSyncAccumulation
 
 
 class GradientSyncAccumulation(NoSyncAccumulation):
+    """Skip gradient reduce-scatter on accumulation micro-steps with set_requires_gradient_sync()."""
+
     NAME = "gradient_sync"
-    DESCRIPTION = "Skip gradient reduce-scatter on accumulation micro-steps with set_requires_gradient_sync()."
 
     def skip_sync(self, loop: LoopSite, statements: list[ast.stmt], model: str, condition: ast.expr) -> None:
         flag = ast.unparse(condition) if isinstance(condition, ast.Compare) else f"bool({ast.unparse(condition)})"

@@ -21,8 +21,9 @@ RANK_ZERO_CALLS = ("print", "torch.save")
 
 
 class FullParameters(Transform):
+    """Reads of a sharded model's parameters gather the whole tensor (full_tensor)."""
+
     NAME = "parameters"
-    DESCRIPTION = "Reads of a sharded model's parameters gather the whole tensor (full_tensor)."
     SEES_EDITS_OF = ("setup", "shard")  # the fully_shard calls (and their rank guards)
 
     def plan(self) -> None:

@@ -21,8 +21,9 @@ from ddpify.codemods.ddp.wrap import WrapModel
 
 
 class ShardModel(WrapModel):
+    """Shard each trained model with FSDP2's fully_shard (repeated blocks, then the root)."""
+
     NAME = "shard"
-    DESCRIPTION = "Shard each trained model with FSDP2's fully_shard (repeated blocks, then the root)."
 
     def plan(self) -> None:
         autocasts = self.anatomy.calls_to(AUTOCAST)

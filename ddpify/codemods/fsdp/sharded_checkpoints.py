@@ -72,8 +72,9 @@ class Save:
 
 
 class ShardedCheckpoints(CollectiveStateDicts):
+    """Sharded DCP checkpoints of sharded models: every rank saves and loads its own shards."""
+
     NAME = "checkpoint"
-    DESCRIPTION = "Sharded DCP checkpoints of sharded models: every rank saves and loads its own shards."
 
     @classmethod
     def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:

@@ -80,8 +80,9 @@ class CollectiveStateDicts(Transform):
 
 
 class FullStateDicts(CollectiveStateDicts):
+    """Full (unsharded) state dicts of sharded models, gathered on every rank."""
+
     NAME = "state_dict"
-    DESCRIPTION = "Full (unsharded) state dicts of sharded models, gathered on every rank."
 
     def plan(self) -> None:
         sharded = self.sharded_models()
