@@ -22,6 +22,9 @@ difflib pass over popular lines (autojunk): `--files 10` right after: convert --
 
 `--files 10` at 20:40 UTC (snippets parsed once, a leaner analysis walk and edit pass): convert
 --to ddp 35.3 s, --to dp 28.8 s, lint 4.3 s.
+
+`--files 10` at 22:35 UTC (stage renders reuse unchanged statements' text, fewer DDP stages):
+convert --to ddp 30.1 s, --to dp 25.5 s, lint 4.0 s.
 """
 
 from __future__ import annotations
