@@ -24,21 +24,16 @@ LIST = "list"
 _LIST_METHODS = frozenset({"append", "extend"})
 
 
-@dataclass(frozen=True)
-class Accumulator:
-    """A variable an evaluation loop sums into (SUM) or appends to (LIST), zeroed before the loop."""
-
-    name: str
-    kind: str
-
-
 @dataclass(eq=False)
 class EvaluationLoop:
-    """A step loop that does not train; `problem` says why it can't run on a shard (None: it can)."""
+    """A step loop that does not train; `problem` says why it can't run on a shard (None: it can).
+    Its accumulators, zeroed before the loop and read after it, in the order it first writes them:
+    the variables it sums into, and the lists it appends to."""
 
     loop: LoopSite
     loaders: set[LoaderSite]
-    accumulators: list[Accumulator] = field(default_factory=list)
+    summed: list[str] = field(default_factory=list)
+    gathered: list[str] = field(default_factory=list)
     problem: str | None = None
 
 
@@ -125,11 +120,10 @@ def _loop_problem(a: Anatomy, evaluation: EvaluationLoop) -> str | None:
     after = statements_after(a, loop)
     if _reads_loader(a, evaluation.loaders, after):
         return "the loader is read after the loop (len(loader)?)"
-    accumulators, problem = _accumulators(a, loop, after)
-    evaluation.accumulators = accumulators
+    problem = _find_accumulators(a, evaluation, after)
     if problem:
         return problem
-    return None if accumulators else "it computes nothing the codemod can sum over ranks"
+    return None if evaluation.summed or evaluation.gathered else "it computes nothing the codemod can sum over ranks"
 
 
 def runs_without_grad(a: Anatomy, node: ast.AST) -> bool:
@@ -147,16 +141,18 @@ def _is_no_grad(a: Anatomy, expr: ast.AST) -> bool:
     return a.qualname(func) in NO_GRAD_CONTEXTS
 
 
-def _accumulators(a: Anatomy, loop: ast.For, after: list[ast.stmt]) -> tuple[list[Accumulator], str | None]:
-    """The variables written in the loop and read after it; each must be a sum or list from zero."""
+def _find_accumulators(a: Anatomy, evaluation: EvaluationLoop, after: list[ast.stmt]) -> str | None:
+    """The variables written in the loop and read after it (into `evaluation`): each must be a sum or
+    a list from zero; else why not."""
+    loop = evaluation.loop.node
     read_after = {n.id for stmt in after for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    found = []
     for name in sorted(_written_names(loop) & read_after, key=lambda n: _first_write(loop, n)):
         kind = _accumulation_kind(a, loop, name)
         if kind is None:
-            return [], f"`{name}` is computed in the loop and read after it, but is not a sum or list started from zero before it"
-        found.append(Accumulator(name, kind))
-    return found, None
+            evaluation.summed, evaluation.gathered = [], []
+            return f"`{name}` is computed in the loop and read after it, but is not a sum or list started from zero before it"
+        (evaluation.summed if kind == SUM else evaluation.gathered).append(name)
+    return None
 
 
 def _first_write(loop: ast.For, name: str) -> tuple[int, int]:

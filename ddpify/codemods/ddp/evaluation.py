@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.anatomy.evaluation import LIST, SUM, EvaluationLoop, batch_size_code, evaluation_loops, loss_prints, shardable
+from ddpify.anatomy.evaluation import EvaluationLoop, batch_size_code, evaluation_loops, loss_prints, shardable
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import (
     ADDED_FUNCTIONS,
@@ -65,8 +65,7 @@ class EvaluationSharding(SamplerTransform):
         self.changed(loader.line, "evaluation loader sharded: each rank evaluates a contiguous run of whole batches, unpadded")
 
     def _reduce(self, evaluation: EvaluationLoop) -> None:
-        sums = [acc.name for acc in evaluation.accumulators if acc.kind == SUM]
-        lists = [acc.name for acc in evaluation.accumulators if acc.kind == LIST]
+        sums, lists = evaluation.summed, evaluation.gathered
         code = ""
         if sums:
             targets = ", ".join(sums) if len(sums) > 1 else f"({sums[0]},)"
@@ -110,8 +109,8 @@ def add_helpers(transform: Transform, names: set[str]) -> bool:
 
 
 def _helpers_for(loops: list[EvaluationLoop]) -> set[str]:
-    kinds = {acc.kind for e in loops for acc in e.accumulators}
-    return {SHARD_CALL} | ({SUMS_CALL} if SUM in kinds else set()) | ({GATHER_CALL} if LIST in kinds else set())
+    sums, lists = any(e.summed for e in loops), any(e.gathered for e in loops)
+    return {SHARD_CALL} | ({SUMS_CALL} if sums else set()) | ({GATHER_CALL} if lists else set())
 
 
 class _Renamer(cst.CSTTransformer):
