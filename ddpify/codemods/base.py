@@ -12,8 +12,8 @@ from __future__ import annotations
 import ast
 import bisect
 import functools
-from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Callable, ClassVar, Sequence, TypeVar
 
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext
@@ -27,28 +27,39 @@ StatementRewrite = Callable[[cst.BaseStatement], Sequence[cst.BaseStatement]]
 GroupBuilder = Callable[[list[cst.BaseStatement]], cst.BaseStatement]
 
 
+_Reported = TypeVar("_Reported", bound="Reported")
+
+
 @dataclass(frozen=True)
-class Change:
-    """One rewrite, reported to the user: `train.py:42: [wrap] wrapped model in DDP`."""
+class Reported:
+    """What a transform reports, at a line of the code it was planned on."""
 
     line: int
+
+    def at(self: _Reported, line: int) -> _Reported:
+        """The same report at another line (the original file's, once the pipeline carries it back)."""
+        return replace(self, line=line)
+
+
+@dataclass(frozen=True)
+class Change(Reported):
+    """One rewrite, reported to the user: `train.py:42: [wrap] wrapped model in DDP`."""
+
     transform: str
     message: str
 
 
 @dataclass(frozen=True)
-class Advice:
+class Advice(Reported):
     """Something the codemod could not do safely; the user must look at it by hand."""
 
-    line: int
     message: str
 
 
 @dataclass(frozen=True)
-class Missing:
+class Missing(Reported):
     """Work the conversion needs but could not do: the result is incomplete until it is done by hand."""
 
-    line: int
     what: str  # "no model was wrapped in DistributedDataParallel"
     todo: str  # what to do by hand
 

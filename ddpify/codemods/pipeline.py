@@ -189,9 +189,9 @@ class _Conversion:
         """The transform's report, its lines carried back to the original file."""
         report, out = transform.report, self.output
         self.reports.append((transform.DUTY, report))
-        out.changes += [Change(_origin_line(self.origin, c.line), c.transform, c.message) for c in report.changes]
-        out.advice += [Advice(_origin_line(self.origin, a.line), a.message) for a in report.advice]
-        out.missing += [Missing(_origin_line(self.origin, m.line), m.what, m.todo) for m in report.missing]
+        out.changes += [c.at(_origin_line(self.origin, c.line)) for c in report.changes]
+        out.advice += [a.at(_origin_line(self.origin, a.line)) for a in report.advice]
+        out.missing += [m.at(_origin_line(self.origin, m.line)) for m in report.missing]
         self.imports += [i for i in report.imports if i not in self.imports]
 
     def result(self, owns_duties: bool) -> ConversionResult:
