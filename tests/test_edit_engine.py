@@ -7,7 +7,9 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from ddpify.codemods.base import Options, Transform
+import pytest
+
+from ddpify.codemods.base import Edits, Options, Transform
 from ddpify.codemods.pipeline import Status, run_pipeline
 from ddpify.convert import convert_source
 
@@ -129,3 +131,9 @@ def test_helpers_asked_for_in_the_setup_stage_land_after_its_helpers_once_each_i
 
 def test_without_a_setup_planned_alongside_there_is_no_room_for_helpers():
     assert run_pipeline("x = 1\n", "snippet.py", [_asking_for("a")], Options()).output == "x = 1\n"
+
+
+def test_helpers_asked_for_where_no_room_was_left_are_an_error_not_dropped():
+    asked = Edits(helpers={"a": []})
+    with pytest.raises(ValueError, match="no room"):
+        Edits().merge(asked)

@@ -241,8 +241,10 @@ class Edits:
         """The helper functions a later transform asks for, those not asked for yet, into the slot (where
         they land as they would if that transform were planned on the code with these edits made)."""
         new = {name: code for name, code in helpers.items() if name not in self.helpers}
-        if not new or self.helper_slot is None:
+        if not new:
             return
+        if self.helper_slot is None:
+            raise ValueError(f"helpers {sorted(new)} asked for in a stage that leaves no room for them")
         key, index = self.helper_slot
         statements = [stmt for code in new.values() for stmt in code]
         self.after[key][index:index] = statements

@@ -100,9 +100,11 @@ def add_helpers(transform: Transform, names: set[str]) -> bool:
     added = [transform.anatomy.functions[n].node for n in ADDED_FUNCTIONS if n in transform.anatomy.functions]
     missing = {name: code for name, code in EVALUATION_HELPERS.items() if name in names and name not in transform.anatomy.functions}
     if not added:
-        for name, code in missing.items() if transform.can_add_helpers() else ():
+        if not transform.can_add_helpers():
+            return False
+        for name, code in missing.items():
             transform.add_helper(name, code)
-        return transform.can_add_helpers()
+        return True
     if missing:
         transform.insert_after(max(added, key=lambda fn: fn.lineno), "".join(missing.values()))
     return True
