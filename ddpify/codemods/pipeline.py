@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import libcst as cst
-from libcst.codemod import CodemodContext
 
 from ddpify.anatomy import Anatomy, analyze
 from ddpify.anatomy.facts import NO_FACTS, ProjectFacts
@@ -122,7 +121,7 @@ class _Stage:
         self.edits = Edits()
 
     def plan(self, transform_cls: type[Transform], options: Options) -> Transform:
-        transform = transform_cls(CodemodContext(filename=self.anatomy.path), self.anatomy, options, self.edits)
+        transform = transform_cls(None, self.anatomy, options, self.edits)
         transform.plan()
         return transform
 
