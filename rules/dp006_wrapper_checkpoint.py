@@ -6,6 +6,7 @@ import ast
 
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
+from ddpify.anatomy.vocabulary import STATE_DICT_METHODS
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._cases import IN_MEMORY_COPY, saved_state_dict_cases
 from ddpify.rules._ddp import is_saved, module_fix
@@ -46,7 +47,7 @@ class WrapperCheckpoint(Rule, code="DP006", name="dp-wrapper-checkpoint", severi
     message = "checkpoint of the DataParallel wrapper: its keys start with `module.`; use `model.module`"
 
     def check(self, a):
-        calls = [(site, site.node.func.value) for site in a.calls if syntax.method_name(site.node) in ("state_dict", "load_state_dict")]  # type: ignore[attr-defined]
+        calls = [(site, site.node.func.value) for site in a.calls if syntax.method_name(site.node) in STATE_DICT_METHODS]  # type: ignore[attr-defined]
         calls = [(site, receiver) for site, receiver in calls if is_dp_wrapper(a, receiver)]
         loads = [(site, receiver) for site, receiver in calls if syntax.method_name(site.node) == "load_state_dict" and _reads_checkpoint(a, site.node)]
         for site, receiver in loads:

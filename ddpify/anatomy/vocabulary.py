@@ -82,6 +82,7 @@ RANDOM_FILLS = frozenset({
 
 # Reads of a module's parameters: the methods that yield them, and the attributes layers keep them in.
 PARAMETER_METHODS = frozenset({"parameters", "named_parameters"})
+STATE_DICT_METHODS = frozenset({"state_dict", "load_state_dict"})  # a model's (or optimizer's) state, out and in
 PARAMETER_ATTRIBUTES = frozenset({"weight", "bias"})
 
 

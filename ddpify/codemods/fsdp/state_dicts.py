@@ -17,7 +17,7 @@ import libcst as cst
 
 from ddpify.anatomy import ROLE_MODEL, ROLE_OPTIMIZER, Ref
 from ddpify.anatomy.distributed import FULLY_SHARD, after_shard
-from ddpify.anatomy.vocabulary import opens_for_writing
+from ddpify.anatomy.vocabulary import STATE_DICT_METHODS, opens_for_writing
 from ddpify.codemods.base import Transform, parse_expr
 
 STATE_DICT_MODULE = "torch.distributed.checkpoint.state_dict"
@@ -90,7 +90,7 @@ class FullStateDicts(CollectiveStateDicts):
             return
         for call in self.anatomy.calls:
             func = call.node.func  # type: ignore[attr-defined]
-            if not (isinstance(func, ast.Attribute) and func.attr in ("state_dict", "load_state_dict")) or not after_shard(self.anatomy, call.node):
+            if not (isinstance(func, ast.Attribute) and func.attr in STATE_DICT_METHODS) or not after_shard(self.anatomy, call.node):
                 continue
             if self.anatomy.origins(func.value, ROLE_MODEL) & sharded:
                 self._to_full_state(call.node, func, "model", ast.unparse(func.value))  # type: ignore[arg-type]
