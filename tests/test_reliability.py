@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import click
 import pytest
 from click.testing import CliRunner
 from test_robustness import BASIC, ROOT, TIMEOUT, ddpify
@@ -18,12 +19,12 @@ from ddpify.cli import SIGINT_EXIT, cli
 ARGUMENTS = {"convert": ["--to", "ddp", "train.py"], "verify": ["--to", "ddp", "train.py"], "rules": [], "server": []}
 
 
-@pytest.mark.parametrize("name", sorted(cli.commands))
+@pytest.mark.parametrize("name", cli.list_commands(click.Context(cli)))
 def test_ctrl_c_exits_130_in_every_command(name, monkeypatch, tmp_path):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli.commands[name], "callback", interrupted)
+    monkeypatch.setattr(cli.get_command(click.Context(cli), name), "callback", interrupted)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("import torch\n")
     result = CliRunner().invoke(cli, [name, *ARGUMENTS.get(name, ["train.py"])])
