@@ -8,6 +8,12 @@ CPU time is user+sys of the `ddpify lint` process and its pool workers
 
 Start-up (fixtures/basic_main.py, best of 5, 2 shared cores): 0.48 s at 6c6b0de, 0.27 s at e19841b
 (the CLI imports only the command it runs; no command imports libcst.codemod and its matchers).
+
+`--count 1000 --jobs 1` back to back: 129.8 files/CPU-s at 94eb04f, 238.7 at the next commit: a
+fix's statement is found by pairing the LibCST parse with the ast block by block, and only its own
+expressions get LibCST positions; resolving the positions of the whole module, once per file with
+a fixable finding, was most of the time (the findings and their 827 fix edits over this corpus and
+fixtures/ are the same, compared as JSON).
 """
 
 from __future__ import annotations

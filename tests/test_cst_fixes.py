@@ -142,3 +142,13 @@ def test_comment_fix_edits_the_comment_node_only(code, text, expected):
     """DDP900's fix rewrites LibCST's Comment node: a line of its own keeps no indentation, a comment
     inside brackets or after a tab loses its spaces, a multi-line string that reads like one stays."""
     assert fixed(HEAD + text, code) == HEAD + expected
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ("if model.training:\n    pass\nelif True:\n    print('b')\n", "if model.training:\n    pass\nelif True:\n    if rank == 0:\n        print('b')\n"),
+    ("try:\n    pass\nexcept ValueError:\n    print('e')\n", "try:\n    pass\nexcept ValueError:\n    if rank == 0:\n        print('e')\n"),
+    ("for i in range(2): x = i; print(x)\n", "for i in range(2):\n    x = i\n    if rank == 0:\n        print(x)\n"),
+])
+def test_a_statement_in_a_clause_or_a_one_line_body_is_found_by_its_ast_position(body, expected):
+    """The parse pairs its statements with the ast's block by block (elif, except, one-line bodies)."""
+    assert fixed(HEAD + body, "DDP007") == HEAD + expected

@@ -479,7 +479,7 @@ class _EditApplier(cst.CSTTransformer):
                 return False
             self.holders.append((node, _any_within(self.expr_lines, _decorators_line(place[0]), lines[1])))
             if isinstance(node, cst.BaseCompoundStatement):
-                for suite, stmts in _bodies(node, place[0]):
+                for suite, stmts in compound_bodies(node, place[0]):
                     if isinstance(suite, cst.IndentedBlock):
                         self._match_statements(suite.body, stmts)
                     elif self.edits.touches_statements(stmts):
@@ -534,17 +534,9 @@ class _EditApplier(cst.CSTTransformer):
 
     def _locate_expressions(self, stmt: cst.CSTNode) -> None:
         """The spans of a statement's expressions (a compound's outside its indented body, whose statements
-        are located on their own), read in a module of just that statement, nested at its indentation."""
-        alone = _without_indented_body(stmt)
-        nested: cst.BaseStatement = alone  # type: ignore[assignment]
-        for indent in reversed(self.indents):
-            nested = cst.If(test=cst.Name("_"), body=cst.IndentedBlock(body=[nested], indent=indent))
-        module = cst.Module(body=[nested], default_indent=self.module.default_indent, default_newline=self.module.default_newline)
-        positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-        shift = self.statements[stmt][0].lineno - positions[alone].start.line
-        for node, code_range in positions.items():
-            start, end = code_range.start, code_range.end
-            self.spans[node] = start.line + shift, start.column, end.line + shift, end.column
+        are located on their own)."""
+        first_line = self.statements[stmt][0].lineno
+        self.spans.update(spans_in_place(stmt, first_line, self.indents[::-1], self.module))  # type: ignore[arg-type]
 
     def _key(self, node: cst.CSTNode) -> Key:
         return key_of(self.statements[node][0])
@@ -624,6 +616,20 @@ def _decorators_line(stmt: ast.stmt) -> int:
     return min([stmt.lineno, *(decorator.lineno for decorator in getattr(stmt, "decorator_list", ()))])
 
 
+def spans_in_place(stmt: cst.BaseStatement, first_line: int, indents: Sequence[str | None], module: cst.Module) -> dict[cst.CSTNode, Span]:
+    """The spans in the file of the nodes of a statement of a block (of a compound one, outside an
+    indented body that ends it), whose first line is `first_line`: read in a module of just that
+    statement, nested in stand-ins at its indentation (`indents`: of the blocks around it, innermost first)."""
+    alone = _without_indented_body(stmt)
+    nested: cst.CSTNode = alone
+    for indent in indents:
+        nested = cst.If(test=cst.Name("_"), body=cst.IndentedBlock(body=[nested], indent=indent))  # type: ignore[list-item]
+    alone_module = cst.Module(body=[nested], default_indent=module.default_indent, default_newline=module.default_newline)  # type: ignore[list-item]
+    positions = MetadataWrapper(alone_module, unsafe_skip_copy=True).resolve(PositionProvider)
+    shift = first_line - positions[alone].start.line
+    return {node: (where.start.line + shift, where.start.column, where.end.line + shift, where.end.column) for node, where in positions.items()}
+
+
 def _without_indented_body(stmt: cst.CSTNode) -> cst.CSTNode:
     """A compound statement whose indented body ends it with `pass` for that body (others as they are)."""
     ends = not any(getattr(stmt, part, None) for part in ("orelse", "handlers", "finalbody"))
@@ -632,7 +638,7 @@ def _without_indented_body(stmt: cst.CSTNode) -> cst.CSTNode:
     return stmt
 
 
-def _bodies(node: cst.BaseCompoundStatement, stmt: ast.stmt) -> list[tuple[cst.BaseSuite, Sequence[ast.stmt]]]:
+def compound_bodies(node: cst.BaseCompoundStatement, stmt: ast.stmt) -> list[tuple[cst.BaseSuite, Sequence[ast.stmt]]]:
     """The bodies of a compound statement, each with its ast statements: body, except handlers,
     match cases, else, finally, and those of the `elif`s it leads."""
     if isinstance(node, cst.Match):
@@ -645,7 +651,7 @@ def _bodies(node: cst.BaseCompoundStatement, stmt: ast.stmt) -> list[tuple[cst.B
         pairs.append((orelse.body, stmt.orelse))  # type: ignore[attr-defined]
     if finalbody is not None:
         pairs.append((finalbody.body, stmt.finalbody))  # type: ignore[attr-defined]
-    return pairs + _bodies(orelse, stmt.orelse[0]) if isinstance(orelse, cst.If) else pairs  # type: ignore[attr-defined]
+    return pairs + compound_bodies(orelse, stmt.orelse[0]) if isinstance(orelse, cst.If) else pairs  # type: ignore[attr-defined]
 
 
 def first_in_body(compound: cst.BaseStatement, stmts: Sequence[cst.BaseStatement]) -> cst.BaseStatement:

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpify.anatomy import Anatomy, Pos
 from ddpify.anatomy.cache import per_anatomy
-from ddpify.codemods.base import Key, Span, StatementRewrite, keep_leading_lines, one_statement_a_line, parse_expr
+from ddpify.codemods.base import (Key, Span, StatementRewrite, compound_bodies, keep_leading_lines, one_statement_a_line,
+                                  parse_expr, spans_in_place)
 from ddpify.lint.fixes import LineIndex
 from ddpify.lint.rule import Edit
 
@@ -47,8 +47,9 @@ def statement_edit_with(a: Anatomy, stmt: ast.stmt, nodes: Sequence[ast.AST],
     """Like `statement_edit`, `rewrite` also given the CST expressions that span the ast `nodes`
     inside `stmt`. None when one has none."""
     parsed = _parsed(a)
-    spans = [a.pos(node) for node in nodes]
-    values = [parsed.expressions.get((p.line, p.col, p.end_line, p.end_col)) for p in spans] if parsed else [None]
+    holder = parsed.statement_at(a.pos(stmt)) if parsed else None
+    expressions = parsed.expressions_in(holder) if parsed and holder else {}
+    values = [expressions.get((p.line, p.col, p.end_line, p.end_col)) for p in map(a.pos, nodes)]
     if any(value is None for value in values):
         return None
     return statement_edit(a, stmt, lambda node: rewrite(node, values))  # type: ignore[arg-type]
@@ -62,8 +63,8 @@ def expression_edit(a: Anatomy, node: ast.AST, rewrite: Callable[[cst.BaseExpres
     if parsed is None or holder is None:
         return None
     pos = a.pos(node)
-    target = parsed.expressions.get((pos.line, pos.col, pos.end_line, pos.end_col))
     stmt = parsed.statement_at(a.pos(holder))
+    target = parsed.expressions_in(stmt).get((pos.line, pos.col, pos.end_line, pos.end_col)) if stmt else None
     code = parsed.code_with(stmt, [stmt.deep_replace(target, rewrite(target))]) if target and stmt else None  # type: ignore[list-item]
     if code is None:
         return None
@@ -163,17 +164,77 @@ def _shared_length(a: _Seq, b: _Seq, part: Callable[[_Seq, int], _Seq]) -> int:
     return low
 
 
-@dataclass(frozen=True)
 class _Parsed:
-    """A LibCST parse of the script, with its statements and expressions by position."""
+    """A LibCST parse of the script. Its statements are paired with the ast's block by block, as the
+    codemods' edit pass pairs them, so the ast's positions find them; the expressions of a statement
+    are located when first asked for, by LibCST positions in a module of that statement alone (the
+    positions of a whole module cost a lint with fixes most of its time)."""
 
-    module: cst.Module
-    text: LineIndex
-    statements: Mapping[Key, cst.BaseStatement]  # a compound statement, or a line of simple ones
-    small_statements: Mapping[Key, cst.BaseSmallStatement]
-    expressions: Mapping[Span, cst.BaseExpression]
-    first_lines: Mapping[cst.BaseStatement, int]
-    parents: Mapping[cst.CSTNode, cst.CSTNode]  # of statements, suites and clauses (`else:`)
+    def __init__(self, a: Anatomy, module: cst.Module) -> None:
+        self.a, self.module, self.text = a, module, LineIndex(a.text)
+        self.statements: dict[Key, cst.BaseStatement] = {}  # a compound statement, or a line of simple ones
+        self.small_statements: dict[Key, cst.BaseSmallStatement] = {}
+        self.first_lines: dict[cst.BaseStatement, int] = {}
+        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}  # of statements, suites and clauses (`else:`)
+        self._expressions: dict[cst.BaseStatement, dict[Span, cst.BaseExpression]] = {}
+        _note_parent(module, self.parents)
+        self._pair(module.body, a.tree.body)
+
+    def _pair(self, nodes: Sequence[cst.BaseStatement], stmts: Sequence[ast.stmt]) -> None:
+        """Note each CST statement of a block (and, inside, of its blocks) at its ast statement's position."""
+        index = 0
+        for node in nodes:
+            self._note(node, stmts[index])
+            if isinstance(node, cst.SimpleStatementLine):
+                self._pair_small(node.body, stmts[index:index + len(node.body)])
+                index += len(node.body)
+                continue
+            elif_node, elif_stmt = node, stmts[index]
+            while isinstance(elif_node, cst.If) and isinstance(elif_node.orelse, cst.If):
+                elif_node, elif_stmt = elif_node.orelse, elif_stmt.orelse[0]  # type: ignore[attr-defined]
+                self._note(elif_node, elif_stmt)
+            for suite, body in compound_bodies(node, stmts[index]):  # type: ignore[arg-type]
+                _note_parent(suite, self.parents)
+                if isinstance(suite, cst.IndentedBlock):
+                    self._pair(suite.body, body)
+                else:
+                    self._pair_small(suite.body, body)  # type: ignore[arg-type]
+            index += 1
+
+    def _note(self, node: cst.BaseStatement, stmt: ast.stmt) -> None:
+        pos = self.a.pos(stmt)
+        self.statements[pos.line, pos.col] = node
+        self.first_lines[node] = pos.line
+        _note_clauses(node, self.parents)
+
+    def _pair_small(self, nodes: Sequence[cst.BaseSmallStatement], stmts: Sequence[ast.stmt]) -> None:
+        for node, stmt in zip(nodes, stmts):
+            pos = self.a.pos(stmt)
+            self.small_statements[pos.line, pos.col] = node
+
+    def expressions_in(self, stmt: cst.BaseStatement) -> dict[Span, cst.BaseExpression]:
+        """The expressions of a statement of a block (of a compound one, outside an indented body that
+        ends it) by their span in the script."""
+        if stmt not in self._expressions:
+            self._expressions[stmt] = self._locate_expressions(stmt)
+        return self._expressions[stmt]
+
+    def _locate_expressions(self, stmt: cst.BaseStatement) -> dict[Span, cst.BaseExpression]:
+        expressions: dict[Span, cst.BaseExpression] = {}
+        for node, span in spans_in_place(stmt, self.first_lines[stmt], self._indents_around(stmt), self.module).items():
+            if isinstance(node, cst.BaseExpression):
+                expressions.setdefault(span, node)
+        return expressions
+
+    def _indents_around(self, stmt: cst.CSTNode) -> list[str | None]:
+        """The indents of the blocks that hold `stmt`, innermost first."""
+        indents = []
+        node = self.parents.get(stmt)
+        while node is not None and node is not self.module:
+            if isinstance(node, cst.IndentedBlock):
+                indents.append(node.indent)
+            node = self.parents.get(node)
+        return indents
 
     def rewritten(self, key: Key, rewrite: StatementRewrite) -> tuple[cst.BaseStatement, list[cst.BaseStatement]] | None:
         """The statement of its block that holds the statement at `key`, and what replaces it: that
@@ -253,22 +314,7 @@ def _parsed(a: Anatomy) -> _Parsed | None:
         module = cst.parse_module(a.text)
     except cst.ParserSyntaxError:
         return None
-    statements: dict[Key, cst.BaseStatement] = {}
-    small_statements: dict[Key, cst.BaseSmallStatement] = {}
-    expressions: dict[Span, cst.BaseExpression] = {}
-    first_lines: dict[cst.BaseStatement, int] = {}
-    parents: dict[cst.CSTNode, cst.CSTNode] = {}
-    for node, where in MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider).items():
-        start, end = where.start, where.end
-        if isinstance(node, cst.BaseStatement):
-            statements[start.line, start.column] = node
-            first_lines[node] = start.line
-        elif isinstance(node, cst.BaseSmallStatement):
-            small_statements[start.line, start.column] = node
-        elif isinstance(node, cst.BaseExpression):
-            expressions.setdefault((start.line, start.column, end.line, end.column), node)
-        _note_parent(node, parents)
-    return _Parsed(module, LineIndex(a.text), statements, small_statements, expressions, first_lines, parents)
+    return _Parsed(a, module)
 
 
 _CLAUSES = ("body", "orelse", "handlers", "finalbody", "cases")
@@ -285,6 +331,16 @@ def _note_parent(node: cst.CSTNode, parents: dict[cst.CSTNode, cst.CSTNode]) -> 
         for child in value if isinstance(value, (list, tuple)) else (value,):
             if isinstance(child, cst.CSTNode):
                 parents[child] = node
+
+
+def _note_clauses(node: cst.CSTNode, parents: dict[cst.CSTNode, cst.CSTNode]) -> None:
+    """`_note_parent` for a statement and for the clauses it holds (`else:`, `except:`, `case`, an `elif`)."""
+    _note_parent(node, parents)
+    for name in _CLAUSES:
+        value = getattr(node, name, None)
+        for child in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(child, cst.CSTNode) and not isinstance(child, cst.BaseSuite):
+                _note_clauses(child, parents)
 
 
 def _changed_lines(old: str, new: str) -> Edit | None:
