@@ -340,15 +340,16 @@ SMALL = "import torch\nimport torch.distributed as dist\n\nprint(torch.randn(2))
 
 
 def make_tree(root: Path, n: int = 5_000) -> dict[str, int]:
-    """n small files in 50 dirs: some ignored by .gitignore, some by [tool.ddpify] exclude."""
+    """n small files in 50 dirs (fewer when n < 50): some ignored by .gitignore, some by [tool.ddpify] exclude."""
     counts = {"total": 0, "gitignored": 0, "excluded": 0}
-    per_dir = n // 50
-    for d in range(50):
+    dirs = max(1, min(50, n))
+    per_dir = n // dirs
+    for d in range(dirs):
         sub = root / f"pkg{d:02d}"
         sub.mkdir(parents=True)
         for f in range(per_dir):
             name = f"mod{f:03d}.py"
-            if f % 10 == 0:
+            if (d * per_dir + f) % 10 == 0:
                 name = f"gen_{f:03d}.py"  # .gitignore: gen_*.py
                 counts["gitignored"] += 1
             elif d % 10 == 9:
