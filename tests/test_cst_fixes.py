@@ -147,8 +147,18 @@ def test_comment_fix_edits_the_comment_node_only(code, text, expected):
 @pytest.mark.parametrize(("body", "expected"), [
     ("if model.training:\n    pass\nelif True:\n    print('b')\n", "if model.training:\n    pass\nelif True:\n    if rank == 0:\n        print('b')\n"),
     ("try:\n    pass\nexcept ValueError:\n    print('e')\n", "try:\n    pass\nexcept ValueError:\n    if rank == 0:\n        print('e')\n"),
+    ("match model.training:\n    case True:\n        pass\n    case _:\n        print('m')\n",
+     "match model.training:\n    case True:\n        pass\n    case _:\n        if rank == 0:\n            print('m')\n"),
+    ("def f():\n    match model.training:\n        case _:\n            print(model.training)\n",
+     "def f():\n    match model.training:\n        case _:\n            if dist.get_rank() == 0:\n                print(model.training)\n"),
     ("for i in range(2): x = i; print(x)\n", "for i in range(2):\n    x = i\n    if rank == 0:\n        print(x)\n"),
 ])
 def test_a_statement_in_a_clause_or_a_one_line_body_is_found_by_its_ast_position(body, expected):
-    """The parse pairs its statements with the ast's block by block (elif, except, one-line bodies)."""
+    """The parse pairs its statements with the ast's block by block (elif, except, case, one-line bodies)."""
     assert fixed(HEAD + body, "DDP007") == HEAD + expected
+
+
+def test_an_expression_fix_inside_a_match_case_lands_at_its_columns():
+    body = "def save():\n    match model.training:\n        case _:\n            torch.save(model.state_dict(), 'm.pt')\n"
+    out = fixed(HEAD + body, "DDP008")
+    assert out == HEAD + body.replace("model.state_dict()", "model.module.state_dict()")

@@ -228,13 +228,17 @@ class _Parsed:
 
     def _indents_around(self, stmt: cst.CSTNode) -> list[str | None]:
         """The indents of the blocks that hold `stmt`, innermost first."""
-        indents = []
-        node = self.parents.get(stmt)
-        while node is not None and node is not self.module:
-            if isinstance(node, cst.IndentedBlock):
-                indents.append(node.indent)
-            node = self.parents.get(node)
-        return indents
+        return [level.indent for level in self._levels_from(self.parents[stmt])]
+
+    def _levels_from(self, node: cst.CSTNode) -> list[cst.IndentedBlock | cst.Match]:
+        """The nodes from `node` up that indent what they hold, innermost first: indented blocks, and
+        a `match`, whose cases stand one level in."""
+        levels = []
+        while node is not self.module:
+            if isinstance(node, (cst.IndentedBlock, cst.Match)):
+                levels.append(node)
+            node = self.parents[node]
+        return levels
 
     def rewritten(self, key: Key, rewrite: StatementRewrite) -> tuple[cst.BaseStatement, list[cst.BaseStatement]] | None:
         """The statement of its block that holds the statement at `key`, and what replaces it: that
@@ -284,9 +288,10 @@ class _Parsed:
         if not stmts:
             return ""
         wrapped, depth = list(stmts), 0
-        while block is not self.module:
-            body = block.with_changes(body=wrapped, header=cst.TrailingWhitespace(), footer=())
-            wrapped, depth, block = [cst.If(test=cst.Name("_"), body=body)], depth + 1, self._block_of(block)
+        for level in self._levels_from(block):
+            body = (level.with_changes(body=wrapped, header=cst.TrailingWhitespace(), footer=()) if isinstance(level, cst.IndentedBlock)
+                    else cst.IndentedBlock(body=wrapped, indent=level.indent))
+            wrapped, depth = [cst.If(test=cst.Name("_"), body=body)], depth + 1
         code = "".join(self.module.code_for_node(s) for s in wrapped)
         return code.split(self.module.default_newline, depth)[depth]
 
