@@ -5,15 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Iterator
 
-from ddpify.anatomy.forward import (
-    LossAccess,
-    forward_of,
-    is_reduced,
-    loss_accesses,
-    loss_return,
-    model_calls,
-    reads_after,
-)
+from ddpify.anatomy.forward import LossAccess, is_reduced, model_losses, reads_after
 from ddpify.codemods.dp._edits import mean_of
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit
@@ -27,7 +19,8 @@ class LossWithoutMean(Rule, code="DP003", name="loss-without-mean", severity="er
     """## What it does
     Flags `.backward()`, `.item()` and `float(...)` on a loss that the model's `forward` returns
     (alone, in a tuple, or in a dict) when the model is wrapped in `nn.DataParallel`, unless the
-    loss is averaged first. The loss is followed through variables and arithmetic
+    loss is averaged first. A model whose output is back-propagated whole returns a loss too,
+    however forward computes it (and wherever its class is defined). The loss is followed through variables and arithmetic
     (`loss = loss / accumulation_steps`, `(loss + aux).backward()`).
 
     ## Why is this bad?
@@ -59,11 +52,8 @@ class LossWithoutMean(Rule, code="DP003", name="loss-without-mean", severity="er
     message = "forward() returns a loss, and DataParallel gathers one per GPU: average it with .mean() first"
 
     def check(self, a):
-        for call, cls in model_calls(a):
-            returned = loss_return(a, forward_of(a, cls))  # type: ignore[arg-type]
-            if returned is None or not is_dp_wrapper(a, call.func):
-                continue
-            for access in loss_accesses(a, call, returned):
+        for call, access in model_losses(a):
+            if is_dp_wrapper(a, call.func):
                 for use in _unreduced_uses(a, access):
                     edit = expression_edit(a, use, mean_of)  # type: ignore[arg-type]
                     fix = Fix((edit,), safe=False, description="average the per-GPU losses") if edit else None
@@ -135,6 +125,7 @@ x, y = torch.randn(8, 4), torch.randn(8, 1)
 """
 _SCALAR = _HEAD.format(returns="        return F.mse_loss(pred, y)")
 _TUPLE = _HEAD.format(returns="        return F.mse_loss(pred, y), pred")
+_REDUCED = _HEAD.format(returns="        return ((pred - y) ** 2).mean()")  # no loss function: known by its backward()
 _DICT = _HEAD.format(returns='        return {"loss": F.mse_loss(pred, y), "pred": pred}')
 
 LossWithoutMean.VALID = (
@@ -149,4 +140,6 @@ LossWithoutMean.INVALID = (
     Invalid.fixed_by(_TUPLE + 'loss, pred = model(x, y)\nprint(f"loss {loss.item():.4f}")\n', old="loss.item", new="loss.mean().item"),
     Invalid.fixed_by(_DICT + 'out = model(x, y)\nout["loss"].backward()\n', old='out["loss"].backward', new='out["loss"].mean().backward'),
     Invalid.fixed_by(_SCALAR + "loss = model(x, y)\nloss = loss / 4\nloss.backward()\n", old="loss.backward", new="loss.mean().backward"),
+    # forward's own arithmetic (a diffusion model's MSE): its output is back-propagated whole, so it is a loss
+    Invalid.fixed_by(_REDUCED + "loss = model(x, y)\nloss.backward()\n", old="loss.backward", new="loss.mean().backward"),
 )

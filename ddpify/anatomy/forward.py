@@ -352,15 +352,49 @@ def _local_assignments(forward: ast.FunctionDef, name: str) -> list[ast.AST]:
     return [s.value for s in walk_body(forward.body) if isinstance(s, ast.Assign) and any(_binds(t, name) for t in s.targets)]
 
 
-def model_calls(anatomy: Anatomy) -> Iterator[tuple[ast.Call, str]]:
-    """Calls of a model (`model(x)`, `self.model(x)`) outside the model classes, with the model's class."""
+def model_calls(anatomy: Anatomy) -> Iterator[tuple[ast.Call, list[str]]]:
+    """Calls of a model (`model(x)`, `self.model(x)`) outside the model classes, with the model's
+    classes (those of this file and those another file defines)."""
     for site in anatomy.calls:
         call: ast.Call = site.node  # type: ignore[assignment]
         if site.scope.split(".")[0] in anatomy.model_classes:
             continue
         classes = {o.class_name for o in anatomy.origins(call.func, ROLE_MODEL) if isinstance(o, ModelSite)}
-        for name in sorted(c for c in classes if c in anatomy.model_classes):
-            yield call, name
+        if classes:
+            yield call, sorted(classes)
+
+
+def model_losses(anatomy: Anatomy) -> list[tuple[ast.Call, LossAccess]]:
+    """Each place training code takes a loss out of a model call: where forward (a class of this
+    file) returns one, and, whatever the model's class, where the call's whole result is
+    back-propagated (`loss = model(x)` then `loss.backward()`: forward returned a scalar)."""
+    found: dict[ast.AST, tuple[ast.Call, LossAccess]] = {}
+    for call, classes in model_calls(anatomy):
+        for cls in classes:
+            returned = loss_return(anatomy, forward_of(anatomy, cls)) if cls in anatomy.model_classes else None
+            for access in loss_accesses(anatomy, call, returned) if returned is not None else ():
+                found.setdefault(access.node, (call, access))
+        if _backpropagated(anatomy, call):
+            found.setdefault(call, (call, LossAccess(call, anatomy.stmt_of[call])))
+    return list(found.values())
+
+
+def _backpropagated(anatomy: Anatomy, call: ast.Call) -> bool:
+    """Is the call's whole result back-propagated: `model(x).backward()`, or `loss = model(x)` and
+    then `loss.backward()` (after arithmetic too: `(loss / accumulation).backward()`)?"""
+    parent = anatomy.parents.get(call)
+    if isinstance(parent, ast.Assign) and parent.value is call and len(parent.targets) == 1 and isinstance(parent.targets[0], ast.Name):
+        return any(_is_backward_of(anatomy, read) for read in reads_after(anatomy, parent, parent.targets[0]))
+    return _is_backward_of(anatomy, call)
+
+
+def _is_backward_of(anatomy: Anatomy, expr: ast.AST) -> bool:
+    """`expr.backward()` with no gradient given, around arithmetic (`(expr / n).backward()`)."""
+    parent = anatomy.parents.get(expr)
+    while isinstance(parent, (ast.BinOp, ast.UnaryOp)):
+        expr, parent = parent, anatomy.parents.get(parent)
+    call = anatomy.parents.get(parent) if isinstance(parent, ast.Attribute) and parent.attr == "backward" else None
+    return isinstance(call, ast.Call) and call.func is parent and not call.args and not call.keywords
 
 
 def loss_accesses(anatomy: Anatomy, call: ast.Call, returned: LossReturn) -> list[LossAccess]:

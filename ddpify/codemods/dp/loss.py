@@ -4,13 +4,15 @@ Each replica returns its own scalar loss and DataParallel gathers them into a ve
 loss per GPU: `loss.backward()` fails on it and `loss.item()` too. Averaging right where the loss
 comes out of the model (`model(x, y).mean()`, `out["loss"].mean()`, or `loss = loss.mean()` after
 `loss, logits = model(x, y)`) fixes every later use at once: backward, logging, accumulation.
+A model whose class another file defines counts as returning a loss where its output is
+back-propagated whole (`loss = model(x0)`, `loss.backward()`: a diffusion model's MSE).
 """
 
 from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.forward import LossAccess, forward_of, is_reduced, loss_accesses, loss_return, model_calls, reads_after
+from ddpify.anatomy.forward import LossAccess, is_reduced, model_losses, reads_after
 from ddpify.codemods.base import Transform
 from ddpify.codemods.dp._edits import mean_of
 
@@ -24,12 +26,8 @@ class MeanLoss(Transform):
     SEES_EDITS_OF = ()  # model calls and forward()s are the user's code
 
     def plan(self) -> None:
-        for call, cls in model_calls(self.anatomy):
-            returned = loss_return(self.anatomy, forward_of(self.anatomy, cls))  # type: ignore[arg-type]
-            if returned is None:
-                continue
-            for access in loss_accesses(self.anatomy, call, returned):
-                self._average(access)
+        for _, access in model_losses(self.anatomy):
+            self._average(access)
 
     def _average(self, access: LossAccess) -> None:
         node = access.node

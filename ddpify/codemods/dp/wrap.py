@@ -1,7 +1,9 @@
 """Transform 2: wrap each trained model in `nn.DataParallel` once it is on its GPU.
 
 The wrapper goes after the model's last move to a device (`model.to(device)`, `if ...: model.cuda()`),
-outside any `if`/`with`/`try` that holds that move, so the script uses the wrapper on every path.
+outside any `if`/`with`/`try` that holds that move, so the script uses the wrapper on every path;
+but never past a statement that uses the model: a block that goes on to train it (the
+`if __name__ == "__main__":` block that builds the model and runs the loop) keeps the wrap inside.
 Without GPUs DataParallel just calls the model, so the script still runs (and trains the same) on CPU.
 `device_ids` is left to its default (every visible GPU, the first one primary) unless the script
 puts the model on another GPU, which then has to come first. A script that sets
@@ -12,7 +14,8 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import Anatomy, ModelSite
+from ddpify.anatomy import Anatomy, ModelSite, Ref
+from ddpify.anatomy.analyzer import walk_body
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy.forward import model_gpu_index, model_moves
 from ddpify.codemods.base import Transform, wrap_duty
@@ -52,7 +55,7 @@ class WrapDataParallel(Transform):
 
     def _wrap(self, model: ModelSite, torch_nn: str) -> None:
         name = model.target.name
-        anchor = _outside_conditionals(self.anatomy, model.placements[-1] if model.placements else model.stmt)
+        anchor = _outside_conditionals(self.anatomy, model.placements[-1] if model.placements else model.stmt, model.target)
         if model.container:
             self.insert_after(anchor, wrap_each(name, model.container, lambda net: f"{torch_nn}.DataParallel({net})"))
             self.changed(anchor.lineno, f"wrapped each model in {name} in nn.DataParallel")
@@ -72,8 +75,20 @@ class WrapDataParallel(Transform):
         return f", device_ids=[{index}] + {others}"
 
 
-def _outside_conditionals(anatomy: Anatomy, stmt: ast.stmt) -> ast.stmt:
-    """The `if`/`with`/`try` statement that holds `stmt` (outermost, within its function), or `stmt`."""
+def _outside_conditionals(anatomy: Anatomy, stmt: ast.stmt, model: Ref) -> ast.stmt:
+    """The outermost `if`/`with`/`try` statement that holds `stmt` (within its function) and reads
+    `model` nowhere after it, or `stmt`."""
     for holder in anatomy.enclosing(stmt, _ENCLOSING_BLOCKS):
+        if _reads_after(anatomy, holder, stmt, model):
+            break
         stmt = holder  # type: ignore[assignment]
     return stmt
+
+
+def _reads_after(anatomy: Anatomy, holder: ast.AST, stmt: ast.stmt, model: Ref) -> bool:
+    """Does code inside `holder` read `model` after `stmt` ends?"""
+    end = (stmt.end_lineno or stmt.lineno, stmt.end_col_offset or 0)
+    return any(
+        isinstance(node, (ast.Name, ast.Attribute)) and (node.lineno, node.col_offset) > end and anatomy.ref(node) == model
+        for node in walk_body([holder])
+    )
