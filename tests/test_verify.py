@@ -258,6 +258,36 @@ def test_rank0_only_barrier_is_reported_as_a_hang_without_orphans(launcher, hang
     shutil.rmtree(workspace)
 
 
+def test_an_all_reduce_one_rank_never_joins_is_reported_with_each_ranks_stack():
+    """Rank 0 waits in an all_reduce, rank 1 for the checkpoint rank 0 would save after it."""
+    completed = run_verify("train.py", "--to", "ddp", "--against", "ddp_rank0_all_reduce.py", "--timeout", "8")
+    shutil.rmtree(re.search(r"logs kept in (\S+)", completed.stdout)[1])
+    lines = completed.stdout.splitlines()
+    assert completed.returncode == 2, completed.stdout + completed.stderr
+    assert re.fullmatch(r"could not run: rank 0 hung for 8 s at ddp_rank0_all_reduce\.py:\d+ in main `dist\.all_reduce\(torch\.ones\(1\)\)"
+                        r"  # BUG: rank 1 never joins this collective`, waiting in all_reduce \(torch/distributed/distributed_c10d\.py:\d+\); "
+                        r"rank 1 hung for 8 s at ddp_rank0_all_reduce\.py:\d+ in main `time\.sleep\(0\.05\)`", lines[-1]), lines[-1]
+    stacks = lines[lines.index("rank 0 hung here (innermost first):"):-1]
+    assert [line.split(" in ")[-1].split(" `")[0] for line in stacks if line.startswith("  ")] == \
+        ["all_reduce", "main", "<module>", "main", "<module>"], stacks
+    assert "rank 1 hung here (innermost first):" in stacks
+
+
+def test_a_candidate_whose_wrapper_never_ran_a_forward_is_not_converted():
+    """The original against itself: its steps match the reference's, but nothing DataParallel was run."""
+    code, result = verify_json("train.py", "--to", "dp", "--against", "train.py")
+    assert (code, result["verdict"]) == (3, "not_converted"), result["message"]
+    assert result["message"].startswith("not converted: the candidate never ran a forward through nn.DataParallel")
+    assert len(result["steps"]) == 8 and all(not row["problems"] for row in result["steps"])
+
+
+def test_a_failed_run_is_named_by_its_exception_line_not_the_end_of_a_long_message():
+    pytest.importorskip("numpy")
+    code, result = verify_json("numpy_int_alias.py", "--to", "ddp", "--timeout", "60")
+    assert (code, result["verdict"]) == (2, "error")
+    assert result["message"] == "could not run: reference failed: AttributeError: module 'numpy' has no attribute 'int'."
+
+
 @pytest.mark.skipif(not cuda_available(), reason="needs CUDA")
 def test_correct_ddp_port_is_equivalent_on_cuda():
     code, result = verify_json("train.py", "--to", "ddp", "--against", "train_ddp.py", "--device", "cuda")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,13 +16,15 @@ from ddpify.anatomy.vocabulary import RANDOM_DRAWS  # noqa: E402
 from ddpify.verify.alignment import RECUT_FLAG, AlignedBatchSampler, LoaderCensus, align_training_loaders, is_training_loader  # noqa: E402
 from ddpify.verify.compare import Record, judge  # noqa: E402
 from ddpify.verify.dataparallel import simulate_data_parallel  # noqa: E402
-from ddpify.verify.diagnose import hang_location, last_line, raise_location  # noqa: E402
-from ddpify.verify.plan import Plan, Run  # noqa: E402
+from ddpify.verify.diagnose import exception_line, exception_line_in, raise_location, stuck_at, stuck_in  # noqa: E402
+from ddpify.verify.plan import WRAPPER_FLAG, Plan, Run  # noqa: E402
 from ddpify.verify.rank_batchnorm import SPLIT_FLAG, UNSPLIT_FLAG, normalize_batchnorm_per_rank  # noqa: E402
 from ddpify.verify.report import render  # noqa: E402
+from ddpify.verify.result import exit_code  # noqa: E402
 from ddpify.verify.runner import Request, training_loaders  # noqa: E402
 
 SITE = ("/work/train.py", 12)
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 class Notes:
@@ -132,8 +135,11 @@ def make_plan(target="ddp", nproc=2, **fields):
     return Plan(target, 3, "cpu", "per-gpu", 60.0, "fork", "/tmp", (), run, candidate, **fields)
 
 
+WRAPPED = {WRAPPER_FLAG: "DistributedDataParallel"}  # a forward ran through the candidate's wrapper
+
+
 def record(losses, params, flags=None):
-    return Record(losses, [torch.tensor(p, dtype=torch.float64) for p in params], flags or {}, [],
+    return Record(losses, [torch.tensor(p, dtype=torch.float64) for p in params], {**WRAPPED, **(flags or {})}, [],
                   backward_losses=[[loss] for loss in losses])
 
 
@@ -303,7 +309,16 @@ def test_dataparallel_has_no_sum_precondition_and_compares_split_batchnorm_exact
     assert (replicas["mode"], replicas["preconditions"]) == ("exact", [])
     assert any("each replica's part of the batch separately, as the 2 replicas do under DataParallel" in note
                for note in replicas["notes"])
-    assert any("never called an nn.DataParallel forward" in note for note in replicas["notes"])
+
+
+@pytest.mark.parametrize(("target", "wrapper"), [("dp", "nn.DataParallel"), ("ddp", "DistributedDataParallel"),
+                                                 ("fsdp", "fully_shard")])
+def test_a_candidate_that_never_ran_a_wrapper_forward_is_not_converted_though_its_steps_match(target, wrapper):
+    unwrapped = Record([3.0, 2.0, 1.0], [torch.tensor(p, dtype=torch.float64) for p in STEPS], {}, [])
+    result = judge(make_plan(target, 1), record([3.0, 2.0, 1.0], STEPS), [unwrapped])
+    assert (result["verdict"], exit_code(result)) == ("not_converted", 3)
+    assert result["message"].startswith(f"not converted: the candidate never ran a forward through ")
+    assert wrapper in result["message"] and all(not row["problems"] for row in result["steps"])
 
 
 @pytest.mark.parametrize(("target", "device", "fields", "apart"), [
@@ -361,18 +376,57 @@ Thread 0x00007f0000000002 (most recent call first):
 """
 
 
-def test_hang_location_is_the_innermost_frame_of_the_script(tmp_path):
+def test_a_hang_is_reduced_to_the_call_it_waits_in_and_the_scripts_frames(tmp_path):
     dump = tmp_path / "stack.txt"
     dump.write_text(DUMP)
-    assert hang_location(str(dump), "/work/ddp.py") == "ddp.py:34 in train"
-    assert hang_location(str(dump), "/elsewhere.py") == "distributed_c10d.py:4811 in barrier"
-    assert hang_location(str(tmp_path / "missing.txt"), "/work/ddp.py") is None
+    stuck = stuck_in(str(dump), ("/work",))
+    assert [(frame.line, frame.function) for frame in stuck.script] == [(34, "train"), (50, "main"), (60, "<module>")]
+    assert str(stuck) == "at ddp.py:34 in train, waiting in barrier (torch/distributed/distributed_c10d.py:4811)"
+    assert str(stuck_in(str(dump), ("/elsewhere",))) == "waiting in barrier (torch/distributed/distributed_c10d.py:4811)"
+    assert stuck_in(str(tmp_path / "missing.txt"), ("/work",)) is None
 
 
-def test_last_line_is_the_exception(tmp_path):
-    traceback = tmp_path / "error.txt"
-    traceback.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: boom\n\n")
-    assert last_line(str(traceback)) == "ValueError: boom"
+def test_a_hang_at_a_line_the_converter_wrote_names_that_change(tmp_path):
+    from ddpify.convert import convert_source
+    from ddpify.verify.launcher import hang_report
+    from ddpify.verify.runner import _changes_by_line
+
+    conversion = convert_source((FIXTURES / "basic_main.py").read_text(), "ddp", path="basic_main.py")
+    script = tmp_path / "basic_main_ddp.py"
+    script.write_text(conversion.output)
+    plan = Plan(**{**vars(make_plan()), "changes": tuple(_changes_by_line({str(script): (Path("basic_main.py"), conversion)}))})
+    wrap = next(n for n, text in enumerate(conversion.output.splitlines(), 1) if text.strip().startswith("model = DDP("))
+    dump = (f'Thread 0x01 (most recent call first):\n  File "/torch/nn/parallel/distributed.py", line 9 in __init__\n'
+            f'  File "{script}", line {wrap} in main\n')
+    hang = hang_report(plan, "rank 1", stuck_at(dump, (str(tmp_path),)))
+    assert hang["change"] == "line 35 of basic_main.py: [wrap] wrapped model in DistributedDataParallel"
+    assert hang["summary"] == (f"at basic_main_ddp.py:{wrap} in main `model = DDP(`, waiting in __init__ "
+                               f"(torch/nn/parallel/distributed.py:9), a line the converter wrote for {hang['change']}")
+    assert hang["frames"][1:] == [f"basic_main_ddp.py:{wrap} in main `model = DDP(`"]
+    assert plan.change_at(str(script), 1) is None  # the script's docstring: no change wrote it
+
+
+NUMPY_ERROR = """Traceback (most recent call last):
+  File "/work/train.py", line 3, in <module>
+    labels = labels.astype(np.int)
+                           ^^^^^^
+  File "/site-packages/numpy/__init__.py", line 324, in __getattr__
+    raise AttributeError(__former_attrs__[attr])
+AttributeError: module 'numpy' has no attribute 'int'.
+`np.int` was a deprecated alias for the builtin `int`. To avoid this error in existing code, use `int` by itself.
+The aliases was originally deprecated in NumPy 1.20; for more details and guidance see the original release note at:
+    https://numpy.org/devdocs/release/1.20.0-notes.html#deprecations
+"""
+
+
+def test_the_exception_line_is_the_one_naming_the_exception_not_the_end_of_its_message(tmp_path):
+    assert exception_line(NUMPY_ERROR) == "AttributeError: module 'numpy' has no attribute 'int'."
+    chained = "Traceback (most recent call last):\n  File \"x.py\", line 1\nKeyError: 'a'\n\nDuring handling of the above " \
+              "exception, another exception occurred:\n\n" + NUMPY_ERROR
+    assert exception_line(chained) == "AttributeError: module 'numpy' has no attribute 'int'."
+    (tmp_path / "error.txt").write_text("Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: boom\n\n")
+    assert exception_line_in(str(tmp_path / "error.txt")) == "ValueError: boom"
+    assert exception_line("no traceback here\nlast words\n\n") == "last words"
 
 
 def test_raise_location_is_the_innermost_frame_of_the_script_with_its_source(tmp_path):
@@ -513,7 +567,7 @@ def test_noise_in_a_few_elements_that_training_moved_a_lot_is_equivalent_and_sai
     for p in noisy:
         p[7] += 1e-3  # one element an adaptive optimizer flipped: 3e-3 max relative, 3e-4 of the update
     base = Record([1.0, 1.0, 1.0], reference, {}, [], initial)
-    result = judge(make_plan(), base, [Record([1.0, 1.0, 1.0], noisy, {}, [])] * 2)
+    result = judge(make_plan(), base, [Record([1.0, 1.0, 1.0], noisy, WRAPPED, [])] * 2)
     assert result["verdict"] == "equivalent", result["message"]
     assert "of the update" in result["message"]
     assert result["steps"][0]["update_rel_param"] == pytest.approx(1e-3 / (0.1 * 1000 ** 0.5))
@@ -524,7 +578,7 @@ def test_a_whole_update_that_differs_still_diverges():
     reference = [torch.full((1000,), 0.1 * (k + 1), dtype=torch.float64) for k in range(3)]
     doubled = [2 * p for p in reference]  # e.g. gradients summed instead of averaged
     base = Record([1.0, 1.0, 1.0], reference, {}, [], initial)
-    result = judge(make_plan(), base, [Record([1.0, 1.0, 1.0], doubled, {}, [])] * 2)
+    result = judge(make_plan(), base, [Record([1.0, 1.0, 1.0], doubled, WRAPPED, [])] * 2)
     assert (result["verdict"], result["diverged_at"]) == ("diverged", 1)
     assert "of the update" in result["message"]
 

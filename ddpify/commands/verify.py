@@ -71,7 +71,12 @@ def verify(ctx: click.Context, script: str, target: str, against: str | None, np
     error per step (the table's Δparam/update and max rel Δparam, with their tolerances);
     --json carries the same per-step figures.
 
-    Exit status: 0 equivalent, 1 diverged (the first step is named), 2 could not run.
+    A candidate that never runs a forward through its DataParallel, DDP or FSDP wrapper is "not
+    converted", whatever its steps show. A run that fails is named by its traceback's exception
+    line; a run still going at --timeout by each rank's stack: the script's line, the call it
+    waits in, and the converter's change that wrote that line.
+
+    Exit status: 0 equivalent, 1 diverged (the first step is named), 2 could not run, 3 not converted.
     """
     if not _torch_installed():
         click.echo('error: ddpify verify runs your scripts and needs torch, which is not installed: pip install "ddpify[verify]"', err=True)

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ddpify.verify.alignment import RECUT_FLAG
-from ddpify.verify.dataparallel import FORWARD_FLAG, UNEVEN_FLAG
-from ddpify.verify.plan import EXACT_TOLERANCE, STATISTICAL_LOSS_TOLERANCE, UPDATE_TOLERANCE, Plan
+from ddpify.verify.dataparallel import UNEVEN_FLAG
+from ddpify.verify.plan import EXACT_TOLERANCE, STATISTICAL_LOSS_TOLERANCE, UPDATE_TOLERANCE, WRAPPER_FLAG, Plan
 from ddpify.verify.rank_batchnorm import SPLIT_FLAG, UNSPLIT_FLAG
 from ddpify.verify.result import error_result
 
@@ -162,8 +162,6 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
                                               or _unsplit_plain_batchnorm(flags))
                    or "low_precision_parameters" in flags)
     notes += [flags[name] for name in ("dropout", "attention_dropout", "sample_randomness") if name in flags]
-    if plan.dp_simulated and FORWARD_FLAG not in flags:
-        notes.append("the candidate never called an nn.DataParallel forward: nothing about DataParallel was exercised")
     if plan.splits_batches() and SPLIT_FLAG in flags:
         notes.append(_split_batchnorm_note(plan, flags[SPLIT_FLAG]))
     if statistical:
@@ -179,6 +177,8 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
               "tolerances": tolerances(statistical), "notes": notes, "preconditions": found}
     if not counts[0]:
         return {**error_result("the reference made no optimizer step"), **result}
+    if not any(WRAPPER_FLAG in rank.flags for rank in ranks):
+        return {**result, "verdict": "not_converted", "diverged_at": None, "message": _not_converted_message(plan)}
     divergence = first_divergence(rows, counts)
     if divergence is None:  # no precondition held the runs apart (a summed loss scaled by WORLD_SIZE, say)
         caveat = ", but every rank trained on the same data (see notes)" if same_data else ""
@@ -192,6 +192,14 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
              f"sharded)" if same_data else "")
     message = f"diverged at step {step}{cause}: " + "; ".join(problems)
     return {**result, "verdict": "diverged", "diverged_at": step, "message": message}
+
+
+def _not_converted_message(plan: Plan) -> str:
+    """The verdict for a candidate whose steps were recorded but never ran a forward through its wrapper."""
+    wrapper = {"dp": "nn.DataParallel", "ddp": "DistributedDataParallel", "fsdp": "a module sharded by fully_shard (or FSDP)"}
+    return (f"not converted: the candidate never ran a forward through {wrapper[plan.target]}, so it trains as the single "
+            f"process does and nothing multi-GPU was exercised, whatever its steps show (wrap the model that "
+            f"training calls)")
 
 
 def _data_notes(plan: Plan, same_data: bool, not_recut: bool) -> list[str]:

@@ -37,8 +37,7 @@ from torch import nn
 scatter_gather = importlib.import_module("torch.nn.parallel.scatter_gather")
 replicate_module = importlib.import_module("torch.nn.parallel.replicate")  # the package exports the function
 
-FORWARD_FLAG = "dataparallel_forward"  # the record's flags: a simulated DataParallel forward ran,
-UNEVEN_FLAG = "uneven_replica_losses"  # and returned scalars from chunks of different sizes
+UNEVEN_FLAG = "uneven_replica_losses"  # the record's flags: a forward returned scalars from chunks of different sizes
 Flag = Callable[[str, str], None]  # Recorder.flag
 UNAVERAGED_LOSS_HINT = ("nn.DataParallel gathered the scalar that forward returned into a vector of one value per "
                         "replica: average it (loss.mean()) before backward")
@@ -119,7 +118,7 @@ def _tensors(obj) -> Iterator[torch.Tensor]:
 
 def simulate_data_parallel(replicas: int, flag: Flag = lambda name, detail: None) -> None:
     """Make every nn.DataParallel in this process run its forward as `replicas` simulated GPUs;
-    `flag(name, detail)` hears of each such forward (FORWARD_FLAG) and of uneven splits (UNEVEN_FLAG)."""
+    `flag(name, detail)` hears of uneven splits (UNEVEN_FLAG)."""
     init = nn.DataParallel.__init__
 
     def keep_dim(self, module, device_ids=None, output_device=None, dim=0):
@@ -127,7 +126,6 @@ def simulate_data_parallel(replicas: int, flag: Flag = lambda name, detail: None
         self.dim = dim  # DataParallel forgets it when it finds no GPU
 
     def forward(self, *inputs, **kwargs):
-        flag(FORWARD_FLAG, "ran")
         with torch.autograd.profiler.record_function("DataParallel.forward"):
             return simulated_forward(self, replicas, inputs, kwargs, flag)
 

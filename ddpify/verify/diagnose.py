@@ -1,4 +1,4 @@
-"""Explain a run that did not finish: the traceback's last line, or where a hung process sat.
+"""Explain a run that did not finish: the exception its traceback names, or where a hung process sat.
 
 Imports the standard library only.
 """
@@ -8,41 +8,101 @@ from __future__ import annotations
 import linecache
 import os
 import re
+from dataclasses import dataclass
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+),? in (?P<func>.+)$')  # dumps and tracebacks
 _THREAD = re.compile(r"^(Current thread|Thread) ")
+_TRACEBACK = "Traceback (most recent call last):"
+_LIBRARY_DIRS = ("site-packages", "dist-packages")
 
 
-def last_line(path: str) -> str:
-    """The last non-blank line of a text file (a traceback's exception line)."""
+def exception_line(text: str) -> str:
+    """The line that names the exception of the last traceback in `text` (`AttributeError: module 'numpy' has
+    no attribute 'int'`): the first unindented line after its frames, not the last line of a message that goes
+    on for several lines. Without a traceback, the last non-blank line."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() == _TRACEBACK]
+    body = lines[starts[-1] + 1:] if starts else []
+    named = next((line.strip() for line in body if line.strip() and not line[0].isspace()), None)
+    return named or next((line.strip() for line in reversed(lines) if line.strip()), "(empty traceback)")
+
+
+def exception_line_in(path: str) -> str:
+    """exception_line of a text file (a traceback a run wrote, a launcher's log)."""
     with open(path, errors="replace") as f:
-        lines = [line.strip() for line in f if line.strip()]
-    return lines[-1] if lines else "(empty traceback)"
+        return exception_line(f.read())
 
 
-def _threads(dump: str) -> list[list[tuple[str, str, str]]]:
-    """(file, line, function) frames, innermost first, for each thread of a faulthandler dump."""
-    threads: list[list[tuple[str, str, str]]] = []
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+
+    def source(self) -> str:
+        return linecache.getline(self.file, self.line).strip()
+
+    def __str__(self) -> str:
+        source = self.source()
+        return f"{os.path.basename(self.file)}:{self.line} in {self.function}" + (f" `{source}`" if source else "")
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """Where a hung process sat: the call it waits in (the innermost frame, when it is not the
+    script's own) and the script's frames, innermost first."""
+
+    waits_in: Frame | None
+    script: tuple[Frame, ...]
+
+    def __str__(self) -> str:
+        where = f"at {self.script[0]}" if self.script else ""
+        waiting = f"waiting in {self.waits_in.function} ({_short(self.waits_in.file)}:{self.waits_in.line})" if self.waits_in else ""
+        return ", ".join(part for part in (where, waiting) if part) or "(no Python frame)"
+
+
+def _short(path: str) -> str:
+    """A library file from its package down (`torch/distributed/distributed_c10d.py`), else its name."""
+    parts = path.replace(os.sep, "/").split("/")
+    return "/".join(parts[parts.index("torch"):]) if "torch" in parts else os.path.basename(path)
+
+
+def _threads(dump: str) -> list[list[Frame]]:
+    """The frames, innermost first, of each thread of a faulthandler dump."""
+    threads: list[list[Frame]] = []
     for text in dump.splitlines():
         if _THREAD.match(text):
             threads.append([])
         elif (frame := _FRAME.match(text)) and threads:
-            threads[-1].append((frame["file"], frame["line"], frame["func"]))
+            threads[-1].append(Frame(frame["file"], int(frame["line"]), frame["func"]))
     return threads
 
 
-def hang_location(stack_path: str, script: str) -> str | None:
-    """`file:line in func` of the innermost frame inside `script`, else of the main thread's innermost frame."""
+def is_script_code(file: str, directories: tuple[str, ...]) -> bool:
+    """Is `file` the user's code: inside one of `directories` and not an installed package?"""
+    real = os.path.realpath(file)
+    return not any(part in real.split(os.sep) for part in _LIBRARY_DIRS) and any(
+        real == directory or real.startswith(directory + os.sep) for directory in map(os.path.realpath, directories))
+
+
+def stuck_at(dump: str, code: tuple[str, ...]) -> Stuck | None:
+    """Where the thread of a faulthandler dump that runs the user's code (files in or under `code`)
+    sat, else the main thread (listed last); None for an empty dump."""
+    threads = [frames for frames in _threads(dump) if frames]
+    if not threads:
+        return None
+    frames = next((frames for frames in threads if any(is_script_code(f.file, code) for f in frames)), threads[-1])
+    script = tuple(frame for frame in frames if is_script_code(frame.file, code))
+    innermost = frames[0]
+    return Stuck(None if is_script_code(innermost.file, code) else innermost, script)
+
+
+def stuck_in(stack_path: str, code: tuple[str, ...]) -> Stuck | None:
+    """stuck_at of a dump file; None when there is none or it is empty (the process never hung)."""
     if not os.path.exists(stack_path):
         return None
     with open(stack_path, errors="replace") as f:
-        threads = [frames for frames in _threads(f.read()) if frames]
-    if not threads:
-        return None
-    script = os.path.realpath(script)
-    in_script = [frame for frames in threads for frame in frames if os.path.realpath(frame[0]) == script]
-    file, line, func = in_script[0] if in_script else threads[-1][0]
-    return f"{os.path.basename(file)}:{line} in {func}"
+        return stuck_at(f.read(), code)
 
 
 def raise_location(traceback_path: str, script: str) -> str | None:

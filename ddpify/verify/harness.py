@@ -30,6 +30,7 @@ import signal
 import sys
 import time
 import traceback
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -38,10 +39,10 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.utils.data import DistributedSampler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ddpify.anatomy.vocabulary import RANDOM_DRAWS
+from ddpify.anatomy.vocabulary import MODEL_WRAPPERS, RANDOM_DRAWS
 from ddpify.verify.alignment import PassClock, align_training_loaders
 from ddpify.verify.dataparallel import simulate_data_parallel
-from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan, Run
+from ddpify.verify.plan import CANDIDATE, REFERENCE, WRAPPER_FLAG, Plan, Run
 from ddpify.verify.rank_batchnorm import normalize_batchnorm_per_rank
 
 SEED = 0
@@ -333,21 +334,43 @@ def watch_reduced_precision(recorder: Recorder) -> None:
     torch.autocast.__enter__ = watched
 
 
-def watch_mixed_precision_policy(recorder: Recorder) -> None:
-    """Flag `fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=float16/bfloat16))`: the
-    candidate computes with rounded parameters where the reference uses float32 ones."""
-    import torch.distributed.fsdp as fsdp
+def watch_wrapper_forwards(recorder: Recorder, fsdp: bool) -> None:
+    """Flag the first forward through a multi-GPU wrapper (DDP, DataParallel, legacy FSDP, or, with `fsdp`, a
+    module that `fully_shard` sharded): a candidate that never runs one is not converted. With `fsdp`, also
+    flag `fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=float16/bfloat16))`: the candidate
+    then computes with rounded parameters where the reference uses float32 ones."""
+    sharded: weakref.WeakSet = weakref.WeakSet()
 
-    shard = fsdp.fully_shard
+    def entered(module, args):
+        if WRAPPER_FLAG not in recorder.flags and (module in sharded or _is_model_wrapper(module)):
+            recorder.flag(WRAPPER_FLAG, type(module).__name__)
+
+    register_module_forward_pre_hook(entered)
+    if not fsdp:
+        return
+    import torch.distributed.fsdp as fsdp_module
+
+    shard = fsdp_module.fully_shard
 
     @functools.wraps(shard)
-    def watched(*args, **kwargs):
+    def watched(module, *args, **kwargs):
         dtype = getattr(kwargs.get("mp_policy"), "param_dtype", None)
         if dtype in (torch.float16, torch.bfloat16):
             recorder.flag("low_precision_parameters", f"fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype={dtype}))")
-        return shard(*args, **kwargs)
+        sharded.update(module if isinstance(module, (list, tuple)) else [module])
+        return shard(module, *args, **kwargs)
 
-    fsdp.fully_shard = watched
+    fsdp_module.fully_shard = watched
+
+
+def _is_model_wrapper(module: torch.nn.Module) -> bool:
+    """Is `module` one of the wrappers of MODEL_WRAPPERS? (Their modules are imported where one was built.)"""
+    for name in MODEL_WRAPPERS:
+        package, _, cls = name.rpartition(".")
+        wrapper = getattr(sys.modules.get(package), cls, None)
+        if wrapper is not None and isinstance(module, wrapper):
+            return True
+    return False
 
 
 def capture_backward(recorder: Recorder) -> None:
@@ -450,8 +473,8 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
         for line, *loop in plan.reference_epoch_loops:
             epoch_loops.setdefault((script, line), []).append(tuple(loop))
         align_training_loaders(plan.nproc, plan.batch_mode, static_sites, recorder, epoch_loops)
-    if role == CANDIDATE and plan.target == "fsdp":
-        watch_mixed_precision_policy(recorder)
+    if role == CANDIDATE:
+        watch_wrapper_forwards(recorder, fsdp=plan.target == "fsdp")
     if role == CANDIDATE and os.environ.get(SHARED_GPU_ENV):
         share_single_gpu()
     if role == CANDIDATE and plan.dp_simulated:

@@ -13,7 +13,8 @@ A DataParallel candidate is one process; with fewer than two GPUs visible here, 
 DataParallel runs as simulated replicas (see dataparallel.py), and the verdict says so.
 
 A rank that fails cuts the wait short; a run still going after the plan's timeout
-is reported as hung, at the place its faulthandler dump shows. The verdict goes to
+is reported as hung, at the place its faulthandler dump (taken at the deadline, before
+anything is killed) shows, with the converter's change that wrote that line. The verdict goes to
 result.json; the command then kills whatever is left in the process group.
 """
 
@@ -36,7 +37,7 @@ from ddpify.verify import harness
 from ddpify.verify.alignment import RECUT_FLAG
 from ddpify.verify.compare import Record, judge
 from ddpify.verify.dataparallel import failure_hint
-from ddpify.verify.diagnose import hang_location, last_line, raise_location
+from ddpify.verify.diagnose import Stuck, exception_line_in, raise_location, stuck_in
 from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan
 from ddpify.verify.rendezvous import AGENT_STORE_VARIABLE, client_environment, serve_store
 from ddpify.verify.result import error_result
@@ -126,23 +127,37 @@ def processes(plan: Plan) -> list[tuple[str, int, str]]:
     return [(REFERENCE, 0, "reference")] + [(CANDIDATE, r, label.format(r)) for r in range(plan.candidate.ranks)]
 
 
-def failure_message(plan: Plan) -> str | None:
-    """Why the pair could not run (the first traceback, else every process that never finished), or None."""
+def failure_message(plan: Plan) -> tuple[str | None, list[dict]]:
+    """Why the pair could not run (the first traceback, else every process that never finished), or None;
+    and where each hung process sat (see hang_report)."""
     failures = []
-    silent = []
+    silent, hangs = [], []
     for role, rank, label in processes(plan):
         error = plan.file("error", role, rank)
         if os.path.exists(error):
-            hint = failure_hint(last_line(error)) if plan.dp_simulated and role == CANDIDATE else None
+            hint = failure_hint(exception_line_in(error)) if plan.dp_simulated and role == CANDIDATE else None
             because = f" ({hint})" if hint else ""
-            failures.append((os.path.getmtime(error), f"{label} failed: {last_line(error)}{because}"))
+            failures.append((os.path.getmtime(error), f"{label} failed: {exception_line_in(error)}{because}"))
         elif not os.path.exists(plan.file("record", role, rank)):
-            where = hang_location(plan.file("stack", role, rank), plan.run(role).script)
-            silent.append(f"{label} hung for {plan.timeout:g} s at {where}" if where
-                          else f"{label} ended without a record (killed, or it called os._exit)")
+            stuck = stuck_in(plan.file("stack", role, rank), (plan.run(role).import_dir, plan.run(role).workdir))
+            if stuck:
+                hangs.append(hang_report(plan, label, stuck))
+                silent.append(f"{label} hung for {plan.timeout:g} s {hangs[-1]['summary']}")
+            else:
+                silent.append(f"{label} ended without a record (killed, or it called os._exit)")
     if failures:
-        return recut_failure(plan) or min(failures)[1]
-    return "; ".join(silent) or None
+        return recut_failure(plan) or min(failures)[1], []
+    return "; ".join(silent) or None, hangs
+
+
+def hang_report(plan: Plan, label: str, stuck: Stuck) -> dict:
+    """A hung process: one line (where it sat, the call it waits in, and the converter's change that put
+    that line there, when its report names one), and its stack reduced to that call and the script's
+    frames, innermost first."""
+    change = plan.change_at(stuck.script[0].file, stuck.script[0].line) if stuck.script else None
+    put_there = f", a line the converter wrote for {change}" if change else ""
+    frames = ([stuck.waits_in] if stuck.waits_in else []) + list(stuck.script)
+    return {"process": label, "summary": f"{stuck}{put_there}", "frames": [str(frame) for frame in frames], "change": change}
 
 
 def recut_failure(plan: Plan) -> str | None:
@@ -157,16 +172,16 @@ def recut_failure(plan: Plan) -> str | None:
         return None
     where = raise_location(error, plan.reference.script)
     return (f"the reference failed on the batches verify re-cut for it ({recut}), where no rank failed"
-            f"{f', at {where}' if where else ''}: {last_line(error)}; a shape written with the script's batch size "
+            f"{f', at {where}' if where else ''}: {exception_line_in(error)}; a shape written with the script's batch size "
             f"(x.reshape(batch_size, -1), a hidden state of batch_size rows) cannot take the larger batch: write it "
             f"from the batch (x.size(0)) for verify to compare this script")
 
 
 def result_of(plan: Plan) -> dict:
     """The verdict dict for result.json."""
-    problem = failure_message(plan)
+    problem, hangs = failure_message(plan)
     if problem:
-        return error_result(problem)
+        return {**error_result(problem), "hangs": hangs}
     reference = Record.load(plan.file("record", REFERENCE, 0))
     ranks = [Record.load(plan.file("record", CANDIDATE, rank)) for rank in range(plan.candidate.ranks)]
     return judge(plan, reference, ranks)

@@ -19,6 +19,9 @@ EXACT_TOLERANCE = 1e-5
 # the max relative difference sees those, this norm does not; a real bug moves the whole update.
 UPDATE_TOLERANCE = 1e-2
 STATISTICAL_LOSS_TOLERANCE = 5e-2
+# The records' flag that a forward ran through a multi-GPU wrapper (detail: its class); a candidate
+# without it trains as the single process does, whatever its steps show: it is not converted.
+WRAPPER_FLAG = "wrapper_forward"
 
 _EXTENSIONS = {"record": ".pt", "error": ".txt", "stack": ".txt", "log": ".txt"}
 
@@ -53,6 +56,13 @@ class Plan:
     dp_simulated: bool = False  # fewer than 2 GPUs: the replicas are simulated (see dataparallel.py)
     # (DataLoader line, epoch loop's first line, its last line, the epoch its first iteration sets)
     reference_epoch_loops: tuple[tuple[int, int, int, int], ...] = ()
+    # The converter's changes by the candidate's lines: (file, line, "line N of <original>: [transform] message")
+    changes: tuple[tuple[str, int, str], ...] = ()
+
+    def change_at(self, file: str, line: int) -> str | None:
+        """The converter's change that wrote `line` of the candidate's `file`, when its report names one."""
+        file = os.path.realpath(file)
+        return next((change for path, at, change in self.changes if at == line and os.path.realpath(path) == file), None)
 
     @property
     def nproc(self) -> int:
@@ -114,6 +124,7 @@ class Plan:
         data["script_args"] = tuple(data["script_args"])
         data["reference_training_lines"] = tuple(data["reference_training_lines"])
         data["reference_epoch_loops"] = tuple(tuple(loop) for loop in data["reference_epoch_loops"])
+        data["changes"] = tuple(tuple(change) for change in data["changes"])
         data["reference"] = Run(**data["reference"])
         data["candidate"] = Run(**data["candidate"])
         return cls(**data)

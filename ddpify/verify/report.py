@@ -40,5 +40,7 @@ def render(request: Request, result: dict) -> str:
     if result["steps"]:
         lines += step_lines(result)
     lines += [f"precondition: {found}" for found in result["preconditions"]]
+    for hang in result.get("hangs", []):
+        lines += [f"{hang['process']} hung here (innermost first):", *(f"  {frame}" for frame in hang["frames"])]
     lines.append(result["message"])
     return "\n".join(lines)

@@ -19,12 +19,16 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
 
-from ddpify.verify.diagnose import last_line
+from ddpify.verify.diagnose import exception_line_in
 from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan, Run
 from ddpify.verify.reaper import adopting_orphans, kill_descendants
 from ddpify.verify.result import error_result
 from ddpify.verify.workspace import mirror, relative_inside
+
+if TYPE_CHECKING:
+    from ddpify.codemods.pipeline import ConversionResult
 
 LAUNCHER_SLACK_S = 30.0  # torch import and comparison, on top of the runs' own timeout
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -52,8 +56,8 @@ class CandidateUnavailable(Exception):
     """No candidate script could be produced (converter missing or failing)."""
 
 
-def convert(request: Request) -> tuple[dict[Path, str], list[str]]:
-    """The converted texts by original path (the entry first, then the project modules it imports
+def convert(request: Request) -> tuple[dict[Path, ConversionResult], list[str]]:
+    """The conversions by original path (the entry first, then the project modules it imports
     that change, see ddpify.project), and the converter's advice and missing items."""
     try:
         from ddpify.project import convert_entry
@@ -64,7 +68,7 @@ def convert(request: Request) -> tuple[dict[Path, str], list[str]]:
         project = convert_entry(script, request.target, {"batch_size": request.batch_mode, "mixed_precision": request.mixed_precision})
         entry = project.job(script)
         conversion = entry.convert() if entry else None
-        modules = {job.path: job.convert().output for job in project.jobs if job.changed and not job.entry}
+        modules = {job.path: job.convert() for job in project.jobs if job.changed and not job.entry}
     except Exception as error:  # the converter's own failure is verify's "could not run"
         raise CandidateUnavailable(f"conversion failed: {type(error).__name__}: {error}") from error
     if conversion is None:
@@ -76,7 +80,7 @@ def convert(request: Request) -> tuple[dict[Path, str], list[str]]:
         where = "" if job.entry else f"{job.path.name} "
         notes += [f"converter advice, {where}line {advice.line}: {advice.message}" for advice in job.result.warnings] if job.result else []
         notes += [f"conversion incomplete, {where}line {m.line}: {m.what}; {m.todo}" for m in job.result.missing] if job.result else []
-    return {script: conversion.output, **modules}, notes
+    return {script: conversion, **modules}, notes
 
 
 def training_loaders(script: str) -> dict[int, tuple[tuple[int, int, int], ...]]:
@@ -102,7 +106,7 @@ def _epoch_loop(loop: ast.For | ast.While) -> tuple[int, int, int]:
     return loop.lineno, loop.end_lineno or loop.lineno, first
 
 
-def make_plan(request: Request, workspace: str, converted: dict[Path, str] | None) -> tuple[Plan, list[str]]:
+def make_plan(request: Request, workspace: str, converted: dict[Path, ConversionResult] | None) -> tuple[Plan, list[str]]:
     """Each side runs in its own mirror of the user's working directory (see workspace.py), its
     script at the mirrored place and `sys.argv[0]` as the user typed it; notes say what is linked.
 
@@ -116,27 +120,50 @@ def make_plan(request: Request, workspace: str, converted: dict[Path, str] | Non
     else:
         typed = str(Path(request.script).with_name(f"{Path(request.script).stem}_{request.target}.py"))
         candidate = _placed(Path(typed), typed, sides[CANDIDATE].root, home, ranks=_ranks(request), fallback=Path(workspace))
-        entry, *modules = converted.items()
-        Path(candidate.script).write_text(entry[1])
-        for path, text in modules:
-            _converted_module(path, text, home, sides[CANDIDATE].root)
+        (entry, conversion), *modules = converted.items()
+        Path(candidate.script).write_text(conversion.output)
+        placed = {candidate.script: (entry, conversion)}
+        for path, module in modules:
+            placed[_converted_module(path, module.output, home, sides[CANDIDATE].root)] = (path, module)
     loaders = training_loaders(request.script)
     plan = Plan(target=request.target, steps=request.steps, device=request.device, batch_mode=request.batch_mode,
                 timeout=request.timeout, launcher=request.launcher, outdir=workspace,
                 script_args=tuple(request.script_args), reference=reference, candidate=candidate,
                 reference_training_lines=tuple(loaders),
                 reference_epoch_loops=tuple((line, *loop) for line, loops in loaders.items() for loop in loops),
-                dp_replicas=request.nproc if request.target == "dp" else 0)
+                dp_replicas=request.nproc if request.target == "dp" else 0,
+                changes=tuple(_changes_by_line(placed) if converted else ()))
     notes = [note for side in sides.values() if (note := side.note())]
     return plan, list(dict.fromkeys(notes))
 
 
-def _converted_module(path: Path, text: str, home: Path, root: Path) -> None:
-    """Put a converted project module where the candidate imports it from."""
+def _converted_module(path: Path, text: str, home: Path, root: Path) -> str:
+    """Put a converted project module where the candidate imports it from; that path."""
     inside = relative_inside(path, home)
     if inside is None:
         raise CandidateUnavailable(f"{path}: a converted module outside the working directory; run verify from the project's root")
     (root / inside).write_text(text)
+    return str(root / inside)
+
+
+def _changes_by_line(placed: dict[str, tuple[Path, ConversionResult]]) -> Iterator[tuple[str, int, str]]:
+    """(candidate file, line, the change that wrote it) for every line of the converted files that the
+    converter wrote (its text is not the original line's) and whose original line, or the statement
+    before it (a line inserted after a statement maps to the line that follows), the report names: what
+    a hang report names."""
+    for file, (original, conversion) in placed.items():
+        source = conversion.source.splitlines()
+        changes: dict[int, list[str]] = {}
+        for change in conversion.changes:
+            changes.setdefault(change.line, []).append(f"[{change.transform}] {change.message}")
+        for line, text in enumerate(conversion.output.splitlines(), 1):
+            at = conversion.original_line(line)
+            if 0 < at <= len(source) and text == source[at - 1]:
+                continue
+            before = next((n for n in range(min(at - 1, len(source)), 0, -1) if source[n - 1].strip()), None)
+            reported = next((n for n in (at, before) if n in changes), None)
+            if reported:
+                yield file, line, f"line {reported} of {original.name}: " + "; ".join(changes[reported])
 
 
 def _ranks(request: Request) -> int:
@@ -196,7 +223,7 @@ def run_plan(launcher: subprocess.Popen, plan: Plan) -> dict:
     except subprocess.TimeoutExpired:
         return error_result(f"the launcher did not finish within {plan.timeout + LAUNCHER_SLACK_S:g} s")
     if not os.path.exists(plan.result_path):
-        return error_result(f"the launcher failed: {last_line(os.path.join(plan.outdir, 'launcher.txt'))}")
+        return error_result(f"the launcher failed: {exception_line_in(os.path.join(plan.outdir, 'launcher.txt'))}")
     with open(plan.result_path) as f:
         return json.load(f)
 
