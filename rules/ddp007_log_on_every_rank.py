@@ -6,18 +6,13 @@ import ast
 
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
-from ddpify.anatomy.vocabulary import INFO_LOG_METHODS, TQDM_CONSTRUCTORS, WRITER_CONSTRUCTORS
+from ddpify.anatomy.vocabulary import INFO_LOG_METHODS, TQDM_CONSTRUCTORS, WRITER_CONSTRUCTORS, is_pure_call
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._cases import guarded_case
 from ddpify.rules._ddp import call_arguments, per_rank_target, rank_zero_guard_fix
 
 _LOGGING_SETUP = frozenset({"logging.basicConfig"})
 _LOGGER_SETUP_METHODS = frozenset({"setLevel", "addHandler"})
-# calls that may stay inside a print when the fix puts it under a rank test
-_HARMLESS = frozenset({
-    "item", "format", "len", "str", "repr", "round", "float", "int", "abs", "min", "max", "sum", "mean", "tolist",
-    "numel", "size", "join", "get_last_lr", "time", "perf_counter", "get_rank", "get_world_size",
-})
 
 
 class LogOnEveryRank(Rule, code="DDP007", name="log-on-every-rank", severity="warning"):
@@ -48,13 +43,13 @@ class LogOnEveryRank(Rule, code="DDP007", name="log-on-every-rank", severity="wa
 
     ## Fix safety
     A print or log statement is put under `if <rank-0 test>:`. The fix is safe when it reuses a
-    rank-0 test that the same function already uses earlier and the printed expression calls
-    nothing with side effects; otherwise (a new `dist.get_rank() == 0` that needs an initialised
-    process group at that point, or calls that other ranks would skip) it is unsafe. A call in the
-    arguments that every rank must join (an evaluation that calls a collective) is first computed
-    on every rank into a fresh variable, left to right, as `ddpify convert` does; where one sits in
-    a part that may not run (`a if c else b`, `and`/`or`, a lambda, a comprehension) there is no
-    fix. Writers and progress bars have no fix: the object is used later on every rank.
+    rank-0 test that the same function already uses earlier; otherwise (a new `dist.get_rank() == 0`
+    that needs an initialised process group at that point) it is unsafe. A call in the arguments
+    that is not known to only format or read (an evaluation, a function of another file, a library
+    call) is first computed on every rank into a fresh variable, left to right, as `ddpify convert`
+    does (where it sits in `a if c else b`, an `and`/`or` or a comprehension, that whole part; a
+    lambda, the call it is passed to); where the print itself consumes such a part there is no fix.
+    Writers and progress bars have no fix: the object is used later on every rank.
     """
 
     message = "runs on every rank: the output is repeated world-size times"
@@ -108,15 +103,16 @@ def _fix(a, site, what: str):
     stmt = site.stmt
     if what not in ("print", "log record") or not (isinstance(stmt, ast.Expr) and stmt.value is site.node):
         return None
-    hoisted, blocked = ddp.calls_to_compute_first(a, stmt) if ddp.joins_every_rank(a, [stmt]) else ([], None)
+    hoisted, blocked = ddp.values_to_compute_first(a, stmt)
     if blocked:
         return None  # under a rank test, work every rank must join would hang the others
-    return rank_zero_guard_fix(a, stmt, may_be_safe=_only_harmless_calls(site.node), hoisted=hoisted)
+    return rank_zero_guard_fix(a, stmt, may_be_safe=_only_pure_calls(a, site.node, hoisted), hoisted=hoisted)
 
 
-def _only_harmless_calls(call: ast.Call) -> bool:
+def _only_pure_calls(a, call: ast.Call, hoisted) -> bool:
+    """Does what stays under the rank test only format and read (the hoisted values run as before)?"""
     inner = [n for arg in (*call.args, *(k.value for k in call.keywords)) for n in ast.walk(arg) if isinstance(n, ast.Call)]
-    return all(syntax.identifier(n.func) in _HARMLESS for n in inner)
+    return all(is_pure_call(a, n) or any(syntax.contains(h, lambda m, n=n: m is n) for h in hoisted) for n in inner)
 
 
 _HEAD = """import torch

@@ -1040,11 +1040,69 @@ class TestRankZero:
         )
         assert not messages(result)
 
-    def test_work_every_rank_joins_stays_in_a_conditional_part(self):
-        code = joined(EVALUATED_HEAD, "def main(model, full):\n    print(evaluate(model) if full else 0)\n")
+    def test_the_conditional_or_repeated_part_around_work_is_computed_whole(self):
+        assert_codemod(
+            [RankZeroDuties],
+            joined(EVALUATED_HEAD, """\
+            def main(model, models, full, step, x):
+                print(evaluate(model) if full else 0)
+                print([evaluate(m) for m in models], len(x), x.item())
+                print(sorted(models, key=lambda m: evaluate(m)))
+                if step % 10 == 0: logger.info("best %s", max(evaluate(m) for m in models))
+            """),
+            joined(EVALUATED_HEAD, """\
+            def main(model, models, full, step, x):
+                evaluate_result = evaluate(model) if full else 0
+                if RANK == 0:
+                    print(evaluate_result)
+                evaluate_results = [evaluate(m) for m in models]
+                if RANK == 0:
+                    print(evaluate_results, len(x), x.item())
+                evaluate_result1 = sorted(models, key=lambda m: evaluate(m))
+                if RANK == 0:
+                    print(evaluate_result1)
+                if step % 10 == 0:
+                    evaluate_result2 = max(evaluate(m) for m in models)
+                    if RANK == 0:
+                        logger.info("best %s", evaluate_result2)
+            """),
+        )
+
+    def test_work_the_output_itself_consumes_stays_on_every_rank(self):
+        code = joined(EVALUATED_HEAD, "def main(models):\n    print(*(evaluate(m) for m in models))\n")
         result = assert_codemod([RankZeroDuties], code, code)
-        assert messages(result) == ["print left on every rank: `evaluate(model)` joins every rank and sits in a branch of "
-                                    "`a if c else b`; compute on every rank and output on rank 0 by hand"]
+        assert messages(result) == ["print left on every rank: `evaluate(m)` must run on every rank and sits in a "
+                                    "comprehension; compute on every rank and output on rank 0 by hand"]
+
+    def test_a_call_of_unknown_work_runs_on_every_rank_and_pure_formatting_stays(self):
+        assert_codemod(
+            [RankZeroDuties],
+            """\
+            import math
+            import time
+            import torch
+            import metrics
+
+
+            def main(loss, start, scheduler):
+                print(f"loss {loss.item():.4f} ppl {math.exp(loss.item()):.1f} {time.time() - start:.0f}s lr {scheduler.get_last_lr()[0]}")
+                print(f"f1 {metrics.f1_score(loss):.3f} {str(round(loss.item(), 2)).rjust(6)}")
+            """,
+            """\
+            import math
+            import time
+            import torch
+            import metrics
+
+
+            def main(loss, start, scheduler):
+                if RANK == 0:
+                    print(f"loss {loss.item():.4f} ppl {math.exp(loss.item()):.1f} {time.time() - start:.0f}s lr {scheduler.get_last_lr()[0]}")
+                f1_score_result = metrics.f1_score(loss)
+                if RANK == 0:
+                    print(f"f1 {f1_score_result:.3f} {str(round(loss.item(), 2)).rjust(6)}")
+            """,
+        )
 
 
 EVALUATED_HEAD = """\

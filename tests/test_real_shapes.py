@@ -178,7 +178,7 @@ def reduce_mean(t):
     assert out.index("reduce_mean_result = reduce_mean(loss)") < out.index('print("mean loss"')
 
 
-def test_a_collective_in_a_conditional_part_of_a_print_leaves_the_print_on_every_rank():
+def test_a_collective_in_a_conditional_part_of_a_print_runs_with_that_whole_part_on_every_rank():
     out, advice = convert("""\
         print("mean loss", reduce_mean(loss) if loss is not None else 0.0)
     """, extra="""
@@ -188,8 +188,9 @@ def reduce_mean(t):
     dist.all_reduce(t)
     return t.item()
 """)
-    assert not guarded_by_rank_zero(out, "mean loss")
-    assert any("left on every rank" in m for m in advice)
+    assert not guarded_by_rank_zero(out, "reduce_mean_result = reduce_mean(loss) if loss is not None else 0.0")
+    assert guarded_by_rank_zero(out, 'print("mean loss", reduce_mean_result)')
+    assert not any("left on every rank" in m for m in advice)
 
 
 def test_the_barrier_before_a_reload_is_outside_the_rank_zero_block():

@@ -18,13 +18,14 @@ import re
 from collections import defaultdict
 from typing import Callable, Iterable, Iterator
 
-from ddpify.anatomy.analyzer import ROLE_LOGGER, ROLE_MODEL, Anatomy, walk_body
+from ddpify.anatomy.analyzer import ROLE_LOGGER, ROLE_MODEL, ROLE_WRITER, Anatomy, walk_body
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.sites import MODULE_SCOPE, CallSite, LoaderSite, Ref, ScriptKind
 from ddpify.anatomy.syntax import ancestors, argument, constant, contains, enclosing_function, identifier, keyword, method_name
 from ddpify.anatomy.vocabulary import (
-    DDP_WRAPPER, ITERABLE_DATASETS, LEGACY_FSDP, LOG_METHODS, MODULE_RETURNING_SELF, RANDOM_DRAWS, RANDOM_FILLS,
+    DDP_WRAPPER, FILE_WRITE_CALLS, FILE_WRITE_METHODS, ITERABLE_DATASETS, LEGACY_FSDP, LOG_METHODS, MODULE_RETURNING_SELF, OPEN_CALLS,
+    RANDOM_DRAWS, RANDOM_FILLS, is_pure_call,
 )
 
 DIST = "torch.distributed"
@@ -432,54 +433,120 @@ def joins_every_rank(a: Anatomy, body: Iterable[ast.AST]) -> bool:
 
 
 def _trains_or_syncs(a: Anatomy, node: ast.AST) -> bool:
-    return a.is_training_call(node) or (isinstance(node, ast.Call) and a.qualname(node.func) in COLLECTIVES)
+    if not isinstance(node, ast.Call):
+        return False
+    return a.is_training_call(node) or a.qualname(node.func) in COLLECTIVES or _runs_project_work(a, node)
 
 
-def calls_to_compute_first(a: Anatomy, stmt: ast.stmt) -> tuple[list[ast.Call], str | None]:
-    """For an output statement that joins every rank (`print(f"acc {evaluate(model)}")`): the calls
-    in its arguments to compute on every rank just before it, left to right, so that the output
-    alone can go on rank 0; and why that can't be done, if so."""
+def _runs_project_work(a: Anatomy, call: ast.Call) -> bool:
+    """A call of another project file's function that may train, evaluate or join a collective."""
+    exported = a.facts.imported.get(a.qualname(call.func) or "")
+    return exported is not None and not exported.rank_zero_safe
+
+
+def must_run_on_every_rank(a: Anatomy, call: ast.Call) -> bool:
+    """Inside output that rank 0 alone will make (a print's f-string, a log's or a save's
+    arguments): must this call run on every rank instead? Yes when it trains or calls a
+    collective (itself, or through a function of this project), and when what it does is not
+    known: a library's function, a method that is not a known read. No for pure formatting and
+    reads (`vocabulary.is_pure_call`), output calls, this file's functions that join nothing,
+    and calls on a model (rank-0 code calls the module inside the wrapper)."""
+    if joins_by_itself(a, call):
+        return True
+    if is_pure_call(a, call) or is_output_call(a, call) or a.callee(call) is not None or calls_model(a, call):
+        return False
+    return a.qualname(call.func) not in a.facts.imported  # another file's function joins nothing: judged there
+
+
+def may_do_work_off_rank_zero(a: Anatomy, scope: str) -> bool:
+    """Could calling function `scope` on rank 0 alone leave the other ranks behind or waiting: does it
+    (or what it calls) make a call that must run on every rank, or call a model, which another file
+    can't unwrap? Another file's view of this file's function (`Exported.rank_zero_safe`)."""
+    return a.function_contains(scope, lambda n: isinstance(n, ast.Call) and (must_run_on_every_rank(a, n) or calls_model(a, n)))
+
+
+def is_output_call(a: Anatomy, call: ast.Call) -> bool:
+    """`print(...)`, a log record, a TensorBoard writer's or a wandb run's call, a file opened or
+    written: output, not work (opened on every rank, a file for writing would be truncated by each)."""
+    func, qualname = call.func, a.qualname(call.func)
+    if qualname == "print" or qualname in OPEN_CALLS or qualname in FILE_WRITE_CALLS or log_level(a, call) is not None:
+        return True
+    return isinstance(func, ast.Attribute) and (func.attr in FILE_WRITE_METHODS or a.has_role(func.value, ROLE_WRITER))
+
+
+def calls_model(a: Anatomy, call: ast.Call) -> bool:
+    """`model(x)`, `model.module.describe()`: a model's forward or one of its methods."""
+    node = call.func
+    while True:
+        if isinstance(node, (ast.Name, ast.Attribute)) and (a.has_role(node, ROLE_MODEL) or is_wrapper(a, node)):
+            return True
+        if not isinstance(node, ast.Attribute):
+            return False
+        node = node.value
+
+
+def values_to_compute_first(a: Anatomy, stmt: ast.stmt) -> tuple[list[ast.expr], str | None]:
+    """For an output statement that rank 0 alone will run (`print(f"acc {evaluate(model)}")`): the
+    values in its arguments to compute on every rank just before it, left to right, so that the
+    output alone can go on rank 0; and why that can't be done, if so. A call that must run on every
+    rank is computed alone where it runs exactly once whenever the statement does; where it runs
+    maybe or many times, the whole part around it (`a if c else b`, an `and`/`or`, a comprehension,
+    the call a lambda is passed to)."""
     output = stmt.value if isinstance(stmt, ast.Expr) else None
     if not isinstance(output, ast.Call) or joins_by_itself(a, output):
         return [], "the statement also trains or calls a collective, which every rank must join"
-    calls = calls_joining_every_rank(a, output)
-    for call in calls:
-        part = conditional_part_holding(a, call, stmt)
-        if part:
-            return calls, f"`{ast.unparse(call)}` joins every rank and sits in {part}"
-    return calls, None
+    found: list[ast.expr] = []
+    for call in _outermost_work(a, output):
+        value, reason = _part_to_compute(a, call, stmt)
+        if reason is not None:
+            return found, f"`{ast.unparse(call)}` must run on every rank and sits in {reason}"
+        if value not in found:
+            found.append(value)  # type: ignore[arg-type]
+    outermost = [v for v in found if not any(o is not v and contains(o, lambda n, v=v: n is v) for o in found)]
+    return sorted(outermost, key=lambda n: (n.lineno, n.col_offset)), None
 
 
-def calls_joining_every_rank(a: Anatomy, call: ast.Call) -> list[ast.Call]:
-    """The outermost calls in `call`'s arguments that train or call a collective themselves (or
-    through the local function they call), in source order: work a rank-0-only call would skip."""
-    found = [inner for arg in ast.iter_child_nodes(call) for inner in _outermost_joining(a, arg)]
-    return sorted(found, key=lambda n: (n.lineno, n.col_offset))
+def _outermost_work(a: Anatomy, output: ast.Call) -> list[ast.Call]:
+    """The outermost calls in `output`'s arguments that must run on every rank."""
+    def outermost(node: ast.AST) -> list[ast.Call]:
+        if isinstance(node, ast.Call) and must_run_on_every_rank(a, node):
+            return [node]
+        return [inner for child in ast.iter_child_nodes(node) for inner in outermost(child)]
+
+    return [inner for arg in ast.iter_child_nodes(output) for inner in outermost(arg)]
 
 
-def _outermost_joining(a: Anatomy, node: ast.AST) -> list[ast.Call]:
-    if isinstance(node, ast.Call) and joins_by_itself(a, node):
-        return [node]
-    return [inner for child in ast.iter_child_nodes(node) for inner in _outermost_joining(a, child)]
+def _part_to_compute(a: Anatomy, call: ast.Call, stmt: ast.stmt) -> tuple[ast.AST, str | None]:
+    """What to compute first so that `call` runs as often as it did: the call itself, or the
+    outermost conditional or repeated part holding it; with the reason when that part can't be
+    computed apart from the output (a lambda or a generator the output itself consumes)."""
+    value: ast.AST = call
+    for parent, child in ancestors(a, call):
+        if parent is stmt:
+            break
+        part = _conditional_part(parent, child)
+        if part is None:
+            continue
+        if isinstance(parent, ast.comprehension):
+            parent = a.parents[parent]
+        value = _consumer(a, parent) if isinstance(parent, (ast.Lambda, ast.GeneratorExp)) else parent
+        if value is None or value is stmt.value:  # type: ignore[attr-defined]
+            return call, part
+    return value, None
+
+
+def _consumer(a: Anatomy, node: ast.AST) -> ast.Call | None:
+    """The call a lambda or a generator is passed to (`sorted(xs, key=lambda m: ...)`, `sum(... for ...)`)."""
+    parent = a.parents.get(node)
+    if isinstance(parent, ast.keyword):
+        parent = a.parents.get(parent)
+    return parent if isinstance(parent, ast.Call) and parent.func is not node else None
 
 
 def joins_by_itself(a: Anatomy, call: ast.Call) -> bool:
     """Does the call train or call a collective (itself, or in the local function it calls), its arguments aside?"""
     callee = a.callee(call)
     return _trains_or_syncs(a, call) or (callee is not None and a.function_contains(callee, lambda n: _trains_or_syncs(a, n)))
-
-
-def conditional_part_holding(a: Anatomy, node: ast.AST, stmt: ast.stmt) -> str | None:
-    """The part of `stmt` around `node` that may not run, or runs many times (a branch of
-    `a if c else b`, a later `and`/`or` operand, a lambda, a comprehension); None when `node` runs
-    exactly once whenever `stmt` runs, so it can be computed just before it."""
-    for parent, child in ancestors(a, node):
-        if parent is stmt:
-            return None
-        reason = _conditional_part(parent, child)
-        if reason:
-            return reason
-    return None
 
 
 def _conditional_part(parent: ast.AST, child: ast.AST) -> str | None:

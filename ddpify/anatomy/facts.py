@@ -26,6 +26,9 @@ class Exported:
     params: tuple[str, ...] = ()  # the parameters a call binds, in order (a class: its __init__'s)
     trains: tuple[tuple[str, str], ...] = ()  # (parameter, STEPS, EPOCHS or EVALUATES): loaders it iterates
     is_model_class: bool = False
+    # calling it on rank 0 alone (in a print's f-string) leaves no rank waiting or behind: it neither
+    # trains, evaluates, calls a model, joins a collective nor calls what is not known to be harmless
+    rank_zero_safe: bool = False
 
     def param_for(self, index: int | None, keyword: str | None) -> str | None:
         if keyword is not None:

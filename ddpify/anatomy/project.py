@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ddpify.anatomy.analyzer import ROLE_MODEL, Anatomy, analyze
+from ddpify.anatomy.distributed import may_do_work_off_rank_zero
 from ddpify.anatomy.facts import EPOCHS, EVALUATES, NO_FACTS, STEPS, Exported, Incoming, ProjectFacts
 from ddpify.anatomy.sites import CallSite, ModelSite
 
@@ -313,7 +314,9 @@ def _exported(anatomy: Anatomy, name: str) -> Exported | None:
         return None
     returned = anatomy.returns.get(name, set()) if scope == name else set()
     batchnorm = _any_batchnorm(o.has_batchnorm for r, o in returned if r == ROLE_MODEL and isinstance(o, ModelSite))
-    return Exported(frozenset(r for r, _ in returned), _items(anatomy, name) if scope == name else (), batchnorm, params, trains)
+    safe = scope is not None and not may_do_work_off_rank_zero(anatomy, scope)
+    return Exported(frozenset(r for r, _ in returned), _items(anatomy, name) if scope == name else (), batchnorm, params, trains,
+                    rank_zero_safe=safe)
 
 
 def _items(anatomy: Anatomy, scope: str) -> tuple[frozenset[str], ...]:

@@ -157,6 +157,56 @@ LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "exception
 INFO_LOG_METHODS = frozenset({"debug", "info", "log"})  # below WARNING: progress that one rank can report
 WRITER_CONSTRUCTORS = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter", "wandb.init"})
 
+# ----- rank-0-only output ------------------------------------------------------------------------
+# Calls that only format, read or measure. Inside output that runs on rank 0 alone (a print's f-string,
+# a log's arguments) they leave nothing undone on the other ranks; any other call there may train,
+# evaluate or join a collective (a project function, a library's), so it runs on every rank first.
+PURE_FUNCTIONS = frozenset({
+    "abs", "all", "any", "bool", "callable", "chr", "dict", "divmod", "float", "format", "frozenset", "getattr",
+    "hasattr", "hash", "hex", "id", "int", "isinstance", "len", "list", "max", "min", "ord", "pow", "range", "repr",
+    "reversed", "round", "set", "sorted", "str", "sum", "tuple", "type", "enumerate", "zip",
+    "time.time", "time.perf_counter", "time.monotonic", "time.strftime", "time.localtime", "datetime.datetime.now",
+    "os.path.join", "os.path.basename", "os.path.dirname", "os.path.exists", "os.path.abspath", "os.getcwd", "os.getpid",
+    "json.dumps", "socket.gethostname",
+    "numpy.mean", "numpy.std", "numpy.sum", "numpy.median", "numpy.array", "numpy.asarray", "numpy.round",
+    "torch.tensor", "torch.stack", "torch.cat", "torch.mean", "torch.sum", "torch.norm", "torch.numel", "torch.is_tensor",
+    "torch.exp", "torch.log", "torch.sqrt", "torch.round", "torch.argmax", "torch.zeros", "torch.ones", "torch.full",
+    "torch.arange", "torch.linspace", "torch.eye", "torch.zeros_like", "torch.ones_like",
+    "torch.cuda.is_available", "torch.cuda.device_count", "torch.cuda.memory_allocated",
+    "torch.cuda.max_memory_allocated", "torch.cuda.memory_reserved",
+    "torch.distributed.get_rank", "torch.distributed.get_world_size", "torch.distributed.is_initialized",
+})
+PURE_MODULES = ("math.",)  # every function of these modules only computes
+# Methods that read or format whatever holds them (a tensor, a string, a dict, a scheduler's rate).
+PURE_METHODS = frozenset({
+    "item", "tolist", "detach", "cpu", "numpy", "clone", "float", "double", "long", "mean", "sum", "max", "min",
+    "std", "var", "argmax", "argmin", "abs", "norm", "numel", "size", "dim", "sqrt", "exp", "log", "squeeze",
+    "view", "reshape", "flatten", "get_last_lr", "format", "join", "strip", "lower", "upper", "replace", "split",
+    "startswith", "endswith", "ljust", "rjust", "zfill", "keys", "values", "items", "get", "count", "isoformat",
+    "strftime", "total_seconds", "as_posix", "state_dict",
+})
+
+
+def is_pure_call(a: Anatomy, call: ast.AST) -> bool:
+    """Does `call` only format, read or measure (`len(x)`, `loss.item()`, `"{:.4f}".format(v)`,
+    `math.exp(l)`, `time.time()`), so rank 0 may make it alone? A module's function counts only when
+    named here: a method name alone says nothing about `requests.get(url)`."""
+    if not isinstance(call, ast.Call):
+        return False
+    qualname = a.qualname(call.func) or ""
+    if qualname in PURE_FUNCTIONS or qualname.startswith(PURE_MODULES):
+        return True
+    func = call.func
+    return isinstance(func, ast.Attribute) and func.attr in PURE_METHODS and not _names_a_module(a, func.value)
+
+
+def _names_a_module(a: Anatomy, expr: ast.AST) -> bool:
+    """`np` in `np.get`, `os.path` in `os.path.get`: the name an import binds, not a value."""
+    while isinstance(expr, ast.Attribute):
+        expr = expr.value
+    return isinstance(expr, ast.Name) and expr.id in a.names.aliases
+
+
 # ----- files -------------------------------------------------------------------------------------
 SAVE_CALLS = frozenset({"torch.save", "numpy.save", "numpy.savez", "numpy.savetxt"})
 # Calls that write a file named by an argument: a rank-0 duty under DDP, like `open(path, "w")`.

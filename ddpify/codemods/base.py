@@ -430,6 +430,7 @@ _CST_TYPES: dict[type, type] = {
     ast.Name: cst.Name, ast.Attribute: cst.Attribute, ast.Call: cst.Call, ast.Subscript: cst.Subscript,
     ast.BinOp: cst.BinaryOperation, ast.BoolOp: cst.BooleanOperation, ast.UnaryOp: cst.UnaryOperation,
     ast.Compare: cst.Comparison, ast.IfExp: cst.IfExp, ast.ListComp: cst.ListComp, ast.JoinedStr: cst.FormattedString,
+    ast.SetComp: cst.SetComp, ast.DictComp: cst.DictComp,
 }
 _CONSTANT_TYPES: dict[type, type] = {str: cst.SimpleString, int: cst.Integer, float: cst.Float, bool: cst.Name, type(None): cst.Name}
 

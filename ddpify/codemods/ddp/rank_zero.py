@@ -10,10 +10,13 @@ built on rank 0 only; directories are made with exist_ok=True (every rank makes 
 saved, a barrier waits for the file, outside any rank-0 block.
 
 Rank-0-only code never runs work that every rank must join: the DDP wrapper it would call or pass
-to a local function becomes `wrapper.module`. A call in a print's or log's arguments that trains or
-calls a collective (`print(f"acc {evaluate(model):.4f}")`) is computed first, on every rank, into a
-fresh variable the guarded output reads; any other statement that does is left on every rank (with
-advice) rather than guarded into a deadlock.
+to a local function becomes `wrapper.module`. A call in the arguments of an output it guards (a print,
+a log, a save) that is not known to only format or read (`vocabulary.is_pure_call`) runs on every rank
+first, into a fresh variable the guarded output reads: one that trains or calls a collective, another
+file's function that may (`train_one_epoch` imported from engine.py), and any call whose work is
+unknown (`distributed.must_run_on_every_rank`); where it runs maybe or many times, the whole
+conditional, comprehension or call taking its lambda is computed. A statement where that can't be
+done is left on every rank (with advice) rather than guarded into a deadlock.
 """
 
 from __future__ import annotations
@@ -120,21 +123,19 @@ class RankZeroDuties(Transform):
         return True
 
     def _hoist_then_guard(self, stmt: ast.stmt, kind: str) -> bool:
-        """`print(f"acc {evaluate(model):.4f}")` where the evaluation joins every rank: it runs on
+        """`print(f"acc {evaluate(model):.4f}")` where the evaluation may join every rank: it runs on
         every rank into a fresh variable just before (left to right), the print on rank 0 only."""
-        calls, reason = ddp.calls_to_compute_first(self.anatomy, stmt)
-        if reason is None and _shares_its_line(self.anatomy, stmt):
-            reason = "the statement shares its line and also trains or calls a collective, which every rank must join"
+        hoisted, reason = ddp.values_to_compute_first(self.anatomy, stmt)
         if reason is not None:
             self.advise(stmt.lineno, f"{kind} left on every rank: {reason}; compute on every rank and output on rank 0 by hand")
             return False
-        names = hoisted_names(self.anatomy, calls, self._names_taken)
-        values: dict[ast.Call, cst.CSTNode] = {}
-        for call in calls:
-            self.rewrite_node(call, cst.Call, lambda node, call=call: values.setdefault(call, node))
-        self.rewrite_statement(stmt, lambda s: _hoist_found(s, calls, names, values))
-        self._unwrap_for_rank_zero(stmt, keep=calls)
-        self.changed(stmt.lineno, f"{kind} on rank 0 only, after computing {', '.join(names)} on every rank (it joins every rank)")
+        names = hoisted_names(self.anatomy, hoisted, self._names_taken)
+        values: dict[ast.expr, cst.CSTNode] = {}
+        for value in hoisted:
+            self.rewrite_expression(value, lambda node, value=value: values.setdefault(value, node))
+        self.rewrite_statement(stmt, lambda s: _hoist_found(s, hoisted, names, values))
+        self._unwrap_for_rank_zero(stmt, keep=hoisted)
+        self.changed(stmt.lineno, f"{kind} on rank 0 only, after computing {', '.join(names)} on every rank (work every rank must run)")
         return True
 
     def _guarded_here(self, stmt: ast.stmt) -> bool:
@@ -144,11 +145,13 @@ class RankZeroDuties(Transform):
         return isinstance(stmt, (ast.With, ast.AsyncWith)) and any(opens_for_writing(self.anatomy, i.context_expr) for i in stmt.items)
 
     def _needs_every_rank(self, stmt: ast.stmt) -> bool:
-        return ddp.joins_every_rank(self.anatomy, [stmt])
+        """Does the statement train or call a collective, or compute in an output's arguments what
+        every rank must run?"""
+        return ddp.joins_every_rank(self.anatomy, [stmt]) or bool(ddp.values_to_compute_first(self.anatomy, stmt)[0])
 
-    def _unwrap_for_rank_zero(self, stmt: ast.stmt, keep: Sequence[ast.Call] = ()) -> None:
+    def _unwrap_for_rank_zero(self, stmt: ast.stmt, keep: Sequence[ast.expr] = ()) -> None:
         """Rank-0-only code calls the plain model: the DDP wrapper's forward syncs with every rank.
-        The calls in `keep` run on every rank: they keep the wrapper."""
+        The values in `keep` run on every rank: they keep the wrapper."""
         a = self.anatomy
         for node in _walk_outside(stmt, keep):
             if not isinstance(node, ast.Call):
@@ -257,17 +260,26 @@ class RankZeroDuties(Transform):
         self.changed(line, f"barrier after {what}: other ranks read that checkpoint later")
 
 
-def hoisted_names(anatomy, calls: list[ast.Call], taken: set[str]) -> list[str]:
-    """A fresh variable for each hoisted call, after its callee: `evaluate(...)` -> `evaluate_result`."""
-    return [fresh_name(anatomy, f"{identifier(call.func) or 'value'}_result", taken) for call in calls]
+def hoisted_names(anatomy, values: Sequence[ast.expr], taken: set[str]) -> list[str]:
+    """A fresh variable for each hoisted value, after the first call in it that must run on every
+    rank: `evaluate(...)` -> `evaluate_result`, `[round(evaluate(m), 2) for m in ms]` -> `evaluate_results`."""
+    return [fresh_name(anatomy, _hoisted_name(anatomy, value), taken) for value in values]
 
 
-def _hoist_found(stmt: cst.BaseStatement, calls: list[ast.Call], names: list[str], values: dict[ast.Call, cst.CSTNode]) -> list[cst.BaseStatement]:
-    """`hoisted_then_guarded` with the CST calls found; the statement as it was where one wasn't
+def _hoisted_name(anatomy, value: ast.expr) -> str:
+    calls = [n for n in ast.walk(value) if isinstance(n, ast.Call)]
+    call = next((c for c in calls if ddp.must_run_on_every_rank(anatomy, c)), calls[0] if calls else None)
+    stem = identifier(call.func) if call is not None else None
+    plural = isinstance(value, (ast.ListComp, ast.SetComp, ast.DictComp))
+    return f"{stem or 'value'}_result{'s' if plural else ''}"
+
+
+def _hoist_found(stmt: cst.BaseStatement, hoisted: list[ast.expr], names: list[str], values: dict[ast.expr, cst.CSTNode]) -> list[cst.BaseStatement]:
+    """`hoisted_then_guarded` with the CST values found; the statement as it was where one wasn't
     (its ast position off, as inside some f-strings): lint then reports the print as left undone."""
-    if any(call not in values for call in calls):
+    if any(value not in values for value in hoisted):
         return [stmt]
-    return hoisted_then_guarded(stmt, [(values[call], name) for call, name in zip(calls, names)], IS_RANK_ZERO)
+    return hoisted_then_guarded(stmt, [(values[value], name) for value, name in zip(hoisted, names)], IS_RANK_ZERO)
 
 
 def hoisted_then_guarded(stmt: cst.BaseStatement, hoists: list[tuple[cst.CSTNode, str]], condition: str) -> list[cst.BaseStatement]:
@@ -292,7 +304,7 @@ class _ReplaceNodes(cst.CSTTransformer):
         return self.new_by_id.get(id(original_node), updated_node)
 
 
-def _walk_outside(root: ast.AST, skipped: Sequence[ast.Call]) -> Iterator[ast.AST]:
+def _walk_outside(root: ast.AST, skipped: Sequence[ast.AST]) -> Iterator[ast.AST]:
     """`ast.walk(root)`, not entering the `skipped` nodes."""
     stack = [root]
     while stack:
