@@ -14,6 +14,7 @@ from ddpify.codemods.dp import (
     ForwardDevices,
     ForwardState,
     MeanLoss,
+    ScatterGather,
     WrapDataParallel,
 )
 
@@ -59,7 +60,7 @@ class TransformTest(CodemodTest):
 
 
 def test_transforms_are_named_and_described():
-    assert DP_TRANSFORMS == (ForwardDevices, WrapDataParallel, MeanLoss, DPModuleAccess, ForwardState, BatchSizeAdvice)
+    assert DP_TRANSFORMS == (ForwardDevices, WrapDataParallel, MeanLoss, DPModuleAccess, ForwardState, ScatterGather, BatchSizeAdvice)
     for transform in DP_TRANSFORMS:
         assert transform.NAME and transform.__doc__, transform
 
@@ -195,6 +196,36 @@ class TestWrapDataParallel(TransformTest):
         code = code.replace("    optimizer = ", "    if torch.cuda.is_available():\n        model = model.cuda()\n    optimizer = ", 1)
         self.assertTransform(code, self.wrapped(code, "model = nn.DataParallel(model)"))
 
+    def test_inside_the_main_block_before_training(self):
+        before = """
+        import torch
+        from torch import nn
+
+        if __name__ == "__main__":
+            model = nn.Linear(4, 1).to("cuda")
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            model(torch.randn(8, 4)).sum().backward()
+        """
+        after = before.replace('.to("cuda")\n', '.to("cuda")\n            model = nn.DataParallel(model)\n')
+        self.assertTransform(before, after)
+
+    def test_a_block_that_goes_on_to_train_keeps_the_wrap(self):
+        before = """
+        import torch
+        from torch import nn
+
+
+        def main():
+            try:
+                model = nn.Linear(4, 1).to("cuda")
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                model(torch.randn(8, 4)).sum().backward()
+            finally:
+                print("done")
+        """
+        after = before.replace('.to("cuda")\n', '.to("cuda")\n                model = nn.DataParallel(model)\n')
+        self.assertTransform(before, after)
+
     def test_a_model_kept_on_an_object(self):
         before = """
         import torch
@@ -278,6 +309,10 @@ class Net(nn.Module):
         )
         self.assertTransform(code, code)
 
+    def test_a_loss_forward_computes_without_a_loss_function_is_known_by_its_backward(self):
+        code = self.script("return ((pred - y) ** 2).mean()", "loss = model(x, y)")
+        self.assertTransform(code, code.replace("loss = model(x, y)", "loss = model(x, y).mean()"))
+
     def test_outputs_that_are_not_losses_stay(self):
         code = self.script("return pred", "loss = F.mse_loss(model(x), y)")
         self.assertTransform(code, code)
@@ -314,6 +349,100 @@ class TestDPModuleAccess(TransformTest):
             "print(model.classes, model.fc", "print(model.module.classes, model.module.fc"
         ).replace("torch.save(model.state_dict()", "torch.save(model.module.state_dict()")
         self.assertTransform(before, after)
+
+
+    METHODS = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.fc(x)
+
+    def predict(self, x):
+        return self(x)
+
+    def compute_loss(self, x, y):
+        return F.mse_loss(self.fc(x), y)
+
+
+model = nn.DataParallel(Net())
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(8, 4), torch.randn(8, 1)
+"""
+
+    def test_a_method_that_only_calls_forward_is_called_through_the_wrapper_in_training(self):
+        before = self.METHODS + "loss = F.mse_loss(model.predict(x), y)\nloss.backward()\nprint(model.predict(x))\n"
+        after = before.replace("F.mse_loss(model.predict(x)", "F.mse_loss(model(x)").replace("print(model.predict", "print(model.module.predict")
+        self.assertTransform(before, after)
+
+    def test_another_method_in_a_training_step_is_missing(self):
+        before = self.METHODS + "loss = model.compute_loss(x, y)\nloss.backward()\n"
+        self.assertTransform(before, before.replace("model.compute_loss", "model.module.compute_loss"))
+        ((line, what),) = self.missing(before)
+        assert line == line_of(before, "loss = model.compute_loss") and "DataParallel parallelises forward alone" in what
+
+
+class TestScatterGather(TransformTest):
+    TRANSFORM = ScatterGather
+
+    HEAD = """
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(4, 8, 2{batch_first})
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x, state=None, lengths=None):
+{body}
+
+
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(8, 5, 4)
+{step}
+loss = out.sum()
+loss.backward()
+"""
+
+    def script(self, body: str, step: str, batch_first: bool = True) -> str:
+        body = "\n".join("        " + line for line in body.strip().splitlines())
+        return self.HEAD.format(body=body, step=step, batch_first=", batch_first=True" if batch_first else "")
+
+    def test_a_hidden_state_made_by_the_caller_is_missing(self):
+        code = self.script("out, state = self.rnn(x, state)\nreturn self.head(out), state", "h = (torch.zeros(2, 8, 8), torch.zeros(2, 8, 8))\nout, h = model(x, h)")
+        self.assertTransform(code, code)
+        ((line, what),) = self.missing(code)
+        assert line == line_of(code, "out, h = model(x, h)") and "`state` is the hidden state of self.rnn" in what
+
+    def test_a_state_that_only_comes_out_of_the_model_splits_back_as_it_was_gathered(self):
+        code = self.script("out, state = self.rnn(x, state)\nreturn self.head(out), state", "h = None\nout, h = model(x)\nout, h = model(x, h)")
+        assert not self.missing(code)
+
+    def test_a_sequence_first_input_is_missing_unless_forward_transposes_it(self):
+        step = "out = model(x)"
+        assert [what for _, what in self.missing(self.script("out, _ = self.rnn(x)\nreturn self.head(out)", step, batch_first=False))]
+        assert not self.missing(self.script("out, _ = self.rnn(x.transpose(0, 1))\nreturn self.head(out)", step, batch_first=False))
+        assert not self.missing(self.script("out, _ = self.rnn(x)\nreturn self.head(out)", step))
+
+    def test_a_padded_output_of_per_replica_length_is_missing(self):
+        body = "packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)\nout, _ = self.rnn(packed)\nout, _ = pad_packed_sequence(out, batch_first=True{total})\nreturn self.head(out{last})"
+        step = "out = model(x, lengths=torch.full((8,), 5))"
+        ((line, what),) = self.missing(self.script(body.format(total="", last=""), step))
+        assert line == line_of(self.script(body.format(total="", last=""), step), "out = model(") and "cannot gather" in what
+        assert not self.missing(self.script(body.format(total=", total_length=5", last=""), step))
+        assert not self.missing(self.script(body.format(total="", last="[:, -1]"), step))
 
 
 class TestForwardState(TransformTest):

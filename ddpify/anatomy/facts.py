@@ -17,6 +17,25 @@ EVALUATES = "evaluates"  # the callee iterates the loader without training on it
 
 
 @dataclass(frozen=True)
+class ScatterHazard:
+    """What DataParallel's scatter or gather breaks in a model's forward, seen where forward is defined."""
+
+    line: int  # in the file that defines forward
+    why: str  # what goes wrong, for the user
+    parameter: str | None = None  # the argument that must not be split along dim 0; None: the output cannot be gathered
+    index: int = -1  # that parameter's position after self
+
+
+@dataclass(frozen=True)
+class ReplicaFacts:
+    """What converting to DataParallel needs to know of a model class that another file defines."""
+
+    path: str  # the file that defines it
+    hazards: tuple[ScatterHazard, ...] = ()
+    forward_aliases: frozenset[str] = frozenset()  # methods that only call forward with their own arguments
+
+
+@dataclass(frozen=True)
 class Exported:
     """A class or function another file imports, as seen from the file that defines it."""
 
@@ -26,6 +45,7 @@ class Exported:
     params: tuple[str, ...] = ()  # the parameters a call binds, in order (a class: its __init__'s)
     trains: tuple[tuple[str, str], ...] = ()  # (parameter, STEPS, EPOCHS or EVALUATES): loaders it iterates
     is_model_class: bool = False
+    replica: ReplicaFacts | None = None  # a model class: what DataParallel must know of its forward
     # calling it on rank 0 alone (in a print's f-string) leaves no rank waiting or behind: it neither
     # trains, evaluates, calls a model, joins a collective nor calls what is not known to be harmless
     rank_zero_safe: bool = False

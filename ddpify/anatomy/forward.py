@@ -22,9 +22,17 @@ from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy.analyzer import ROLE_CRITERION, ROLE_MODEL, Anatomy, Function
 from ddpify.anatomy.analyzer import walk_body  # every node of a body, not nested defs
 from ddpify.anatomy.bindings import bindings
+from ddpify.anatomy.facts import ReplicaFacts, ScatterHazard
 from ddpify.anatomy.sites import MODULE_SCOPE, ModelSite, Ref
 from ddpify.anatomy.syntax import argument
-from ddpify.anatomy.vocabulary import DEVICE_MOVES, DP_WRAPPER, is_criterion_class, is_loss_function
+from ddpify.anatomy.vocabulary import (
+    DEVICE_MOVES,
+    DP_WRAPPER,
+    PAD_PACKED,
+    RECURRENT_LAYERS,
+    is_criterion_class,
+    is_loss_function,
+)
 
 # Where the loss sits in what forward returns: () the value itself, (1,) a tuple item, ("loss",) a dict item.
 LossPath = tuple[int | str, ...]
@@ -35,6 +43,8 @@ _LOSS_NAME = re.compile(r"(^|_)loss(es)?($|_)")
 _REDUCTIONS = frozenset({"mean", "sum"})
 _CONTAINER_MUTATORS = frozenset({"append", "extend", "insert", "update", "setdefault", "pop", "clear", "add", "remove"})
 _MAX_DEPTH = 8
+_RESHAPES = frozenset({"transpose", "permute", "t", "movedim", "swapaxes", "swapdims"})  # may put the batch first
+_SELECTIONS = frozenset({"mean", "sum", "max", "min", "amax", "amin", "gather", "index_select"})  # may drop the time steps
 
 
 # ----- the forward methods a wrapped model runs --------------------------------------------------
@@ -470,6 +480,147 @@ def is_reduced(anatomy: Anatomy, expr: ast.AST) -> bool:
         and parent.attr in _REDUCTIONS
         and isinstance(anatomy.parents.get(parent), ast.Call)
     )
+
+
+# ----- what DataParallel's scatter and gather break --------------------------------------------
+def replica_facts(anatomy: Anatomy, class_name: str) -> ReplicaFacts:
+    """What DataParallel must know of `class_name`, a model class of this file."""
+    forward = forward_of(anatomy, class_name)
+    hazards = (*_unscattered_arguments(anatomy, class_name, forward), *_ragged_outputs(anatomy, forward)) if forward else ()
+    return ReplicaFacts(anatomy.path, hazards, _forward_aliases(anatomy.model_classes[class_name].node))
+
+
+def model_replica_facts(anatomy: Anatomy, class_name: str) -> ReplicaFacts | None:
+    """What DataParallel must know of a model class of this file or of another file of the project."""
+    if class_name in anatomy.model_classes:
+        return replica_facts(anatomy, class_name)
+    exported = anatomy.facts.imported.get(class_name)
+    return exported.replica if exported is not None else None
+
+
+def _unscattered_arguments(anatomy: Anatomy, class_name: str, forward: ast.FunctionDef) -> list[ScatterHazard]:
+    """Forward's parameters that reach a recurrent layer with the batch in dim 1: its hidden state
+    (always `(layers, batch, hidden)`) and, without `batch_first=True`, its input `(seq, batch, ...)`."""
+    layers = _recurrent_layers(anatomy, class_name)
+    params = _params(forward)
+    found: dict[str, ScatterHazard] = {}
+    for call in (n for n in walk_body(forward.body) if isinstance(n, ast.Call)):
+        attr = call.func.attr if isinstance(call.func, ast.Attribute) and _is_self(call.func.value) else None
+        if attr not in layers:
+            continue
+        hidden = call.args[1] if len(call.args) > 1 else next((kw.value for kw in call.keywords if kw.arg == "hx"), None)
+        for param in _flowing_into(forward, hidden, params, _is_reshape) if hidden is not None else ():
+            found.setdefault(param, ScatterHazard(call.lineno, f"`{param}` is the hidden state of self.{attr}, shaped (layers, batch, hidden)", param, params.index(param)))
+        for param in _flowing_into(forward, call.args[0], params, _is_reshape) if call.args and not layers[attr] else ():
+            found.setdefault(param, ScatterHazard(call.lineno, f"`{param}` reaches self.{attr}, which is not batch_first, shaped (seq, batch, ...)", param, params.index(param)))
+    return list(found.values())
+
+
+def _recurrent_layers(anatomy: Anatomy, class_name: str) -> dict[str, bool]:
+    """The RNN/LSTM/GRU layers the class assigns to `self.<attr>`, with whether each is batch_first."""
+    found = {}
+    for node in ast.walk(anatomy.model_classes[class_name].node):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and anatomy.qualname(node.value.func) in RECURRENT_LAYERS:
+            batch_first = next((kw.value for kw in node.value.keywords if kw.arg == "batch_first"), None)
+            first = not isinstance(batch_first, ast.Constant) or bool(batch_first.value) if batch_first else False
+            found.update({t.attr: first for t in node.targets if isinstance(t, ast.Attribute) and _is_self(t.value)})
+    return found
+
+
+def _ragged_outputs(anatomy: Anatomy, forward: ast.FunctionDef) -> list[ScatterHazard]:
+    """`pad_packed_sequence` without `total_length=` whose padded steps forward returns: each
+    replica pads to the longest sequence of its own part of the batch, and gather cannot join them."""
+    padded = {n for n in walk_body(forward.body) if isinstance(n, ast.Call) and anatomy.qualname(n.func) == PAD_PACKED
+              and not any(kw.arg == "total_length" for kw in n.keywords)}
+    returned = [r.value for r in _returns(forward) if r.value is not None]
+    return [
+        ScatterHazard(call.lineno, "forward returns the padded output of pad_packed_sequence, as long as the longest sequence of each replica's part of the batch")
+        for call in sorted(padded, key=_start) if any(_flowing_into(forward, value, {call}, _is_selection) for value in returned)
+    ]
+
+
+def _flowing_into(forward: ast.FunctionDef, expr: ast.AST, sources, stop, seen: frozenset[str] = frozenset()) -> set:
+    """Which of `sources` (forward's parameter names, or call nodes) reach `expr` through forward's
+    local variables, not through what `stop` says keeps them out."""
+    found = set()
+    pending = [expr]
+    while pending:
+        node = pending.pop()
+        if stop(node):
+            continue
+        if node in sources or isinstance(node, ast.Name) and node.id in sources:
+            found.add(node if node in sources else node.id)  # type: ignore[attr-defined]
+        elif isinstance(node, ast.Name) and node.id not in seen:
+            for value in _assigned_values(forward, node.id):
+                found |= _flowing_into(forward, value, sources, stop, seen | {node.id})
+        pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _assigned_values(forward: ast.FunctionDef, name: str) -> list[ast.AST]:
+    """What forward assigns to `name`, whole or unpacked (`out, h = self.rnn(x)` assigns the call)."""
+    return [
+        s.value for s in walk_body(forward.body)
+        if isinstance(s, ast.Assign) and any(isinstance(n, ast.Name) and n.id == name for t in s.targets for n in ast.walk(t))
+    ]
+
+
+def _is_reshape(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _RESHAPES
+
+
+def _is_selection(node: ast.AST) -> bool:
+    """Indexing or a reduction: what may leave the padded time steps behind (`out[:, -1]`, `out.mean(1)`)."""
+    return isinstance(node, ast.Subscript) or isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SELECTIONS
+
+
+def _params(fn: ast.FunctionDef) -> list[str]:
+    """A method's positional parameters after self."""
+    return [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)][1:]
+
+
+def _forward_aliases(cls: ast.ClassDef) -> frozenset[str]:
+    """The class's methods whose whole body is `return self(<its parameters>)` (or `self.forward(...)`)."""
+    return frozenset(m.name for m in cls.body if isinstance(m, ast.FunctionDef) and m.name != "forward" and _only_calls_forward(m))
+
+
+def _only_calls_forward(method: ast.FunctionDef) -> bool:
+    body = [s for s in method.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    call = body[0].value if len(body) == 1 and isinstance(body[0], ast.Return) else None
+    if not isinstance(call, ast.Call) or call.keywords or method.args.vararg or method.args.kwonlyargs:
+        return False
+    func = call.func
+    on_self = _is_self(func) or isinstance(func, ast.Attribute) and func.attr == "forward" and _is_self(func.value)
+    return on_self and [a.id if isinstance(a, ast.Name) else None for a in call.args] == _params(method)
+
+
+def feeds_backward(anatomy: Anatomy, call: ast.Call) -> bool:
+    """Is `call`'s result back-propagated, through the variables assigned from it after it
+    (`loss = criterion(model.predict(x), y)` ... `loss.backward()`), other than as an input of a
+    model (a hidden state that `model.init_hidden()` makes is not where the loss comes from)?"""
+    scope = anatomy.scope_of.get(call, MODULE_SCOPE)
+    body = anatomy.tree.body if scope == MODULE_SCOPE else anatomy.functions[scope].node.body
+    start = _start(anatomy.stmt_of[call])
+    held: set[str] = set()
+
+    def holds(expr: ast.AST) -> bool:
+        pending = [expr]
+        while pending:
+            node = pending.pop()
+            if node is call or isinstance(node, ast.Name) and node.id in held:
+                return True
+            if not (isinstance(node, ast.Call) and anatomy.has_role(node.func, ROLE_MODEL)):
+                pending.extend(ast.iter_child_nodes(node))
+        return False
+
+    later = sorted((n for n in walk_body(body) if isinstance(n, (ast.Assign, ast.AugAssign, ast.Call)) and _start(n) >= start), key=_start)
+    for node in later:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward" and holds(node.func.value):
+            return True
+        if isinstance(node, (ast.Assign, ast.AugAssign)) and holds(node.value):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            held |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return False
 
 
 # ----- constants the script spells out --------------------------------------------------------

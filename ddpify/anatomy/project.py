@@ -21,6 +21,7 @@ from typing import Iterable
 from ddpify.anatomy.analyzer import ROLE_MODEL, Anatomy, analyze
 from ddpify.anatomy.distributed import may_do_work_off_rank_zero
 from ddpify.anatomy.facts import EPOCHS, EVALUATES, NO_FACTS, STEPS, Exported, Incoming, ProjectFacts
+from ddpify.anatomy.forward import replica_facts
 from ddpify.anatomy.sites import CallSite, ModelSite
 
 MAX_ROUNDS = 6
@@ -309,7 +310,8 @@ def _exported(anatomy: Anatomy, name: str) -> Exported | None:
     trains = tuple(sorted(_loader_params(anatomy, scope))) if scope else ()
     model_class = anatomy.model_classes.get(name)
     if model_class is not None:
-        return Exported(frozenset({ROLE_MODEL}), (), model_class.has_batchnorm, params, trains, is_model_class=True)
+        return Exported(frozenset({ROLE_MODEL}), (), model_class.has_batchnorm, params, trains, is_model_class=True,
+                        replica=replica_facts(anatomy, name))
     if scope is None and name not in anatomy.class_of_scope:
         return None
     returned = anatomy.returns.get(name, set()) if scope == name else set()

@@ -114,6 +114,8 @@ MODEL_CONTAINERS = frozenset({"torch.nn.ModuleList", "torch.nn.ModuleDict"})
 BLOCK_SEQUENCES = frozenset({"torch.nn.ModuleList", "torch.nn.Sequential"})  # what FSDP shards block by block
 PARAMETER_CONSTRUCTOR = "torch.nn.Parameter"
 MODEL_FACTORIES = ("torchvision.models.", "timm.create_model", "transformers.")
+RECURRENT_LAYERS = frozenset({"torch.nn.RNN", "torch.nn.LSTM", "torch.nn.GRU"})  # hidden state: (layers, batch, hidden)
+PAD_PACKED = "torch.nn.utils.rnn.pad_packed_sequence"  # pads to the longest sequence in its batch unless total_length=
 BATCHNORM = re.compile(r"^torch\.nn\.(BatchNorm[123]d|LazyBatchNorm[123]d)$")
 
 

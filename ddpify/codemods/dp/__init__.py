@@ -5,6 +5,7 @@ from ddpify.codemods.dp.devices import ForwardDevices
 from ddpify.codemods.dp.forward_state import ForwardState
 from ddpify.codemods.dp.loss import MeanLoss
 from ddpify.codemods.dp.module_access import DPModuleAccess
+from ddpify.codemods.dp.scatter import ScatterGather
 from ddpify.codemods.dp.wrap import WrapDataParallel
 
-DP_TRANSFORMS = (ForwardDevices, WrapDataParallel, MeanLoss, DPModuleAccess, ForwardState, BatchSizeAdvice)
+DP_TRANSFORMS = (ForwardDevices, WrapDataParallel, MeanLoss, DPModuleAccess, ForwardState, ScatterGather, BatchSizeAdvice)

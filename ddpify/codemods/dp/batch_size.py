@@ -1,4 +1,4 @@
-"""Transform 6 (advice only): DataParallel needs at least one sample per GPU in every batch.
+"""Transform 7 (advice only): DataParallel needs at least one sample per GPU in every batch.
 
 The training loader's batch is split across the GPUs; with fewer samples than GPUs some GPUs get
 nothing to do (and BatchNorm fails on a single sample). The advice points at the line where the
