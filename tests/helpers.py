@@ -244,6 +244,12 @@ def python_argv(script: StrPath, *args: StrPath) -> list[str]:
     return [sys.executable, os.fspath(script), *(os.fspath(a) for a in args)]
 
 
+def written_files(cwd: Path) -> list[str]:
+    """Files a run left in its cwd (tensorboard event names carry time/host/pid: normalised)."""
+    names = [p.relative_to(cwd).as_posix() for p in cwd.rglob("*") if p.is_file()]
+    return sorted(re.sub(r"events\.out\.tfevents\..*$", "events.out.tfevents.*", n) for n in names)
+
+
 def failure_report(result: subprocess.CompletedProcess) -> str:
     """A readable message for an assertion on a finished run."""
     return (

@@ -40,10 +40,10 @@ from ddpify.codemods.pipeline import Status
 from ddpify.convert import convert_source
 
 try:
-    from helpers import FIXTURES_DIR, failure_report, one_line, python_argv, run_script
+    from helpers import FIXTURES_DIR, failure_report, one_line, python_argv, run_script, written_files
 except ImportError:  # e.g. pytest --import-mode=importlib
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from helpers import FIXTURES_DIR, failure_report, one_line, python_argv, run_script
+    from helpers import FIXTURES_DIR, failure_report, one_line, python_argv, run_script, written_files
 
 EXPECTED_DIR = FIXTURES_DIR / "expected" / "ddp"
 FIXTURES = sorted(p for p in FIXTURES_DIR.glob("*.py") if p.is_file())
@@ -407,12 +407,6 @@ def step_number(line: str) -> int:
 def step_label(line: str) -> str:
     """`epoch 1 step 3` of `epoch 1 step 3 loss 0.5`: which step, not what it measured."""
     return re.split(r"\bloss\b", line)[0].strip()
-
-
-def written_files(cwd: Path) -> list[str]:
-    """Files a run left in its cwd (tensorboard event names carry time/host/pid: normalised)."""
-    names = [p.relative_to(cwd).as_posix() for p in cwd.rglob("*") if p.is_file()]
-    return sorted(re.sub(r"events\.out\.tfevents\..*$", "events.out.tfevents.*", n) for n in names)
 
 
 def state_dicts(obj, where: str = "") -> dict[str, dict]:

@@ -773,6 +773,46 @@ WANDB_SCRIPT = """\
     """
 
 
+WRITER_READ_ELSEWHERE = """\
+    import os
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.tensorboard import SummaryWriter
+
+
+    class Reporter:
+        def __init__(self, writer):
+            self.writer = writer
+
+        def step(self, loss, step):
+            self.writer.add_scalar("loss", loss, step)
+
+
+    def save(model, writer):
+        torch.save(model.state_dict(), os.path.join(writer.log_dir, "model.pt"))
+
+
+    def main():
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        writer = SummaryWriter()
+        reporter = Reporter(writer)
+        data = TensorDataset(torch.randn(16, 2), torch.randn(16, 1))
+        for epoch in range(2):
+            for step, (x, y) in enumerate(DataLoader(data, batch_size=4, shuffle=True)):
+                loss = (model(x) - y).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                reporter.step(loss.item(), step)
+        save(model, writer)
+
+
+    if __name__ == "__main__":
+        main()
+    """
+
+
 def only_on_rank_zero(code: str, callee: str) -> bool:
     """Every call to `callee` in `code` sits under `if RANK == 0:` (or `... if RANK == 0 else ...`)."""
     tree = ast.parse(code)
@@ -1005,6 +1045,30 @@ class TestRankZero:
         output = convert_source(textwrap.dedent(WANDB_SCRIPT), "ddp").output
         for call in ("wandb.init", "run.finish"):
             assert only_on_rank_zero(output, call), f"{call} runs on every rank"
+
+    def test_other_ranks_hold_a_stand_in_for_the_wandb_run(self):
+        output = convert_source(textwrap.dedent(WANDB_SCRIPT), "ddp").output
+        assert 'run = wandb.init(project="demo") if RANK == 0 else RankZeroStandIn()' in output
+        assert output.count("class RankZeroStandIn:") == 1 and "def shared_from_rank_zero" not in output
+
+    def test_attributes_read_of_a_writer_anywhere_are_broadcast_from_rank_zero(self):
+        output = convert_source(textwrap.dedent(WRITER_READ_ELSEWHERE), "ddp").output
+        assert 'writer = shared_from_rank_zero(SummaryWriter() if RANK == 0 else None, "log_dir")' in one_line(output)
+        assert 'os.path.join(writer.log_dir, "model.pt")' in output and "self.writer.add_scalar" in output
+        assert "class RankZeroStandIn:" in output and "def shared_from_rank_zero(built, *attributes):" in output
+
+    def test_the_stand_in_takes_any_call_and_keeps_the_attributes_it_was_given(self):
+        from ddpify.codemods.ddp.rank_zero import STAND_IN, STAND_IN_HELPER
+
+        namespace: dict = {}
+        exec(STAND_IN_HELPER, namespace)
+        run = namespace[STAND_IN](dir="wandb/run-1")
+        assert run.config.update({"lr": 0.1}) is None and run.log({"loss": 1.0}, step=3) is None
+        assert run.dir == "wandb/run-1"
+        with run as entered:
+            assert entered is run
+        with pytest.raises(AttributeError):
+            run.__deepcopy__
 
     def test_a_file_opened_inside_an_expression_is_written_on_rank_zero_only(self):
         output = convert_source(textwrap.dedent(WANDB_SCRIPT), "ddp").output

@@ -24,21 +24,23 @@ from ddpify.cli import cli
 from ddpify.project import convert_entry
 
 try:
-    from helpers import failure_report, run_ddpify, run_script
+    from helpers import failure_report, run_ddpify, run_script, written_files
 except ImportError:  # e.g. pytest --import-mode=importlib
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from helpers import failure_report, run_ddpify, run_script
+    from helpers import failure_report, run_ddpify, run_script, written_files
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECTS = ROOT / "fixtures" / "projects"
 EXPECTED = ROOT / "fixtures" / "expected" / "projects"
-ENTRIES = {"classic": "train.py", "trainer_package": "main.py", "optimizer_helper": "run.py", "work_in_fstrings": "train.py"}
+ENTRIES = {"classic": "train.py", "trainer_package": "main.py", "optimizer_helper": "run.py", "work_in_fstrings": "train.py",
+           "rank_zero_writers": "train.py"}
 # the modules each conversion must change besides the entry (the others are copied unchanged)
 CHANGED_MODULES = {
     "classic": {"data.py", "utils.py"},  # model.py trains nothing: left as it is
     "trainer_package": {"trainer/core.py"},
     "optimizer_helper": {"helpers.py"},
     "work_in_fstrings": {"engine.py"},  # its prints go on rank 0; train.py computes engine's work on every rank first
+    "rank_zero_writers": {"wandb.py"},  # the local wandb stand-in writes its summary on rank 0
 }
 SETUP_CALL = re.compile(r"^\s*setup_distributed\(\)", re.M)
 
@@ -264,11 +266,7 @@ def test_converted_project_runs_under_torchrun_and_logs_once(name: str, mirrors,
     assert run.returncode == 0, failure_report(run)
     assert run.stdout.count("done\n") == 1, "rank 0 alone logs"
     assert len(step_lines(run.stdout)) * 2 == len(step_lines(original.stdout)), "each rank trains on half of every epoch"
-    assert files_written(tmp_path / "ddp") == files_written(tmp_path / "original")
-
-
-def files_written(directory: Path) -> list[str]:
-    return sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+    assert written_files(tmp_path / "ddp") == written_files(tmp_path / "original")
 
 
 # --to dp: utils.py reaches the wrapped model's own method through .module (classic); the entry itself

@@ -4,10 +4,12 @@ Statement-level `print`, `logging`/logger calls, SummaryWriter and wandb calls, 
 `torch.save` and other file writers (`np.save`, `pickle.dump`, `savefig`, ...), and `with open(...,
 "w")` blocks go under `if RANK == 0:` (a line it shares, `if ok: print(x)` or `a; print(a)`, is put
 one statement a line first); a `with open(..., "w")` block that also trains stays on every
-rank, the others writing to os.devnull; progress bars get `disable=RANK != 0`; a SummaryWriter is
-built on rank 0 only; directories are made with exist_ok=True (every rank makes them at once);
-`torch.load` maps tensors onto this rank's device; and where the script later reads what rank 0
-saved, a barrier waits for the file, outside any rank-0 block.
+rank, the others writing to os.devnull; progress bars get `disable=RANK != 0`; a SummaryWriter or
+a wandb run is built on rank 0 only, the other ranks holding a stand-in whose calls do nothing and
+whose attributes the script reads (`writer.log_dir`) are rank 0's; directories are made with
+exist_ok=True (every rank makes them at once); `torch.load` maps tensors onto this rank's device;
+and where the script later reads what rank 0 saved, a barrier waits for the file, outside any
+rank-0 block.
 
 Rank-0-only code never runs work that every rank must join: the DDP wrapper it would call or pass
 to a local function becomes `wrapper.module`. A call in the arguments of an output it guards (a print,
@@ -39,10 +41,50 @@ from ddpify.anatomy.vocabulary import (
     opens_for_writing,
 )
 from ddpify.codemods.base import Transform, add_keyword, guard, parse_expr
-from ddpify.codemods.ddp.runtime import IS_RANK_ZERO, RANK_DEVICE
+from ddpify.codemods.ddp.runtime import ADDED_FUNCTIONS, IS_RANK_ZERO, RANK_DEVICE
 from ddpify.codemods.ddp.samplers import fresh_name
 from ddpify.codemods.module_access import module_of
 
+# The helpers the other ranks' stand-in for a rank-0-only object needs (added after setup's).
+STAND_IN = "RankZeroStandIn"
+SHARED_FROM_RANK_ZERO = "shared_from_rank_zero"
+STAND_IN_HELPER = f'''
+
+class {STAND_IN}:
+    """What the other ranks hold where rank 0 alone builds an object (a
+    SummaryWriter, a wandb run): its methods take any arguments and do
+    nothing; the attributes given here read as on rank 0."""
+
+    def __init__(self, **attributes):
+        self.__dict__.update(attributes)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self  # `run.config.update(...)`: a call that does nothing
+
+    def __call__(self, *args, **kwargs):
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return False
+'''
+SHARED_FROM_RANK_ZERO_HELPER = f'''
+
+def {SHARED_FROM_RANK_ZERO}(built, *attributes):
+    """Rank 0's `built`; on the other ranks a {STAND_IN} holding rank 0's
+    `attributes` (broadcast: paths made from them, such as a writer's log_dir,
+    are the same on every rank)."""
+    setup_distributed()  # the broadcast needs the group (a no-op once up)
+    values = [None]
+    if RANK == 0:
+        values = [{{name: getattr(built, name, None) for name in attributes}}]
+    dist.broadcast_object_list(values, src=0)
+    return built if RANK == 0 else {STAND_IN}(**values[0])
+'''
 
 
 class RankZeroDuties(Transform):
@@ -57,6 +99,7 @@ class RankZeroDuties(Transform):
     def plan(self) -> None:
         self._barriers: set[ast.stmt] = set()
         self._names_taken: set[str] = set()
+        self._stand_in_added = False
         saves = []
         for call in self.anatomy.calls:
             kind = self._rank_zero_kind(call)
@@ -197,10 +240,41 @@ class RankZeroDuties(Transform):
         self.changed(call.line, "progress bar shown on rank 0 only (disable=RANK != 0)")
 
     def _build_on_rank_zero(self, call: CallSite) -> None:
-        """`writer = SummaryWriter(...)` / `run = wandb.init(...)`: None on other ranks (its calls are guarded)."""
-        self.rewrite_node(call.node, cst.Call, _only_on_rank_zero)
+        """`writer = SummaryWriter(...)` / `run = wandb.init(...)`: built on rank 0 only. The other
+        ranks hold a RankZeroStandIn, whose calls do nothing wherever the object goes (an argument,
+        `self.writer`); the attributes the script reads (`writer.log_dir`) are rank 0's, broadcast
+        when it is built, so paths made from them are the same on every rank. Where no helper can
+        be added (an imported module), the other ranks hold None, as its guarded calls allow."""
         name = call.qualname.rsplit(".", 1)[-1]
-        self.changed(call.line, f"{name} created on rank 0 only (None elsewhere; its calls are guarded)")
+        shared = _attributes_read(self.anatomy, call)
+        if not self._add_stand_in(shared):
+            self.rewrite_node(call.node, cst.Call, _only_on_rank_zero)
+            self.changed(call.line, f"{name} created on rank 0 only (None elsewhere; its calls are guarded)")
+            if shared:
+                self.advise(call.line, f"other ranks hold None for this {name} but read {', '.join(shared)} of it: "
+                                       "compute those on every rank by hand")
+            return
+        self.rewrite_node(call.node, cst.Call, lambda node: _with_stand_in(node, shared))
+        reads = f"; its {', '.join(shared)} broadcast from rank 0" if shared else ""
+        self.changed(call.line, f"{name} created on rank 0 only (a stand-in elsewhere, whose calls do nothing{reads})")
+
+    def _add_stand_in(self, shared: Sequence[str]) -> bool:
+        """Add the stand-in helpers after the distributed setup's, made or pending (False: there is
+        none, as in an imported module)."""
+        wanted = {STAND_IN: STAND_IN_HELPER, SHARED_FROM_RANK_ZERO: SHARED_FROM_RANK_ZERO_HELPER if shared else ""}
+        defined = {n.name: n for n in self.anatomy.tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+        missing = {name: code for name, code in wanted.items() if code and name not in defined}
+        setup = [defined[name] for name in ADDED_FUNCTIONS if name in defined]
+        if setup:
+            if missing and not self._stand_in_added:
+                self.insert_after(max(setup, key=lambda fn: fn.lineno), "".join(missing.values()))
+        elif self.can_add_helpers():
+            for name, code in missing.items():
+                self.add_helper(name, code)
+        else:
+            return False
+        self._stand_in_added = True
+        return True
 
     def _map_to_rank_device(self, call: CallSite) -> None:
         node: ast.Call = call.node  # type: ignore[assignment]
@@ -328,8 +402,41 @@ def _shares_its_line(anatomy, stmt: ast.stmt) -> bool:
                for other in anatomy.block_of(stmt))
 
 
-def _only_on_rank_zero(node: cst.CSTNode) -> cst.CSTNode:
-    return cst.IfExp(test=parse_expr(IS_RANK_ZERO), body=node, orelse=cst.Name("None"))  # type: ignore[arg-type]
+def _only_on_rank_zero(node: cst.CSTNode, elsewhere: str = "None") -> cst.CSTNode:
+    return cst.IfExp(test=parse_expr(IS_RANK_ZERO), body=node, orelse=parse_expr(elsewhere))  # type: ignore[arg-type]
+
+
+def _with_stand_in(node: cst.CSTNode, shared: Sequence[str]) -> cst.CSTNode:
+    """`SummaryWriter()` -> `SummaryWriter() if RANK == 0 else RankZeroStandIn()`, or with attributes
+    read: `shared_from_rank_zero(SummaryWriter() if RANK == 0 else None, "log_dir")`."""
+    if not shared:
+        return _only_on_rank_zero(node, f"{STAND_IN}()")
+    names = [cst.Arg(cst.SimpleString(f'"{name}"')) for name in shared]
+    return cst.Call(cst.Name(SHARED_FROM_RANK_ZERO), [cst.Arg(_only_on_rank_zero(node)), *names])  # type: ignore[arg-type]
+
+
+def _attributes_read(anatomy, built: CallSite) -> list[str]:
+    """The attributes the script reads of what `built` makes (`writer.log_dir`, `self.run.dir`, a
+    parameter's `writer.log_dir`): values, not methods called. A read of another writer of the
+    script counts too where the object it reads can't be told apart."""
+    target = anatomy.ref(anatomy.parents[built.node].targets[0])
+    names = set()
+    for node in anatomy.nodes:
+        parent = anatomy.parents.get(node)
+        if not isinstance(node, ast.Attribute) or node.attr.startswith("_") or not isinstance(node.ctx, ast.Load) or not anatomy.has_role(node.value, ROLE_WRITER):
+            continue
+        if (isinstance(parent, ast.Call) and parent.func is node) or isinstance(parent, ast.Attribute):
+            continue
+        holder = anatomy.ref(node.value)
+        if holder is None or holder == target or not _assigned_a_writer(anatomy, holder):
+            names.add(node.attr)
+    return sorted(names)
+
+
+def _assigned_a_writer(anatomy, ref) -> bool:
+    """Is `ref` itself assigned a writer this file builds (not handed one: a parameter, another file's)?"""
+    return any(anatomy.ref(anatomy.parents[c.node].targets[0]) == ref
+               for c in anatomy.calls if c.qualname in WRITER_CONSTRUCTORS and isinstance(anatomy.parents.get(c.node), ast.Assign))
 
 
 def _path_on_rank_zero(node: cst.CSTNode) -> cst.CSTNode:
