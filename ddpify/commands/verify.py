@@ -56,8 +56,9 @@ def verify(ctx: click.Context, script: str, target: str, against: str | None, np
     The scripts see your environment plus OMP_NUM_THREADS=1, MKL_NUM_THREADS=1,
     PYTHONHASHSEED=0, CUBLAS_WORKSPACE_CONFIG=:4096:8 (and CUDA_VISIBLE_DEVICES='' for
     --device cpu); the candidate's ranks also get what torchrun sets: RANK, LOCAL_RANK,
-    WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_USE_AGENT_STORE=True (the
-    launcher serves the rendezvous store, on a port the OS picks as it binds).
+    WORLD_SIZE, GROUP_RANK, ROLE_*, TORCHELASTIC_*, MASTER_ADDR, MASTER_PORT and
+    TORCHELASTIC_USE_AGENT_STORE=True (the launcher serves the rendezvous store, on a port
+    the OS picks as it binds).
 
     With fewer than 2 GPUs (always with --device cpu), a dp candidate's DataParallel runs as
     --nproc simulated replicas in its one process (scatter along dim 0, replicas, gather), so

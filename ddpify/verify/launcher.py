@@ -45,8 +45,14 @@ from ddpify.verify.result import error_result
 HANG_DUMP_GRACE_S = 1.0
 FAILURE_GRACE_S = 2.0
 POLL_S = 0.02
-DISTRIBUTED_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                         "MASTER_ADDR", "MASTER_PORT", AGENT_STORE_VARIABLE)
+# What torchrun sets in each worker's environment (torch 2.x, one node), but TORCHELASTIC_ERROR_FILE,
+# the file of its own @record decorator: the rank's own variables, then its agent's.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "ROLE_RANK")
+AGENT_VARIABLES = {"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_NAME": "default", "TORCHELASTIC_RESTART_COUNT": "0",
+                   "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "none", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+                   "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT"}
+WORLD_VARIABLES = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_WORLD_SIZE")
+DISTRIBUTED_VARIABLES = (*RANK_VARIABLES, *WORLD_VARIABLES, *AGENT_VARIABLES, "MASTER_ADDR", "MASTER_PORT", AGENT_STORE_VARIABLE)
 
 
 class ForkedRun:
@@ -65,9 +71,9 @@ class ForkedRun:
 
 
 def rank_environment(rank: int, world: int, store: torch.distributed.TCPStore) -> dict[str, str]:
-    """What torchrun would set for one rank on a single node, its agent serving `store`."""
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-            "GROUP_RANK": "0", **client_environment(store)}
+    """What torchrun sets for one rank on a single node, its agent serving `store`."""
+    return {**dict.fromkeys(RANK_VARIABLES, str(rank)), **dict.fromkeys(WORLD_VARIABLES, str(world)), **AGENT_VARIABLES,
+            **client_environment(store)}
 
 
 def fork_role(plan: Plan, role: str, environment: dict[str, str]) -> ForkedRun:
@@ -138,6 +144,9 @@ def failure_message(plan: Plan) -> tuple[str | None, list[dict]]:
             hint = failure_hint(exception_line_in(error)) if plan.dp_simulated and role == CANDIDATE else None
             because = f" ({hint})" if hint else ""
             failures.append((os.path.getmtime(error), f"{label} failed: {exception_line_in(error)}{because}"))
+        elif not os.path.exists(plan.file("stack", role, rank)):  # the harness opens it before the script starts
+            silent.append(f"{label} had not started the script {plan.timeout:g} s after launch (a slow start on a busy "
+                          f"machine: raise --timeout)")
         elif not os.path.exists(plan.file("record", role, rank)):
             stuck = stuck_in(plan.file("stack", role, rank), (plan.run(role).import_dir, plan.run(role).workdir))
             if stuck:
