@@ -46,6 +46,13 @@ def kill_descendants(spared: frozenset[int]) -> None:
         time.sleep(0.01)
 
 
+def kill_tree(root: int) -> None:
+    """SIGKILL `root` and every process below it, those in sessions of their own included (torchrun's
+    workers): the tree is read before anything is killed, since the orphans of a killed parent move away."""
+    for pid in [root, *_process_tree(root)]:
+        _kill(pid)
+
+
 def _process_tree(root: int, spared: frozenset[int] = frozenset()) -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, state) for every process below `root`, minus `spared` and their subtrees."""
     table = _process_table()

@@ -1,0 +1,173 @@
+"""Every fixture's converted output runs to the end on every rank (issue 23: hangs must not ship).
+
+Each fixture (fixtures/*.py, fixtures/fsdp/, fixtures/real/ scripts and project folders,
+fixtures/projects/; see bench/run_converted.py, whose launches these are) is converted with
+--to ddp, --to fsdp and --to dp. Every conversion that completes runs in a copy of its own with
+OMP_NUM_THREADS=1 and a timeout, after which every process of the launch is killed: ddp and fsdp
+as `torchrun --standalone --nproc_per_node=2`, dp as `python script.py` (DataParallel on CPU wraps
+without splitting, but the script must still run to its end). It must exit 0 with every rank at
+interpreter exit; a crash fails with the rank and its exception line, a hang with each rank's
+stack at the timeout (the call it waits in and the script's line). A conversion that does not
+complete is skipped with its reason (tests/test_real_corpus.py judges those outcomes).
+
+How the launches run, the cheapest faithful way: a real torchrun launch costs about 8 CPU-s here,
+nearly all of it Python, torch and torch._dynamo starting in the agent and both workers (the
+fixtures train in well under a second each), so the ~230 launches would take half an hour of CPU,
+several times this suite's budget. They go through the tests' fork server (tests/forkserver.py)
+instead, which forks the agent and the ranks from a process that imported torch, and takes
+torchrun's paths where the script can tell: each rank gets the variables torchrun's workers get
+(test_forked_ranks_get_the_variables_torchruns_workers_get compares them), rendezvous as a client
+of a store its agent serves (TORCHELASTIC_USE_AGENT_STORE), runs the script as `__main__` after a
+sitecustomize on PYTHONPATH (which dumps the stacks and marks the exit), leaves through atexit, and
+a failed rank stops the others. What a fork cannot show is the interpreter's own start and
+teardown (a gloo abort while Python finalizes): REAL_TORCHRUN always runs under the real
+torchrun, and `DDPIFY_TEST_FORK=0 python -m pytest tests/test_converted_runs.py` runs every launch
+that way (`python bench/run_converted.py --jobs 2` prints the counts: finished, crashed, hung).
+Forked launches that other tests already make through the same fork server (RUN_ELSEWHERE: DDP of
+fixtures/*.py and fixtures/real/, DP of fixtures/*.py) are skipped here, naming that test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers import FORK_LAUNCHES, child_environment, python_argv, run_script  # noqa: E402
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "run_converted.py"
+_spec = importlib.util.spec_from_file_location("run_converted", BENCH)
+bench = sys.modules.setdefault("run_converted", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(bench)
+
+# Launches that always run under the real torchrun: a script and a project under DDP, a transformer under FSDP.
+REAL_TORCHRUN = {("basic_main", "ddp"), ("projects/classic", "ddp"), ("fsdp/tiny_transformer", "fsdp")}
+# Launches the suite already makes through the same fork server, not repeated here unless every launch is
+# real: {(fixtures folder, target): the test that makes them}.
+RUN_ELSEWHERE = {
+    (".", "ddp"): "tests/test_ddp_codemod.py::test_runs_under_torchrun_on_two_ranks (its snapshot, which "
+                  "test_snapshot keeps equal to this conversion)",
+    ("real", "ddp"): "tests/test_real_corpus.py::test_complete_conversion_runs_under_torchrun_and_logs_once",
+    (".", "dp"): "tests/test_dp_codemod.py::test_converted_script_runs_like_the_original (its snapshot)",
+}
+# Conversions that crash or hang because of a codemod bug: {(fixture, target): the bug} (strict xfail).
+RANK0_FORWARD = ("the FSDP conversion puts a print on rank 0 only whose arguments run a forward of the sharded model "
+                 "({}), a collective the other rank never joins: rank 0 fails when rank 1 exits")
+CODEMOD_BUGS: dict[tuple[str, str], str] = {
+    ("real/compound_prints", "fsdp"): "the FSDP conversion leaves `p.detach().cpu().flatten().tolist()` on the sharded "
+                                      "parameters in a rank-0 print (line 91): RuntimeError: This operation would remove "
+                                      "or reshape sharded dimension 0, which requires redistribution",
+    ("real/early_stopping", "fsdp"): "set_model_state_dict(model, torch.load(best), full_state_dict=True) after training "
+                                     "and evaluation fails: RuntimeError: Error(s) in loading state_dict for FSDPSequential "
+                                     "(aten.copy_ got mixed torch.Tensor and DTensor)",
+    ("real/ema_weights", "fsdp"): "copy.deepcopy of the sharded model for its EMA copy: AssertionError: FSDP does not "
+                                  "support deepcopy",
+    ("real/finetune_frozen_backbone", "fsdp"): "a pretrained state dict loaded into the backbone after it was sharded: "
+                                               "RuntimeError: Error(s) in loading state_dict for Backbone",
+    ("real/gpu_index_arg", "fsdp"): RANK0_FORWARD.format("`evaluate(model, val_loader, device)` in the epoch's print"),
+    ("real/sample_after_training", "fsdp"): RANK0_FORWARD.format("`sample(model, device)` in the epoch's print"),
+    ("real/save_whole_model", "fsdp"): "torch.save(model) of the whole sharded model: _pickle.PicklingError: Can't pickle "
+                                       "FSDPClassifier (fully_shard's dynamic class)",
+    ("real/seq2seq_toy", "fsdp"): RANK0_FORWARD.format("`evaluate(encoder, decoder, seq)` in a print"),
+}
+
+
+def run_forked(command: list, cwd: Path, env: dict, timeout: float):
+    """A launch through the fork server; None when it outlives `timeout` (its session is killed then)."""
+    try:
+        return run_script(command, cwd, env, timeout)
+    except AssertionError as error:
+        if str(error).startswith("timed out after"):
+            return None
+        raise
+
+
+def launcher(name: str, target: str):
+    return run_forked if FORK_LAUNCHES and (name, target) not in REAL_TORCHRUN else bench.run_real
+
+
+def folder(name: str) -> str:
+    return name.split("/")[0] if "/" in name else "."
+
+
+def params() -> list:
+    found = [(entry, target) for entry in bench.entries() for target in bench.TARGETS]
+    unknown = set(CODEMOD_BUGS) - {(entry.name, target) for entry, target in found}
+    assert not unknown, f"codemod bugs named for launches that do not exist: {unknown}"
+    return [pytest.param(entry, target, id=f"{entry.name}-{target}",
+                         marks=[pytest.mark.xfail(strict=True, reason=CODEMOD_BUGS[entry.name, target])]
+                         if (entry.name, target) in CODEMOD_BUGS else [])
+            for entry, target in found]
+
+
+def test_every_kind_of_fixture_is_run():
+    assert {folder(entry.name) for entry in bench.entries()} == {".", "fsdp", "real", "projects"}
+    assert len(bench.entries()) >= 80
+
+
+@pytest.mark.parametrize("entry, target", params())
+def test_converted_fixture_runs_to_the_end_on_every_rank(entry, target, tmp_path):
+    if FORK_LAUNCHES and (folder(entry.name), target) in RUN_ELSEWHERE:
+        pytest.skip(f"run through the same fork server by {RUN_ELSEWHERE[folder(entry.name), target]}")
+    outcome = bench.run_one(entry, target, tmp_path, launcher(entry.name, target))
+    if outcome.status in ("incomplete", "nothing"):
+        pytest.skip(f"the conversion is {outcome.status}: {outcome.detail}")
+    assert outcome.status == "finished", bench.line(outcome)
+
+
+ENVIRONMENT = """import json, os, sys
+json.dump(dict(os.environ), open(f"env-{os.environ['RANK']}.json", "w"))
+"""
+
+
+def test_forked_ranks_get_the_variables_torchruns_workers_get(tmp_path):
+    """The fork server's ranks (and verify's, which share rank_environment) see what torchrun's workers see,
+    but the error file of torchrun's own @record decorator."""
+    if not FORK_LAUNCHES:
+        pytest.skip("every launch is a real torchrun (DDPIFY_TEST_FORK=0)")
+    seen = {}
+    for how, launch in (("real", bench.run_real), ("forked", run_forked)):
+        folder = tmp_path / how
+        folder.mkdir()
+        (folder / "environment.py").write_text(ENVIRONMENT)
+        done = launch(bench.argv(folder / "environment.py", "ddp"), folder, child_environment(), 120)
+        assert done is not None and done.returncode == 0, done and done.stderr
+        seen[how] = [json.loads((folder / f"env-{rank}.json").read_text()) for rank in range(bench.NPROC)]
+    for real, forked in zip(seen["real"], seen["forked"]):
+        given = child_environment()
+        added = {name for name in real if name not in given} - {"TORCHELASTIC_ERROR_FILE"}
+        assert added == {name for name in forked if name not in given}
+        assert {name: real[name] for name in added if "RANK" in name or "SIZE" in name} == \
+               {name: forked[name] for name in added if "RANK" in name or "SIZE" in name}
+
+
+def test_a_hung_rank_is_reported_with_its_stack(tmp_path):
+    """A launch that outlives its timeout names each rank's stuck line; nothing of it is left running."""
+    script = tmp_path / "hang.py"
+    script.write_text("import os, time\nif os.environ['RANK'] == '1':\n    time.sleep(600)\n")
+    bootstrap, stacks = tmp_path / "bootstrap", tmp_path / "stacks"
+    bootstrap.mkdir()
+    stacks.mkdir()
+    (bootstrap / "sitecustomize.py").write_text(bench.BOOTSTRAP)
+    assert bench.run_real(bench.argv(script, "ddp"), tmp_path, bench.environment(bootstrap, stacks, 20), 20) is None
+    assert bench.hung_ranks(stacks, ["0", "1"], script) == "rank 0: finished; rank 1: at hang.py:3 in <module> `time.sleep(600)`"
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _cwd(pid) == str(tmp_path)]
+
+
+def _cwd(pid: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+
+
+def test_plain_python_runs_report_the_exception_line(tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text("raise ValueError('first line\\nsecond line')\n")
+    done = run_script(python_argv(script), tmp_path)
+    assert bench.crash(done.stderr) == "ValueError: first line"
