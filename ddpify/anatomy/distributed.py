@@ -603,7 +603,9 @@ def _evaluates_to(a: Anatomy, expr: ast.AST, wrapper: str, named: Callable[[ast.
         if method_name(expr) in MODULE_RETURNING_SELF:
             return _evaluates_to(a, expr.func.value, wrapper, named, depth + 1)  # type: ignore[attr-defined]
         callee = a.callee(expr)
-        return callee is not None and any(_evaluates_to(a, v, wrapper, named, depth + 1) for v in returned_values(a, callee))
+        if callee is None or _unwrapping_function(a, callee):
+            return False
+        return any(_evaluates_to(a, v, wrapper, named, depth + 1) for v in returned_values(a, callee))
     if isinstance(expr, ast.IfExp):
         if _unwraps(expr):
             return False
@@ -615,6 +617,12 @@ def _evaluates_to(a: Anatomy, expr: ast.AST, wrapper: str, named: Callable[[ast.
 
 def _wrap_calls_of(a: Anatomy, wrapper: str) -> list[CallSite]:
     return wrap_calls(a) if wrapper == DDP_WRAPPER else a.calls_to(wrapper)
+
+
+def _unwrapping_function(a: Anatomy, function: str) -> bool:
+    """A function that returns a wrapper's `.module` on some path (ddpify's `evaluation_module`):
+    what it hands back is the plain model, or a value that was never wrapped."""
+    return any(isinstance(v, ast.Attribute) and v.attr == "module" for v in returned_values(a, function))
 
 
 def _unwraps(expr: ast.IfExp) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from ddpify.anatomy.analyzer import ROLE_LOADER, Anatomy
+from ddpify.anatomy.analyzer import ROLE_LOADER, ROLE_MODEL, Anatomy
 from ddpify.anatomy.vocabulary import ITERATION_WRAPPERS
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.syntax import ancestors
@@ -35,6 +35,15 @@ class EvaluationLoop:
     summed: list[str] = field(default_factory=list)
     gathered: list[str] = field(default_factory=list)
     problem: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelRead:
+    """A read of a model in an evaluation loop: `node` is replaced by the module's name, `model` (the
+    wrapper's expression, `model` or `self.model`) is what the module is taken from."""
+
+    node: ast.expr
+    model: ast.expr
 
 
 @dataclass(eq=False)
@@ -117,6 +126,9 @@ def _loop_problem(a: Anatomy, evaluation: EvaluationLoop) -> str | None:
         return "it can leave the loop early"
     if not runs_without_grad(a, loop):
         return "it runs with gradients on (wrap it in torch.no_grad())"
+    hidden = _forward_out_of_sight(a, loop)
+    if hidden:
+        return f"`{hidden}` calls the model out of the loop's sight (ranks run unequal numbers of batches, and a wrapper's forward is a collective)"
     after = statements_after(a, loop)
     if _reads_loader(a, evaluation.loaders, after):
         return "the loader is read after the loop (len(loader)?)"
@@ -124,6 +136,53 @@ def _loop_problem(a: Anatomy, evaluation: EvaluationLoop) -> str | None:
     if problem:
         return problem
     return None if evaluation.summed or evaluation.gathered else "it computes nothing the codemod can sum over ranks"
+
+
+def model_reads(a: Anatomy, evaluation: EvaluationLoop) -> list[ModelRead]:
+    """The reads of a model in the loop's body, outermost first (`model`, `self.model`, and
+    `model.module` as one read of `model`)."""
+    found, stack = [], list(_body(evaluation.loop.node))
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load) and _holds_model(a, node):
+            found.append(_model_read(a, node))
+            continue
+        stack.extend(c for c in ast.iter_child_nodes(node) if not isinstance(c, _SCOPES))
+    return sorted(found, key=lambda r: (r.node.lineno, r.node.col_offset))
+
+
+def _model_read(a: Anatomy, node: ast.expr) -> ModelRead:
+    """`model` read as itself, or inside `model.module` (which the read then replaces)."""
+    if isinstance(node, ast.Attribute) and node.attr == "module" and _holds_model(a, node.value):
+        return ModelRead(node, node.value)
+    parent = a.parents.get(node)
+    if isinstance(parent, ast.Attribute) and parent.attr == "module":
+        return ModelRead(parent, node)
+    return ModelRead(node, node)
+
+
+def _holds_model(a: Anatomy, node: ast.AST) -> bool:
+    return a.has_role(node, ROLE_MODEL)
+
+
+def _forward_out_of_sight(a: Anatomy, loop: ast.For) -> str | None:
+    """The first function the loop calls that reads a model it was not handed (a global, `self.model`):
+    its forward can't be routed around the wrapper from the loop."""
+    for node in _own_nodes(loop):
+        callee = a.callee(node) if isinstance(node, ast.Call) else None
+        function = a.functions.get(callee) if callee else None
+        if function is not None and _reads_model_not_handed_in(a, function.node):
+            return ast.unparse(node.func)  # type: ignore[attr-defined]
+    return None
+
+
+def _reads_model_not_handed_in(a: Anatomy, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    handed = {arg.arg for arg in ast.walk(function.args) if isinstance(arg, ast.arg)} - {"self"}
+    return any(
+        isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load) and _holds_model(a, n)
+        and not (isinstance(n, ast.Name) and n.id in handed)
+        for n in ast.walk(function)
+    )
 
 
 def runs_without_grad(a: Anatomy, node: ast.AST) -> bool:
@@ -301,13 +360,20 @@ def statements_after(a: Anatomy, stmt: ast.stmt) -> list[ast.stmt]:
     return found
 
 
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def _body(loop: ast.AST) -> list[ast.stmt]:
+    return [*getattr(loop, "body", ()), *getattr(loop, "orelse", ())]
+
+
 def _own_nodes(loop: ast.AST):
     """The nodes of a loop's body (not its iterable), not descending into nested functions."""
-    stack = [*getattr(loop, "body", ()), *getattr(loop, "orelse", ())]
+    stack = _body(loop)
     while stack:
         node = stack.pop()
         yield node
-        stack.extend(c for c in ast.iter_child_nodes(node) if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)))
+        stack.extend(c for c in ast.iter_child_nodes(node) if not isinstance(c, _SCOPES))
 
 
 def _is_false(expr: ast.AST | None) -> bool:

@@ -6,22 +6,30 @@ rank, unpadded (DistributedSampler would repeat samples to even out the shards a
 one by one, changing the batches), and each such loop is followed by `all_reduce_sums(...)` (numbers,
 tensors, confusion matrices) and `all_gather_lists(...)` (predictions): every rank then holds the
 whole set's sums, so the printed metric is the single-GPU one and decisions taken on it (best
-checkpoint, early stopping, ReduceLROnPlateau) are the same on every rank. Any other evaluation loop
+checkpoint, early stopping, ReduceLROnPlateau) are the same on every rank. Ranks evaluate unequal
+numbers of batches (a set of one batch: one rank evaluates nothing), so such a loop calls the module
+inside the DDP wrapper (`eval_model = evaluation_module(model)`, rank 0's buffers broadcast first on
+every rank): the wrapper's forward broadcasts buffers, a collective that would hang; a loop whose model
+is called out of its sight stays whole. Any other evaluation loop
 stays on the whole set, with advice. `--log-loss reduced` (default): a training-loss print shows
 `mean_over_ranks(loss)`, computed just before the print (one all_reduce per print, not per step).
 """
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
-from ddpify.anatomy.evaluation import EvaluationLoop, batch_size_code, evaluation_loops, loss_prints, shardable
+from ddpify.anatomy.evaluation import EvaluationLoop, batch_size_code, evaluation_loops, loss_prints, model_reads, shardable
+from ddpify.anatomy.syntax import identifier
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import (
     ADDED_FUNCTIONS,
     EVALUATION_HELPERS,
     GATHER_CALL,
     MEAN_CALL,
+    MODULE_CALL,
     SHARD_CALL,
     SUMS_CALL,
 )
@@ -50,12 +58,14 @@ class EvaluationSharding(SamplerTransform):
             if evaluation not in loops:
                 reason = evaluation.problem or "its loader is also iterated by a loop that can't be sharded"
                 self.advise(evaluation.loop.line, f"{_WHOLE}: {reason}; to shard it, give the loader a per-rank sampler and all_reduce its sums by hand")
-        if not loops or not add_helpers(self, _helpers_for(loops)):
+        if not loops or not add_helpers(self, _helpers_for(self.anatomy, loops)):
             return
         for loader in loaders:
             self._shard(loader)
+        taken: set[str] = set()
         for evaluation in loops:
             self._reduce(evaluation)
+            self._call_the_module(evaluation, taken)
 
     def _shard(self, loader) -> None:
         call = loader.call
@@ -74,6 +84,20 @@ class EvaluationSharding(SamplerTransform):
         self.insert_after(evaluation.loop.node, code)  # type: ignore[arg-type]
         what = " and ".join(filter(None, [f"{', '.join(sums)} summed" if sums else "", f"{', '.join(lists)} gathered" if lists else ""]))
         self.changed(evaluation.loop.line, f"{what} over ranks after the evaluation loop: the metric is the whole set's, on every rank")
+
+
+    def _call_the_module(self, evaluation: EvaluationLoop, taken: set[str]) -> None:
+        """Each model the loop reads becomes the module inside its wrapper, taken just before the loop."""
+        modules: dict[str, str] = {}
+        for read in model_reads(self.anatomy, evaluation):
+            wrapper = ast.unparse(read.model)
+            if wrapper not in modules:
+                modules[wrapper] = fresh_name(self.anatomy, f"eval_{identifier(read.model)}", taken)
+                self.insert_before(evaluation.loop.node, f"{modules[wrapper]} = {MODULE_CALL}({wrapper})\n")  # type: ignore[arg-type]
+                self.changed(evaluation.loop.line, f"the evaluation loop calls {modules[wrapper]}, the module inside {wrapper}'s wrapper: ranks evaluate "
+                             "unequal numbers of batches, and the wrapper's forward broadcasts buffers, a collective every rank must join")
+            self.rewrite_expression(read.node, lambda _, name=modules[wrapper]: cst.Name(name))
+            self.changed(read.node.lineno, f"{ast.unparse(read.node)} -> {modules[wrapper]} in the evaluation loop")
 
 
 class ReducedLossPrints(Transform):
@@ -110,9 +134,10 @@ def add_helpers(transform: Transform, names: set[str]) -> bool:
     return True
 
 
-def _helpers_for(loops: list[EvaluationLoop]) -> set[str]:
+def _helpers_for(anatomy, loops: list[EvaluationLoop]) -> set[str]:
     sums, lists = any(e.summed for e in loops), any(e.gathered for e in loops)
-    return {SHARD_CALL} | ({SUMS_CALL} if sums else set()) | ({GATHER_CALL} if lists else set())
+    modules = any(model_reads(anatomy, e) for e in loops)
+    return {SHARD_CALL} | ({SUMS_CALL} if sums else set()) | ({GATHER_CALL} if lists else set()) | ({MODULE_CALL} if modules else set())
 
 
 class _Renamer(cst.CSTTransformer):

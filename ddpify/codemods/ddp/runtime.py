@@ -101,11 +101,29 @@ def mean_over_ranks(value):
     return total / WORLD_SIZE
 '''
 
+MODULE_HELPER = '''
+
+def evaluation_module(model):
+    """The model inside its DDP wrapper, with rank 0's buffers (BatchNorm statistics).
+
+    Ranks evaluate unequal numbers of batches, and the wrapper's forward may
+    broadcast buffers, a collective every rank must join: evaluation calls the
+    module itself.
+    """
+    wrapper = getattr(model, "_orig_mod", model)  # under torch.compile
+    if not isinstance(wrapper, torch.nn.parallel.DistributedDataParallel):
+        return model
+    for buffer in wrapper.module.buffers():
+        dist.broadcast(buffer, src=0)
+    return wrapper.module
+'''
+
 SHARD_CALL = "evaluation_shard"
 SUMS_CALL = "all_reduce_sums"
 GATHER_CALL = "all_gather_lists"
 MEAN_CALL = "mean_over_ranks"
+MODULE_CALL = "evaluation_module"
 # each helper's code, in the order they are added to a script (after cleanup_distributed)
-EVALUATION_HELPERS = {SHARD_CALL: SHARD_HELPER, SUMS_CALL: SUMS_HELPER, GATHER_CALL: GATHER_HELPER, MEAN_CALL: MEAN_HELPER}
+EVALUATION_HELPERS = {SHARD_CALL: SHARD_HELPER, MODULE_CALL: MODULE_HELPER, SUMS_CALL: SUMS_HELPER, GATHER_CALL: GATHER_HELPER, MEAN_CALL: MEAN_HELPER}
 # the functions ddpify adds at the top of a script: new helpers go after the last one present
 ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed")
