@@ -1,4 +1,4 @@
-"""The DDP rules (DDP002-DDP019) on whole scripts.
+"""The DDP rules (DDP002-DDP021) on whole scripts.
 
 * `fixtures/lint/ddp/<name>.py` — buggy DDP scripts; `<name>.expected` next to each lists the
   DDP-rule findings (`LINE:COL CODE`, sorted). Regenerate after an intended change with
@@ -20,7 +20,7 @@ from ddpify.lint.registry import all_rules
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUGGY = sorted((REPO_ROOT / "fixtures" / "lint" / "ddp").glob("*.py"))
 CLEAN = sorted((REPO_ROOT / "fixtures" / "clean").glob("ddp_*.py"))
-DDP_RULE_CODES = frozenset(f"DDP{n:03d}" for n in range(2, 20))
+DDP_RULE_CODES = frozenset(f"DDP{n:03d}" for n in range(2, 22))
 ALL_RULES = RuleSet(all_rules())
 
 

@@ -328,7 +328,8 @@ def exits(a: Anatomy, body: list[ast.stmt]) -> bool:
 
 def conditions_on(a: Anatomy, node: ast.AST) -> Iterator[ast.expr]:
     """The tests that decide whether `node` runs, within its function: those of the `if`s (and
-    `x if test else y`) around it, and those of earlier `if <test>: return` statements."""
+    `x if test else y`) around it, the operands before it of an `and`/`or`, and those of earlier
+    `if <test>: return` statements."""
     for parent, child in ancestors(a, node):
         if isinstance(child, ast.stmt):
             block = a.block_of(child)
@@ -338,6 +339,8 @@ def conditions_on(a: Anatomy, node: ast.AST) -> Iterator[ast.expr]:
             return
         if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
             yield parent.test
+        if isinstance(parent, ast.BoolOp):
+            yield from parent.values[: parent.values.index(child)]  # type: ignore[arg-type]  # `rank == 0 and validate(m)`
 
 
 def rank_guard(a: Anatomy, node: ast.AST) -> ast.If | None:
@@ -541,6 +544,34 @@ def _consumer(a: Anatomy, node: ast.AST) -> ast.Call | None:
     if isinstance(parent, ast.keyword):
         parent = a.parents.get(parent)
     return parent if isinstance(parent, ast.Call) and parent.func is not node else None
+
+
+def hands_wrapper_to_work(a: Anatomy, call: ast.Call) -> bool:
+    """`evaluate(model, loader)` with `model` the DDP wrapper: the callee may run the wrapper's
+    forward, which broadcasts buffers to every rank. This file's function when it calls that
+    parameter; another function unless it only formats, reads or writes output."""
+    if is_pure_call(a, call) or is_output_call(a, call) or calls_model(a, call):
+        return False
+    callee = a.callee(call)
+    if callee is None:
+        return any(_is_wrapper_value(a, arg) for arg in (*call.args, *(k.value for k in call.keywords)))
+    return any(_is_wrapper_value(a, argument(call, i, p)) and _calls_parameter(a, callee, p)
+               for i, p in enumerate(a.functions[callee].params))
+
+
+def _is_wrapper_value(a: Anatomy, expr: ast.AST | None) -> bool:
+    return isinstance(expr, (ast.Name, ast.Attribute)) and is_wrapper(a, expr)
+
+
+def _calls_parameter(a: Anatomy, scope: str, param: str) -> bool:
+    """Does function `scope` call its parameter `param` (`model(x)`) or hand it on to a call that
+    does more than format or read it (`type(param)` does not)?"""
+    def named(x: ast.AST) -> bool:
+        return isinstance(x, ast.Name) and x.id == param
+
+    def uses(n: ast.AST) -> bool:
+        return isinstance(n, ast.Call) and (named(n.func) or (any(map(named, n.args)) and not is_pure_call(a, n)))
+    return any(uses(n) for n in walk_body(a.functions[scope].node.body))
 
 
 def joins_by_itself(a: Anatomy, call: ast.Call) -> bool:

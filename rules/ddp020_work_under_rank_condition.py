@@ -1,0 +1,117 @@
+"""DDP020: training or an evaluation through the DDP wrapper that only some ranks run."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import distributed as ddp
+from ddpify.lint import Finding, Invalid, Rule
+
+
+class WorkUnderRankCondition(Rule, code="DDP020", name="work-under-rank-condition", severity="error"):
+    """## What it does
+    Flags a call that only some ranks make (under `if rank == 0:`, after `dist.get_rank() == 0 and`,
+    after an early `return` of the other ranks) and that joins the other ranks without saying so:
+    one that trains (`loss.backward()`, `optimizer.step()`, or a function of this file that does),
+    or one that is handed the DDP wrapper and may run its forward (`print(evaluate(model, loader))`
+    where `evaluate` calls `model(x)`, a library function given the wrapper). The collectives
+    themselves and a forward written under the rank test are DDP002's.
+
+    ## Why is this bad?
+    The work hides collectives. A DDP forward broadcasts buffers (BatchNorm statistics) from rank
+    0 and its backward all-reduces the gradients: every rank must take part. When rank 0 alone
+    evaluates or trains inside its logging, it waits in the first of them for ranks that are
+    already elsewhere (or waiting in their own next collective), and the job hangs until the
+    NCCL timeout kills it. Work hidden in a print's f-string is easy to miss in review.
+
+    ## Example
+    ```python
+    if rank == 0:
+        print(f"val acc {evaluate(model, val_loader):.4f}")
+    ```
+
+    ## Use instead
+    ```python
+    val_acc = evaluate(model, val_loader)  # every rank
+    if rank == 0:
+        print(f"val acc {val_acc:.4f}")
+    ```
+    or evaluate the plain module on rank 0 alone: `evaluate(model.module, val_loader)`.
+
+    ## Fix safety
+    No fix: whether every rank should compute it (and whether the evaluation should be sharded)
+    or rank 0 should use the plain module needs a decision.
+    """
+
+    message = "runs on some ranks only but joins every rank (training, or the DDP wrapper's forward): the job hangs"
+
+    def check(self, a):
+        for site in a.calls:
+            call: ast.Call = site.node  # type: ignore[assignment]
+            why = _hidden_work(a, call)
+            if why and _under_rank_test(a, call):
+                yield Finding(site.pos, f"`{ast.unparse(call.func)}(...)` runs on some ranks only but {why}: "
+                                        "the other ranks never join it and the job hangs")
+
+
+def _under_rank_test(a, call: ast.Call) -> bool:
+    """Under a rank test of its own function: a function only called from such places is reported
+    where it is called."""
+    return any(ddp.is_rank_test(a, test) for test in ddp.conditions_on(a, call))
+
+
+def _hidden_work(a, call: ast.Call) -> str | None:
+    """What `call` makes every rank join, unless DDP002 reports it (a collective, in a function of
+    this file too, or the wrapper's own forward)."""
+    callee = a.callee(call)
+    if a.qualname(call.func) in ddp.COLLECTIVES or (callee and a.function_contains(callee, lambda n: ddp.calls_collective(a, [n]))):
+        return None
+    if ddp.joins_by_itself(a, call):
+        return "trains (DDP's backward all-reduces the gradients, a collective every rank must join)"
+    if ddp.hands_wrapper_to_work(a, call):
+        return "is handed the DDP wrapper, whose forward broadcasts buffers to every rank"
+    return None
+
+
+_HEAD = """import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+batches = [torch.randn(8, 4) for _ in range(4)]
+
+
+def evaluate(net, data):
+    with torch.no_grad():
+        return sum(net(x).mean().item() for x in data)
+
+
+def train_step(x):
+    optimizer.zero_grad()
+    model(x).sum().backward()
+    optimizer.step()
+
+
+def describe(net):
+    return type(net).__name__
+"""
+
+WorkUnderRankCondition.VALID = (
+    # computed on every rank, printed on rank 0
+    _HEAD + "acc = evaluate(model, batches)\nif rank == 0:\n    print(f'acc {acc:.4f}')\n",
+    # rank 0 alone evaluates the plain module
+    _HEAD + "if rank == 0:\n    print(f'acc {evaluate(model.module, batches):.4f}')\n",
+    # formatting and a function that never calls the wrapper
+    _HEAD + "if rank == 0:\n    print(describe(model), len(batches), round(batches[0].mean().item(), 3))\n",
+    # a checkpoint of the wrapper's state on rank 0
+    _HEAD + "if rank == 0:\n    torch.save(model.module.state_dict(), 'm.pt')\n",
+)
+WorkUnderRankCondition.INVALID = (
+    Invalid(_HEAD + "if rank == 0:\n    print(f'acc {evaluate(model, batches):.4f}')\n", line=26),
+    Invalid(_HEAD + "if dist.get_rank() == 0 and evaluate(model, batches) > 0:\n    print('positive')\n", line=25),
+    Invalid(_HEAD + "for x in batches:\n    if rank == 0:\n        train_step(x)\n", line=27),
+    Invalid(_HEAD + "from torchinfo import summary\nif rank == 0:\n    summary(model, input_size=(8, 4))\n", line=27),
+)
