@@ -417,26 +417,29 @@ def _with_stand_in(node: cst.CSTNode, shared: Sequence[str]) -> cst.CSTNode:
 
 def _attributes_read(anatomy, built: CallSite) -> list[str]:
     """The attributes the script reads of what `built` makes (`writer.log_dir`, `self.run.dir`, a
-    parameter's `writer.log_dir`): values, not methods called. A read of another writer of the
-    script counts too where the object it reads can't be told apart."""
-    target = anatomy.ref(anatomy.parents[built.node].targets[0])
+    parameter's `writer.log_dir`): values, not methods called. A read whose object can't be
+    followed back to any writer the script builds counts for each."""
     names = set()
     for node in anatomy.nodes:
         parent = anatomy.parents.get(node)
-        if not isinstance(node, ast.Attribute) or node.attr.startswith("_") or not isinstance(node.ctx, ast.Load) or not anatomy.has_role(node.value, ROLE_WRITER):
+        if not isinstance(node, ast.Attribute) or node.attr.startswith("_") or not isinstance(node.ctx, ast.Load):
             continue
-        if (isinstance(parent, ast.Call) and parent.func is node) or isinstance(parent, ast.Attribute):
+        if not anatomy.has_role(node.value, ROLE_WRITER) or isinstance(parent, ast.Attribute) or (
+                isinstance(parent, ast.Call) and parent.func is node):
             continue
-        holder = anatomy.ref(node.value)
-        if holder is None or holder == target or not _assigned_a_writer(anatomy, holder):
+        origins = _writers_reaching(anatomy, node.value)
+        if built.node in origins or not origins:
             names.add(node.attr)
     return sorted(names)
 
 
-def _assigned_a_writer(anatomy, ref) -> bool:
-    """Is `ref` itself assigned a writer this file builds (not handed one: a parameter, another file's)?"""
-    return any(anatomy.ref(anatomy.parents[c.node].targets[0]) == ref
-               for c in anatomy.calls if c.qualname in WRITER_CONSTRUCTORS and isinstance(anatomy.parents.get(c.node), ast.Assign))
+def _writers_reaching(anatomy, expr: ast.AST, depth: int = 0) -> set[ast.AST]:
+    """The writer constructor calls whose object `expr` may hold (through variables, parameters, `self`)."""
+    if isinstance(expr, ast.Call):
+        return {expr} if anatomy.qualname(expr.func) in WRITER_CONSTRUCTORS else set()
+    if depth > 6 or not isinstance(expr, (ast.Name, ast.Attribute)):
+        return set()
+    return {c for value in ddp.reaching_values(anatomy, expr) for c in _writers_reaching(anatomy, value, depth + 1)}
 
 
 def _path_on_rank_zero(node: cst.CSTNode) -> cst.CSTNode:
