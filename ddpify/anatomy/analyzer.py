@@ -18,6 +18,7 @@ from typing import Iterable, Iterator
 from ddpify.anatomy.bindings import Binding, bindings
 from ddpify.anatomy.facts import EPOCHS, NO_FACTS, STEPS, ProjectFacts
 from ddpify.anatomy.names import ImportTable
+from ddpify.anatomy.syntax import argument, constant
 from ddpify.anatomy.sites import (
     MODULE_SCOPE,
     CallSite,
@@ -62,6 +63,7 @@ ROLE_CRITERION = "criterion"
 ROLE_MODELS = "models"  # a list or dict literal of models; its origins are the models'
 
 _MODEL_KEEPING_METHODS = MODULE_RETURNING_SELF | {"module"}  # `model.module` is the model too
+_BRANCHING = (ast.If, ast.Try, ast.TryStar, ast.With, ast.AsyncWith, ast.Match)  # a binding in their blocks is one after them
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
@@ -500,15 +502,17 @@ class Anatomy:
         return None
 
     def _binding(self, ref: Ref, used_at: ast.AST, depth: int = 0) -> ModelSite | None:
-        """The assignment that gives `ref` its model, following function parameters to callers."""
-        assigns = [
-            b for b in self._values_given(ref)
-            if (b.stmt.lineno <= used_at.lineno and self._same_or_outer_block(b.stmt, used_at)) or ref.name.startswith("self.")
-        ]
-        if assigns:
-            given = assigns[-1] if not ref.name.startswith("self.") else assigns[0]
-            origin = next(iter(self.origins(given.value, ROLE_MODEL)), None) if given.value is not None else None
-            return self._model_binding(ref, given.stmt, origin, given.value)
+        """The statement that gives `ref` its model, following function parameters to callers: the
+        last assignment on the way to `used_at`, or the if/try/with/match whose branches assign it
+        (`if arch == "a": model = A() else: model = B()`: one variable, bound once the branches end)."""
+        given = self._reaching_bindings(ref, used_at)
+        if given:
+            stmt = self.statement_binding(given[-1].stmt, None if ref.name.startswith("self.") else used_at)
+            if stmt is given[-1].stmt:
+                value = given[-1].value
+                origin = next(iter(self.origins(value, ROLE_MODEL)), None) if value is not None else None
+                return self._model_binding(ref, stmt, origin, value)  # type: ignore[arg-type]
+            return self._branches_binding(ref, stmt, given)  # type: ignore[arg-type]
         container = self._iterated_container(ref)
         if container is not None:
             return self._container_binding(container, used_at, depth)
@@ -522,6 +526,55 @@ class Anatomy:
                 if caller_ref is not None:
                     return self._binding(caller_ref, site.node, depth + 1)
         return None
+
+    def _reaching_bindings(self, ref: Ref, used_at: ast.AST) -> list[Binding]:
+        """The assignments that bind `ref` in the statement reaching `used_at` (for `self.x`, in the first
+        statement binding it): one assignment, or each made in the branches of one compound statement."""
+        if ref.name.startswith("self."):
+            given = self._values_given(ref)
+            first = self.statement_binding(given[0].stmt) if given else None
+            return [b for b in given if b.stmt is first or self._holds(first, b.stmt)]  # type: ignore[arg-type]
+        reaching: dict[ast.stmt, list[Binding]] = defaultdict(list)
+        for b in self._values_given(ref):
+            stmt = self.statement_binding(b.stmt, used_at) if b.stmt.lineno <= used_at.lineno else None
+            if stmt is not None:
+                reaching[stmt].append(b)
+        last = max(reaching, key=lambda s: (s.lineno, s.col_offset), default=None)
+        return reaching[last] if last is not None else []
+
+    def statement_binding(self, stmt: ast.stmt, used_at: ast.AST | None = None) -> ast.stmt | None:
+        """The statement after which what `stmt` binds is bound: `stmt`, or the outermost if/try/with/match
+        around it that stands in a block `used_at` runs in (None when none does, or one holds `used_at`).
+        Without `used_at`, the outermost such statement of its function."""
+        while used_at is None or not self.same_or_outer_block(stmt, used_at):
+            around = self._branching_around(stmt)
+            if around is None or (used_at is not None and self._holds(around, used_at)):
+                return stmt if used_at is None else None
+            stmt = around
+        return stmt
+
+    def _branching_around(self, stmt: ast.stmt) -> ast.stmt | None:
+        """The if/try/with/match whose block (a branch, a handler, a case) holds `stmt`."""
+        parent = self.parents.get(stmt)
+        if isinstance(parent, (ast.excepthandler, ast.match_case)):
+            parent = self.parents.get(parent)
+        return parent if isinstance(parent, _BRANCHING) else None
+
+    def _holds(self, stmt: ast.AST, node: ast.AST) -> bool:
+        """Is `node` inside `stmt`?"""
+        cur = self.parents.get(node)
+        while cur is not None and cur is not stmt:
+            cur = self.parents.get(cur)
+        return cur is stmt
+
+    def _branches_binding(self, ref: Ref, stmt: ast.stmt, given: list[Binding]) -> ModelSite:
+        """The model `ref` gets in the branches of `stmt`: wrapped once, after it (and after its moves)."""
+        origins = [o for b in given if b.value is not None for r, o in self.roles(b.value) if r == ROLE_MODEL]
+        site = self._model_binding(ref, stmt, None, stmt)
+        classes = {o.class_name if isinstance(o, ModelSite) else "" for o in origins}
+        site.class_name = classes.pop() if len(classes) == 1 else ""
+        site.has_batchnorm = any_batchnorm(o.has_batchnorm if isinstance(o, ModelSite) else None for o in origins)
+        return site
 
     def _iterated_container(self, ref: Ref) -> ast.AST | None:
         """`nets` when `ref` is the variable of `for net in nets` / `... for net in nets.values()`."""
@@ -557,7 +610,7 @@ class Anatomy:
         found = [o.has_batchnorm for r, o in self.roles(value) if r == ROLE_MODELS and isinstance(o, ModelSite)]
         return False if found and not any(b is not False for b in found) else None
 
-    def _same_or_outer_block(self, stmt: ast.stmt, node: ast.AST) -> bool:
+    def same_or_outer_block(self, stmt: ast.stmt, node: ast.AST) -> bool:
         """Is `stmt` in a block that `node` runs in too (not inside an `if` that `node` is outside)?"""
         block = self.block_of(stmt)
         cur: ast.AST | None = node
@@ -619,6 +672,32 @@ class Anatomy:
                     if item is stmt:
                         return parent, field_name, index
         raise ValueError(f"line {stmt.lineno}: statement not found in its parent")
+
+    def alternatives(self, site: Site) -> frozenset[Site]:
+        """`site` and the sites one variable may hold instead of it, each assigned in another branch of
+        one if/try/match (`if ...: loader = DataLoader(a) else: loader = DataLoader(b)`)."""
+        return self._alternatives.get(site, frozenset({site}))
+
+    @cached_property
+    def _alternatives(self) -> dict[Site, frozenset[Site]]:
+        branches: dict[tuple[Ref, ast.stmt], set[Site]] = defaultdict(set)
+        for ref, found in bindings(self).items():
+            for b in found:
+                around = self.statement_binding(b.stmt) if b.value is not None else b.stmt
+                if around is not b.stmt and not isinstance(around, (ast.With, ast.AsyncWith)):
+                    branches[(ref, around)] |= {o for _, o in self.roles(b.value) if o is not None}  # type: ignore[arg-type]
+        out: dict[Site, frozenset[Site]] = {}
+        for sites in branches.values():
+            for site in sites:
+                out[site] = out.get(site, frozenset({site})) | sites
+        return out
+
+    def chosen_loaders(self, expr: ast.AST) -> list[LoaderSite]:
+        """The loaders `expr` holds when they are one, or alternatives of one another (chosen in
+        branches), by line; [] when none, or when it may hold unrelated ones (`run_epoch(loader)`
+        called with the training and the validation loader)."""
+        found = sorted(self.origins(expr, ROLE_LOADER), key=lambda s: (s.line, s.pos.col))
+        return found if found and set(found) <= self.alternatives(found[0]) else []  # type: ignore[return-value]
 
     def refs_holding(self, origin: Site, role: str) -> set[Ref]:
         return {ref for ref, vals in self.values.items() if (role, origin) in vals}
@@ -1031,6 +1110,23 @@ class _ValueFlow:
         a.models = [m for m in a._model_sites.values() if m.target is not None and m.target.scope not in a.model_classes]
 
 
+def loader_shuffles(loader: LoaderSite) -> bool:
+    """May the loader shuffle? No only for a DataLoader call with no `shuffle` (or a literal False) and
+    no `**options` that may hold one; a loader another file builds may."""
+    if loader.built_elsewhere or loader.call is None or any(kw.arg is None for kw in loader.call.keywords):
+        return True
+    shuffle = argument(loader.call, 2, "shuffle")  # DataLoader(dataset, batch_size, shuffle, ...)
+    return shuffle is not None and not constant(shuffle, False)
+
+
+def any_batchnorm(values: Iterable[bool | None]) -> bool | None:
+    """True if any model may have BatchNorm, False if none has, None when unknown."""
+    seen = set(values)
+    if True in seen:
+        return True
+    return False if seen == {False} else None
+
+
 def _parameters_receiver(node: ast.AST) -> ast.AST | None:
     """`model` in `model.parameters()` / `model.named_parameters()` (a variable, not `model.head`)."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PARAMETER_METHODS:
@@ -1158,15 +1254,13 @@ def _find_iterator_passes(a: Anatomy) -> None:
     for node in a.nodes:
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "iter" and len(node.args) == 1):
             continue
-        loaders = a.origins(node.args[0], ROLE_LOADER)
-        if len(loaders) != 1:
-            continue
-        (loader,) = loaders
-        a.loader_iters.append((node, loader))  # type: ignore[arg-type]
+        loaders = a.chosen_loaders(node.args[0])
+        a.loader_iters += [(node, loader) for loader in loaders]
         loop = next((lp for lp in a.enclosing(node, (ast.For, ast.While)) if a.body_contains(lp.body, a.is_training_call)), None)
-        if loop is not None or _drawn_from_in_training(a, node):
-            loader.is_train = True  # type: ignore[attr-defined]
-            a.iterator_passes.append((node, loader, loop))  # type: ignore[arg-type]
+        if loaders and (loop is not None or _drawn_from_in_training(a, node)):
+            for loader in loaders:
+                loader.is_train = True
+                a.iterator_passes.append((node, loader, loop))  # type: ignore[arg-type]
 
 
 def _drawn_from_in_training(a: Anatomy, call: ast.Call) -> bool:
@@ -1211,8 +1305,7 @@ def _iterated_loaders(a: Anatomy, expr: ast.AST) -> list[LoaderSite]:
         expr = expr.args[0]
     if isinstance(expr, ast.Call) and expr in a._loader_sites:
         return [a._loader_sites[expr]]
-    found = a.origins(expr, ROLE_LOADER)
-    return sorted(found, key=lambda s: s.line)[:1]  # type: ignore[return-value]
+    return a.chosen_loaders(expr) or sorted(a.origins(expr, ROLE_LOADER), key=lambda s: s.line)[:1]  # type: ignore[return-value]
 
 
 def _loop_var(loop: ast.For | ast.AsyncFor | ast.While) -> str | None:

@@ -2,7 +2,9 @@
 
 Each training DataLoader gets `sampler=DistributedSampler(dataset, shuffle=..., seed=..., drop_last=...)`
 (its own `shuffle` moves into the sampler), and every epoch loop that trains on it calls
-`<loader>.sampler.set_epoch(epoch)` first, so each epoch shuffles differently and all ranks agree.
+`<loader>.sampler.set_epoch(epoch)` first, so each epoch shuffles differently and all ranks agree
+(after the loader where the loop builds it anew; none where its sampler never shuffles). Loaders
+a variable gets in the branches of an if/elif/else are each sharded: any may be the one trained on.
 Evaluation loaders are sharded by the evaluation transform (evaluation.py), or left whole.
 """
 
@@ -14,6 +16,9 @@ import libcst as cst
 
 from ddpify.anatomy import ADAPTIVE_OPTIMIZERS, ROLE_LOADER, ROLE_OPTIMIZER, ROLE_PBAR, LoaderSite, LoopSite
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.analyzer import loader_shuffles, walk_body
+from ddpify.anatomy.syntax import argument
+from ddpify.anatomy.vocabulary import ITERATION_WRAPPERS
 from ddpify.codemods.base import Duty, Transform, cst_type_of, data_line, parse_expr
 from ddpify.codemods.ddp.runtime import WORLD_SIZE
 
@@ -74,6 +79,7 @@ class DistributedSamplers(SamplerTransform):
 
     def plan(self) -> None:
         super().plan()
+        self._queued: set[tuple[ast.stmt, str]] = set()
         sharded = [ld for ld in self.anatomy.train_loaders if self._shard(ld)]
         if sharded:
             self.add_import("torch.utils.data", "DistributedSampler")
@@ -179,28 +185,129 @@ class DistributedSamplers(SamplerTransform):
 
     # ----- set_epoch ---------------------------------------------------------------------------
     def _set_epoch(self, loop: LoopSite, sharded: list[LoaderSite]) -> list[LoaderSite]:
-        """Insert set_epoch for each sharded loader trained on inside `loop`; return those handled."""
+        """Insert set_epoch for each sharded loader trained on inside `loop`; return those handled.
+
+        A loader whose sampler never shuffles (its DataLoader had no shuffle) needs none: its epoch
+        changes nothing. Loaders chosen in branches (`if ...: loader = DataLoader(a) else: ...`) are one
+        variable and get one call; when a branch's loader could not be sharded (an IterableDataset,
+        a sampler of its own: the conversion is incomplete and says why), the call is guarded by
+        `isinstance(..., DistributedSampler)`, so the output written with --partial still runs in
+        that branch instead of failing on a sampler without set_epoch."""
         handled = []
         for loader in sharded:
             if not self._trains_inside(loop, loader):
                 continue
             handled.append(loader)
+            if not any(loader_shuffles(choice) for choice in self.anatomy.alternatives(loader)):
+                continue
             if loop.loop_var is None:
                 self._missing_set_epoch(loop.line, "the epoch loop has no epoch variable")
-                continue
-            call = f"{{}}.sampler.set_epoch({loop.loop_var})\n"
-            built_inside = self._binding_inside(loop, loader)
-            if built_inside is not None:
-                stmt, name = built_inside
-                self.insert_after(stmt, call.format(name))
             else:
-                name = self._visible_name(loop, loader)
-                if name is None:
-                    self._missing_set_epoch(loop.line, "can't name the training loader in the epoch loop")
-                    continue
-                self.insert_at_body_start(loop.node, call.format(name))  # type: ignore[arg-type]
-            self.changed(loop.line, f"{name}.sampler.set_epoch({loop.loop_var}) at the start of every epoch")
+                unplaced = self._set_epoch_in(loop, loader, self._guarded(loader, sharded))
+                if unplaced is not None:
+                    self._missing_set_epoch(loop.line, unplaced)
         return handled
+
+    def _set_epoch_in(self, loop: LoopSite, loader: LoaderSite, call: str) -> str | None:
+        """Queue `call` (formatted with the loader's name and the epoch) where the epoch loop's
+        loader is named: after the statement that rebuilds it in the loop, at the top of the loop, or
+        where a pass rebuilds it out of the loop's sight. When there is no such place, why."""
+        built_inside = self._binding_inside(loop, loader)
+        if built_inside is not None:
+            stmt, name = built_inside
+            self._queue(self.insert_after, stmt, call.format(name=name, epoch=loop.loop_var), loop.line,
+                        f"{name}.sampler.set_epoch({loop.loop_var}) at the start of every epoch")
+            return None
+        name = self._visible_name(loop, loader)
+        if name is not None:
+            self._queue(self.insert_at_body_start, loop.node, call.format(name=name, epoch=loop.loop_var), loop.line,  # type: ignore[arg-type]
+                        f"{name}.sampler.set_epoch({loop.loop_var}) at the start of every epoch")
+            return None
+        return self._set_epoch_where_rebuilt(loop, loader, call)
+
+    def _queue(self, insert, anchor: ast.stmt, code: str, line: int, message: str) -> None:
+        """Insert `code` at `anchor` once (loaders chosen in branches share their call)."""
+        if (anchor, code) not in self._queued:
+            self._queued.add((anchor, code))
+            insert(anchor, code)
+            self.changed(line, message)
+
+    def _guarded(self, loader: LoaderSite, sharded: list[LoaderSite]) -> str:
+        """The set_epoch call for `loader`, guarded where a branch may hold a loader left unsharded."""
+        call = "{name}.sampler.set_epoch({epoch})\n"
+        if self.anatomy.alternatives(loader) <= set(sharded):
+            return call
+        return ("if isinstance({name}.sampler, DistributedSampler):  # some branch's loader is not sharded\n"
+                "    " + call)
+
+    def _set_epoch_where_rebuilt(self, loop: LoopSite, loader: LoaderSite, call: str) -> str | None:
+        """A pass that builds its loader anew where the epoch loop can't name it (`for b in
+        get_loader(...):`, or a loader built in the function each epoch calls): set_epoch on the new
+        loader right after it is built, with the epoch (the loop's variable, or the parameter the
+        called function is given it in). When the pass, the loader or the epoch can't be named there, why."""
+        a = self.anatomy
+        steps = [s for s in (*a.step_loops, *a.delegated_steps)
+                 if s.trains and loader in s.loaders and a.body_contains(loop.node.body, lambda n, s=s: n is s.node)]  # type: ignore[attr-defined]
+        unnamed = "can't name the training loader in the epoch loop"
+        if len(steps) != 1:
+            return unnamed
+        step = steps[0]
+        epoch = loop.loop_var if a.scope_of.get(step.node) == a.scope_of.get(loop.node) else self._epoch_parameter(loop, step.scope)
+        if epoch is None:
+            return f"the loader is built anew in {step.scope}() each epoch, and {step.scope}() is not given the epoch"
+        named = self._named_before(step, loader)
+        if named is not None:
+            stmt, name = named
+            self._queue(self.insert_after, stmt, call.format(name=name, epoch=epoch), stmt.lineno,
+                        f"{name}.sampler.set_epoch({epoch}) after the loader is built anew for the epoch")
+            return None
+        built = self._built_in_pass(step, loader)
+        if built is None:
+            return unnamed
+        name = self._fresh_name("train_loader")
+        self.rewrite_node(built, cst.Call, lambda _: cst.Name(name))
+        stmt = a.stmt_of.get(step.node, step.node)
+        self._queue(self.insert_before, stmt, f"{name} = {ast.unparse(built)}\n" + call.format(name=name, epoch=epoch),  # type: ignore[arg-type]
+                    step.line, f"the loader built for each epoch named {name}; {name}.sampler.set_epoch({epoch}) before the pass")
+        return None
+
+    def _built_in_pass(self, step: LoopSite, loader: LoaderSite) -> ast.Call | None:
+        """The call that builds the loader right where the pass takes it: `get_loader(...)` in
+        `for b in enumerate(get_loader(...))`, or an argument of the call into another file that trains on it."""
+        a = self.anatomy
+        if isinstance(step.node, ast.Call):
+            built = [arg for arg in (*step.node.args, *(kw.value for kw in step.node.keywords)) if isinstance(arg, ast.Call)]
+        else:
+            built = [_iterated_call(a, step.node.iter)]  # type: ignore[attr-defined, list-item]
+        return next((c for c in built if c is not None and (ROLE_LOADER, loader) in a.roles(c)), None)
+
+    def _epoch_parameter(self, loop: LoopSite, scope: str) -> str | None:
+        """The parameter of function `scope` that the epoch loop's calls give its epoch variable."""
+        a = self.anatomy
+        fn = a.functions.get(scope)
+        for node in walk_body(loop.node.body) if fn is not None else ():  # type: ignore[attr-defined]
+            if isinstance(node, ast.Call) and a.callee(node) == scope:
+                for index, param in enumerate(fn.params):  # type: ignore[union-attr]
+                    arg = argument(node, index, param)
+                    if isinstance(arg, ast.Name) and arg.id == loop.loop_var:
+                        return param
+        return None
+
+    def _named_before(self, step: LoopSite, loader: LoaderSite) -> tuple[ast.stmt, str] | None:
+        """The last assignment before the pass, in its function, that binds the loader to a name."""
+        a = self.anatomy
+        named = [(node, name) for node in a.nodes
+                 if isinstance(node, ast.stmt) and a.scope_of.get(node) == step.scope and node.lineno < step.line
+                 and (name := self._loader_bound_by(node, loader)) and a.same_or_outer_block(node, step.node)]
+        return max(named, key=lambda found: found[0].lineno, default=None)
+
+    def _loader_bound_by(self, stmt: ast.stmt, loader: LoaderSite) -> str | None:
+        """The name `stmt` binds the loader to (`loader = get_loader(...)`, not a progress bar over it)."""
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and self.anatomy.ref(stmt.targets[0]) is not None:
+            roles = self.anatomy.roles(stmt.value)
+            if (ROLE_LOADER, loader) in roles and (ROLE_PBAR, None) not in roles:
+                return ast.unparse(stmt.targets[0])
+        return None
 
     def _passes_numbered(self, loader: LoaderSite) -> bool:
         """Training walks the loader once, or a few times in straight-line code (one function, no
@@ -217,8 +324,8 @@ class DistributedSamplers(SamplerTransform):
             return False
         for epoch, (node, name) in enumerate(zip(passes[1:], names), 1):
             stmt = node if isinstance(node, ast.stmt) else a.stmt_of[node]
-            self.insert_before(stmt, f"{name}.sampler.set_epoch({epoch})  # pass {epoch + 1} over it: reshuffle\n")
-            self.changed(stmt.lineno, f"{name}.sampler.set_epoch({epoch}) before pass {epoch + 1} over the loader")
+            self._queue(self.insert_before, stmt, f"{name}.sampler.set_epoch({epoch})  # pass {epoch + 1} over it: reshuffle\n",
+                        stmt.lineno, f"{name}.sampler.set_epoch({epoch}) before pass {epoch + 1} over the loader")
         return True
 
     def _next_epoch_at_restarts(self, sharded: list[LoaderSite]) -> set[LoaderSite]:
@@ -237,8 +344,8 @@ class DistributedSamplers(SamplerTransform):
                 unnamed.add(loader)
                 continue
             sampler = f"{ast.unparse(source)}.sampler"
-            self.insert_before(self.anatomy.stmt_of[call], f"{sampler}.set_epoch({sampler}.epoch + 1)  # a new pass: reshuffle\n")
-            self.changed(call.lineno, f"{sampler}.set_epoch(...) before each new pass over the loader (the next epoch)")
+            self._queue(self.insert_before, self.anatomy.stmt_of[call], f"{sampler}.set_epoch({sampler}.epoch + 1)  # a new pass: reshuffle\n",
+                        call.lineno, f"{sampler}.set_epoch(...) before each new pass over the loader (the next epoch)")
         return handled - unnamed
 
     def _trains_inside(self, loop: LoopSite, loader: LoaderSite) -> bool:
@@ -247,11 +354,9 @@ class DistributedSamplers(SamplerTransform):
     def _binding_inside(self, loop: LoopSite, loader: LoaderSite) -> tuple[ast.stmt, str] | None:
         """An assignment in the epoch loop's own block that (re)builds the loader each epoch."""
         for stmt in loop.node.body:  # type: ignore[attr-defined]
-            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-                target = stmt.targets[0]
-                roles = self.anatomy.roles(stmt.value)
-                if (ROLE_LOADER, loader) in roles and (ROLE_PBAR, None) not in roles and self.anatomy.ref(target) is not None:
-                    return stmt, ast.unparse(target)
+            name = self._loader_bound_by(stmt, loader)
+            if name is not None:
+                return stmt, name
         return None
 
     def _visible_name(self, loop: LoopSite, loader: LoaderSite) -> str | None:
@@ -281,6 +386,13 @@ def _bind(node: cst.CSTNode, name: str, parenthesize: bool) -> cst.CSTNode:
     """`name := <dataset expression>` (parenthesized where a keyword value needs it)."""
     parens = {"lpar": [cst.LeftParen()], "rpar": [cst.RightParen()]} if parenthesize else {}
     return cst.NamedExpr(target=cst.Name(name), value=node, **parens)  # type: ignore[arg-type]
+
+
+def _iterated_call(anatomy, expr: ast.AST) -> ast.Call | None:
+    """The call a loop iterates, inside `enumerate(...)`/`tqdm(...)` (`get_loader(...)` in `enumerate(get_loader(...))`)."""
+    while isinstance(expr, ast.Call) and anatomy.qualname(expr.func) in ITERATION_WRAPPERS and expr.args:
+        expr = expr.args[0]
+    return expr if isinstance(expr, ast.Call) else None
 
 
 def _is_progress_bar(anatomy, ref) -> bool:
