@@ -1,4 +1,4 @@
-"""The DataParallel rules (DP001-DP007) on whole scripts.
+"""The DataParallel rules (DP001-DP008) on whole scripts.
 
 * `fixtures/lint/dp/<name>.py` — buggy DataParallel scripts; `<name>.expected` next to each lists
   the DP-rule findings (`LINE:COL CODE`, 0-based column, sorted), DP007 (off by default) included.
@@ -45,7 +45,7 @@ def expected_path(script: Path) -> Path:
 
 def test_fixture_sets_are_there():
     assert len(BUGGY) >= 3 and len(CLEAN) >= 2 and len(CONVERTED) >= 20
-    assert DP_RULE_CODES == {f"DP00{n}" for n in range(1, 8)}
+    assert DP_RULE_CODES == {f"DP00{n}" for n in range(1, 9)}
 
 
 @pytest.mark.parametrize("script", BUGGY, ids=[p.stem for p in BUGGY])

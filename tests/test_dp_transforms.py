@@ -430,6 +430,10 @@ loss.backward()
         code = self.script("out, state = self.rnn(x, state)\nreturn self.head(out), state", "h = None\nout, h = model(x)\nout, h = model(x, h)")
         assert not self.missing(code)
 
+    def test_a_state_forward_makes_from_the_input_s_shape_is_not_an_argument(self):
+        code = self.script("h0 = torch.zeros(2, x.size(0), 8)\nout, _ = self.rnn(x, (h0, h0))\nreturn self.head(out)", "out = model(x)")
+        assert not self.missing(code)
+
     def test_a_sequence_first_input_is_missing_unless_forward_transposes_it(self):
         step = "out = model(x)"
         assert [what for _, what in self.missing(self.script("out, _ = self.rnn(x)\nreturn self.head(out)", step, batch_first=False))]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy.analyzer import ROLE_CRITERION, ROLE_MODEL, Anatomy, Function
@@ -44,6 +44,7 @@ _REDUCTIONS = frozenset({"mean", "sum"})
 _CONTAINER_MUTATORS = frozenset({"append", "extend", "insert", "update", "setdefault", "pop", "clear", "add", "remove"})
 _MAX_DEPTH = 8
 _RESHAPES = frozenset({"transpose", "permute", "t", "movedim", "swapaxes", "swapdims"})  # may put the batch first
+_METADATA = frozenset({"shape", "size", "dim", "ndim", "device", "dtype"})  # read of a tensor that is not its data
 _SELECTIONS = frozenset({"mean", "sum", "max", "min", "amax", "amin", "gather", "index_select"})  # may drop the time steps
 
 
@@ -498,6 +499,40 @@ def model_replica_facts(anatomy: Anatomy, class_name: str) -> ReplicaFacts | Non
     return exported.replica if exported is not None else None
 
 
+@dataclass(frozen=True)
+class ScatterMisuse:
+    """A call of a DataParallel-wrapped model that its scatter or gather breaks: `given` is the
+    argument it would split along the wrong dimension (None: the output cannot be gathered)."""
+
+    hazard: ScatterHazard
+    facts: ReplicaFacts
+    given: ast.AST | None = None
+
+
+def scatter_misuses(anatomy: Anatomy, call: ast.Call, classes: list[str], wraps: Callable[[ast.Call], bool]) -> list[ScatterMisuse]:
+    """What DataParallel's scatter or gather breaks in this call of a model of `classes`; `wraps`
+    says which calls go through the wrapper. A state that only ever holds None or what such a call
+    returned is fine: gathered along dim 0, it splits back into the parts each replica returned."""
+    found = []
+    for facts in filter(None, (model_replica_facts(anatomy, cls) for cls in classes)):
+        for hazard in facts.hazards:
+            given = argument(call, hazard.index, hazard.parameter) if hazard.parameter is not None else None
+            if hazard.parameter is None or given is not None and not _round_trips(anatomy, given, wraps):
+                found.append(ScatterMisuse(hazard, facts, given))
+    return found
+
+
+def _round_trips(anatomy: Anatomy, given: ast.AST, wraps: Callable[[ast.Call], bool]) -> bool:
+    """Does `given` only ever hold None or what a call through the wrapper returned?"""
+    ref = anatomy.ref(given) if isinstance(given, ast.Name) else None
+    found = bindings(anatomy).get(ref, []) if ref is not None else []
+    return bool(found) and all(
+        isinstance(b.value, ast.Constant) and b.value.value is None
+        or isinstance(b.stmt, ast.Assign) and isinstance(b.stmt.value, ast.Call) and wraps(b.stmt.value)
+        for b in found
+    )
+
+
 def _unscattered_arguments(anatomy: Anatomy, class_name: str, forward: ast.FunctionDef) -> list[ScatterHazard]:
     """Forward's parameters that reach a recurrent layer with the batch in dim 1: its hidden state
     (always `(layers, batch, hidden)`) and, without `batch_first=True`, its input `(seq, batch, ...)`."""
@@ -535,18 +570,19 @@ def _ragged_outputs(anatomy: Anatomy, forward: ast.FunctionDef) -> list[ScatterH
     returned = [r.value for r in _returns(forward) if r.value is not None]
     return [
         ScatterHazard(call.lineno, "forward returns the padded output of pad_packed_sequence, as long as the longest sequence of each replica's part of the batch")
-        for call in sorted(padded, key=_start) if any(_flowing_into(forward, value, {call}, _is_selection) for value in returned)
+        for call in sorted(padded, key=_start) if any(_flowing_into(forward, value, {call}, _selects_steps) for value in returned)
     ]
 
 
 def _flowing_into(forward: ast.FunctionDef, expr: ast.AST, sources, stop, seen: frozenset[str] = frozenset()) -> set:
     """Which of `sources` (forward's parameter names, or call nodes) reach `expr` through forward's
-    local variables, not through what `stop` says keeps them out."""
+    local variables, not through what `stop` says keeps them out, nor as a shape or device
+    (`torch.zeros(1, x.size(0), h)` holds none of `x`: _reads_metadata)."""
     found = set()
     pending = [expr]
     while pending:
         node = pending.pop()
-        if stop(node):
+        if stop(node) or _reads_metadata(node):
             continue
         if node in sources or isinstance(node, ast.Name) and node.id in sources:
             found.add(node if node in sources else node.id)  # type: ignore[attr-defined]
@@ -555,6 +591,13 @@ def _flowing_into(forward: ast.FunctionDef, expr: ast.AST, sources, stop, seen: 
                 found |= _flowing_into(forward, value, sources, stop, seen | {node.id})
         pending.extend(ast.iter_child_nodes(node))
     return found
+
+
+def _reads_metadata(node: ast.AST) -> bool:
+    """`x.shape`, `x.size(0)`, `x.device`, `len(x)`: what a tensor is like, not what it holds."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len":
+        return True
+    return isinstance(node, ast.Attribute) and node.attr in _METADATA
 
 
 def _assigned_values(forward: ast.FunctionDef, name: str) -> list[ast.AST]:
@@ -569,9 +612,12 @@ def _is_reshape(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _RESHAPES
 
 
-def _is_selection(node: ast.AST) -> bool:
-    """Indexing or a reduction: what may leave the padded time steps behind (`out[:, -1]`, `out.mean(1)`)."""
-    return isinstance(node, ast.Subscript) or isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SELECTIONS
+def _selects_steps(node: ast.AST) -> bool:
+    """Indexing or a reduction: what may leave the padded time steps behind (`out[:, -1]`,
+    `out.mean(1)`); not the item of the pair pad_packed_sequence returns (`pad_packed_sequence(...)[0]`)."""
+    if isinstance(node, ast.Subscript):
+        return not (isinstance(node.value, ast.Call) and isinstance(node.slice, ast.Constant))
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SELECTIONS
 
 
 def _params(fn: ast.FunctionDef) -> list[str]:

@@ -7,8 +7,7 @@ steps of the whole batch, not its part of the batch. `pad_packed_sequence` pads 
 output to the longest sequence of its own part, so the outputs differ in length and cannot be
 joined. Neither has a rewrite that is right in general: the conversion is incomplete, with the
 line and what to change by hand. A state that only ever comes out of a wrapped model's earlier call
-(`out, hidden = decoder(x, hidden)`) is left alone: gathered along dim 0, it splits back into the
-parts each replica returned.
+(`out, hidden = decoder(x, hidden)`) is left alone (ddpify.anatomy.forward.scatter_misuses).
 """
 
 from __future__ import annotations
@@ -16,14 +15,12 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import ROLE_MODEL, Anatomy, Ref
-from ddpify.anatomy.bindings import bindings
-from ddpify.anatomy.facts import ReplicaFacts, ScatterHazard
-from ddpify.anatomy.forward import model_calls, model_replica_facts
+from ddpify.anatomy.forward import ScatterMisuse, model_calls, scatter_misuses
 from ddpify.codemods.base import Transform
 
-_SCATTER_TODO = ("let forward take it batch-first and transpose it itself (`{0}.transpose(0, 1)`; a hidden state "
-                 "returned for the next call transposed back), or create it inside forward")
-_GATHER_TODO = "pass total_length= (the padded input's length) to pad_packed_sequence, so every replica pads alike"
+SCATTER_TODO = ("let forward take it batch-first and transpose it itself (`{0}.transpose(0, 1)`; a hidden state "
+                "returned for the next call transposed back), or create it inside forward")
+GATHER_TODO = "pass total_length= (the padded input's length) to pad_packed_sequence, so every replica pads alike"
 
 
 class ScatterGather(Transform):
@@ -34,33 +31,26 @@ class ScatterGather(Transform):
     SEES_EDITS_OF = ()  # reports only, on the user's model calls
 
     def plan(self) -> None:
-        self.trained = {model.target for model in self.anatomy.trained_models}
+        trained = {model.target for model in self.anatomy.trained_models}
+
+        def wraps(call: ast.Call) -> bool:
+            return _calls_one_of(self.anatomy, call, trained)
+
         for call, classes in model_calls(self.anatomy):
-            if not _calls_one_of(self.anatomy, call, self.trained):
-                continue
-            for facts in filter(None, (model_replica_facts(self.anatomy, cls) for cls in classes)):
-                for hazard in facts.hazards:
-                    self._refuse(call, hazard, facts)
+            for misuse in scatter_misuses(self.anatomy, call, classes, wraps) if wraps(call) else ():
+                self.missing(call.lineno, misuse_text(call, misuse), _todo(misuse))
 
-    def _refuse(self, call: ast.Call, hazard: ScatterHazard, facts: ReplicaFacts) -> None:
-        where = f"{facts.path}:{hazard.line}"
-        if hazard.parameter is None:
-            self.missing(call.lineno, f"DataParallel cannot gather what `{ast.unparse(call.func)}(...)` returns: {hazard.why} ({where})", _GATHER_TODO)
-            return
-        given = call.args[hazard.index] if hazard.index < len(call.args) else next((kw.value for kw in call.keywords if kw.arg == hazard.parameter), None)
-        if given is not None and not self._round_trips(given):
-            self.missing(call.lineno, f"DataParallel would split `{ast.unparse(given)}` along dim 0, not along its batch: {hazard.why} ({where})",
-                         _SCATTER_TODO.format(hazard.parameter))
 
-    def _round_trips(self, given: ast.expr) -> bool:
-        """Does `given` only ever hold None or what a call of a wrapped model returned?"""
-        ref = self.anatomy.ref(given) if isinstance(given, ast.Name) else None
-        found = bindings(self.anatomy).get(ref, []) if ref is not None else []
-        return bool(found) and all(
-            isinstance(b.value, ast.Constant) and b.value.value is None
-            or isinstance(b.stmt, ast.Assign) and isinstance(b.stmt.value, ast.Call) and _calls_one_of(self.anatomy, b.stmt.value, self.trained)
-            for b in found
-        )
+def misuse_text(call: ast.Call, misuse: ScatterMisuse) -> str:
+    """What goes wrong, for the user (the codemod's missing item, the lint's finding)."""
+    where = f"{misuse.facts.path}:{misuse.hazard.line}"
+    if misuse.given is None:
+        return f"DataParallel cannot gather what `{ast.unparse(call.func)}(...)` returns: {misuse.hazard.why} ({where})"
+    return f"DataParallel would split `{ast.unparse(misuse.given)}` along dim 0, not along its batch: {misuse.hazard.why} ({where})"
+
+
+def _todo(misuse: ScatterMisuse) -> str:
+    return GATHER_TODO if misuse.given is None else SCATTER_TODO.format(misuse.hazard.parameter)
 
 
 def _calls_one_of(anatomy: Anatomy, call: ast.Call, models: set[Ref]) -> bool:
