@@ -56,8 +56,6 @@ RUN_ELSEWHERE = {
     (".", "dp"): "tests/test_dp_codemod.py::test_converted_script_runs_like_the_original (its snapshot)",
 }
 # Conversions that crash or hang because of a codemod bug: {(fixture, target): the bug} (strict xfail).
-RANK0_FORWARD = ("the FSDP conversion puts a print on rank 0 only whose arguments run a forward of the sharded model "
-                 "({}), a collective the other rank never joins: rank 0 fails when rank 1 exits")
 CODEMOD_BUGS: dict[tuple[str, str], str] = {
     ("real/compound_prints", "fsdp"): "the FSDP conversion leaves `p.detach().cpu().flatten().tolist()` on the sharded "
                                       "parameters in a rank-0 print (line 91): RuntimeError: This operation would remove "
@@ -69,11 +67,8 @@ CODEMOD_BUGS: dict[tuple[str, str], str] = {
                                   "support deepcopy",
     ("real/finetune_frozen_backbone", "fsdp"): "a pretrained state dict loaded into the backbone after it was sharded: "
                                                "RuntimeError: Error(s) in loading state_dict for Backbone",
-    ("real/gpu_index_arg", "fsdp"): RANK0_FORWARD.format("`evaluate(model, val_loader, device)` in the epoch's print"),
-    ("real/sample_after_training", "fsdp"): RANK0_FORWARD.format("`sample(model, device)` in the epoch's print"),
     ("real/save_whole_model", "fsdp"): "torch.save(model) of the whole sharded model: _pickle.PicklingError: Can't pickle "
                                        "FSDPClassifier (fully_shard's dynamic class)",
-    ("real/seq2seq_toy", "fsdp"): RANK0_FORWARD.format("`evaluate(encoder, decoder, seq)` in a print"),
 }
 
 

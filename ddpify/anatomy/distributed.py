@@ -454,7 +454,7 @@ def must_run_on_every_rank(a: Anatomy, call: ast.Call) -> bool:
     known: a library's function, a method that is not a known read. No for pure formatting and
     reads (`vocabulary.is_pure_call`), output calls, this file's functions that join nothing,
     and calls on a model (rank-0 code calls the module inside the wrapper)."""
-    if joins_by_itself(a, call):
+    if joins_by_itself(a, call) or runs_sharded_model(a, call):
         return True
     if is_pure_call(a, call) or is_output_call(a, call) or a.callee(call) is not None or calls_model(a, call):
         return False
@@ -544,6 +544,19 @@ def _consumer(a: Anatomy, node: ast.AST) -> ast.Call | None:
     if isinstance(parent, ast.keyword):
         parent = a.parents.get(parent)
     return parent if isinstance(parent, ast.Call) and parent.func is not node else None
+
+
+def runs_sharded_model(a: Anatomy, call: ast.Call) -> bool:
+    """Under FSDP, a forward of the sharded model all-gathers its parameters, a collective: `model(x)`,
+    or this file's function handed the model (`evaluate(model, loader)`) that calls it."""
+    if not sharded_origins(a) or not after_shard(a, call):
+        return False
+    if isinstance(call.func, (ast.Name, ast.Attribute)) and is_sharded_model(a, call.func):
+        return True
+    callee = a.callee(call)
+    return callee is not None and any(
+        isinstance(arg, (ast.Name, ast.Attribute)) and is_sharded_model(a, arg) and _calls_parameter(a, callee, p)
+        for i, p in enumerate(a.functions[callee].params) if (arg := argument(call, i, p)) is not None)
 
 
 def hands_wrapper_to_work(a: Anatomy, call: ast.Call) -> bool:
@@ -867,14 +880,16 @@ def seed_calls(a: Anatomy) -> list[CallSite]:
 
 
 def draws_alike_on_every_rank(a: Anatomy) -> list[ast.Call]:
-    """Draws from torch's global RNG in a training step loop's own code (not in a forward or a
-    Dataset it calls) when the script seeds that RNG with no rank, outside the step loops: each
-    rank draws the same values there."""
+    """Draws from torch's global RNG in a training step loop's own code or in a method of this file's
+    models (a VAE's or a diffusion model's noise in forward; not a Dataset's) when the script seeds that RNG with
+    no rank, outside the step loops: each rank draws the same values there."""
     seeds = seed_calls(a)
     steps = [loop.node for loop in a.step_loops if loop.trains]
-    if not seeds or any(mentions_rank(a, seed.node) or _inside_any(a, seed.node, steps) for seed in seeds):
+    if not seeds or not steps or any(mentions_rank(a, seed.node) or _inside_any(a, seed.node, steps) for seed in seeds):
         return []
-    return list(dict.fromkeys(n for step in steps for n in walk_body(step.body) if _draws_from_global_rng(a, n)))  # type: ignore[attr-defined]
+    methods = [fn for model in a.model_classes.values() for fn in model.node.body if isinstance(fn, ast.FunctionDef) and fn.name != "__init__"]
+    bodies = [step.body for step in steps] + [fn.body for fn in methods]  # type: ignore[attr-defined]
+    return list(dict.fromkeys(n for body in bodies for n in walk_body(body) if _draws_from_global_rng(a, n)))
 
 
 def _inside_any(a: Anatomy, node: ast.AST, roots: list[ast.AST]) -> bool:
