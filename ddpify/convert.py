@@ -12,6 +12,7 @@ from ddpify.codemods.base import Missing, Options
 from ddpify.codemods.pipeline import ConversionResult, run_pipeline
 
 TARGETS = ("ddp", "dp", "fsdp")
+NO_TRAINING = "no training found"
 
 
 def convert_source(text: str, target: str, *, path: str = "<string>", batch_size: str = "per-gpu",
@@ -69,7 +70,7 @@ def _nothing_to_do(anatomy: Anatomy, target: str, facts: ProjectFacts) -> str:
     if kind is ScriptKind.DATA_PARALLEL and target == "dp":
         return "already uses DataParallel; nothing to do"
     if not anatomy.trains and not facts:
-        return "no training found (no optimizer, backward() or optimizer step); nothing to do"
+        return f"{NO_TRAINING} (no optimizer, backward() or optimizer step); nothing to do"
     return ""
 
 

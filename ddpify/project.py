@@ -16,6 +16,7 @@ Where the converted files go (write mode):
 
 from __future__ import annotations
 
+import ast
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -25,7 +26,9 @@ from typing import Iterable
 
 from ddpify.anatomy import analyze
 from ddpify.anatomy.project import Project, import_roots, is_entry_point, within
-from ddpify.codemods.pipeline import ConversionResult
+from ddpify.codemods.base import Missing
+from ddpify.codemods.pipeline import ConversionResult, Status
+from ddpify.convert import NO_TRAINING
 from ddpify.sources import Source, SourceError, check_syntax, iter_python_files, mentions_torch, read_source, write_atomic
 
 
@@ -43,6 +46,7 @@ class FileJob:
     result: ConversionResult | None = None
     error: Exception | None = None
     output: str | None = None  # write mode: the mirrored path; None: the command's own choice
+    entry_incomplete: bool = False  # an imported module whose entry's conversion is incomplete: held with it
 
     def convert(self) -> ConversionResult:
         if self.error is not None:
@@ -70,6 +74,10 @@ class ProjectConversion:
     def job(self, path: Path) -> FileJob | None:
         return next((job for job in self.jobs if job.path == path), None)
 
+    @property
+    def entry_incomplete(self) -> bool:
+        return any(job.entry and (job.error is not None or job.result.status is Status.INCOMPLETE) for job in self.jobs)  # type: ignore[union-attr]
+
 
 @dataclass
 class ConversionPlan:
@@ -86,11 +94,12 @@ class ConversionPlan:
         job = self.job(item)
         return job.output if job is not None and job.output else output
 
-    def copy_unchanged_modules(self) -> list[SourceError]:
-        """Write mode: complete each mirror with the project's Python files that needed no change."""
+    def copy_unchanged_modules(self, partial: bool = False) -> list[SourceError]:
+        """Write mode: complete each mirror with the project's Python files that needed no change (not
+        the mirror of an incomplete project, unless `partial`)."""
         errors: list[SourceError] = []
         for conversion in self.projects:
-            if conversion.mirror is not None:
+            if conversion.mirror is not None and (partial or not conversion.entry_incomplete):
                 errors += _complete_mirror(conversion)
         return errors
 
@@ -194,8 +203,25 @@ def _convert_projects(projects: list[Project], sources: dict[Path, Source], targ
     conversions = {id(project): ProjectConversion(project, []) for project in projects}
     for (project, module), (result, error) in zip(modules, outcomes):
         job = FileJob(module.path, sources[module.path], entry=project.is_entry(module), result=result, error=error)
+        if job.entry and result is not None:
+            _training_out_of_sight(result, project.unresolved.get(module.path, []))
         conversions[id(project)].jobs.append(job)
+    for conversion in conversions.values():
+        for job in conversion.jobs:
+            job.entry_incomplete = not job.entry and conversion.entry_incomplete
     return list(conversions.values())
+
+
+def _training_out_of_sight(result: ConversionResult, unresolved: list) -> None:
+    """An entry with no training in sight whose imports ddpify could not follow is incomplete, not
+    "nothing to do": its training may live in a module it imports."""
+    if result.status is not Status.NOTHING_TO_DO or not result.note.startswith(NO_TRAINING) or not unresolved:
+        return
+    for node in unresolved:
+        module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+        result.missing.append(Missing(node.lineno, f"no training found here; it may live in {module}, which ddpify found neither in the project nor installed",
+                                      "make it importable (run from the repository root, add its directory to PYTHONPATH, or pip install -e the "
+                                      "repository) and convert again"))
 
 
 def _convert_module(work: tuple, target: str, options: dict) -> tuple[ConversionResult | None, Exception | None]:
@@ -223,9 +249,7 @@ def _lay_out(conversion: ProjectConversion, target: str, mode: str, output: str 
         raise LayoutError(f"{mirror}: the conversion changes several files of the project; -o must name a directory")
     conversion.mirror = mirror
     for job in conversion.jobs:
-        destination = mirror / within(job.path, root)
-        os.makedirs(destination.parent, exist_ok=True)
-        job.output = str(destination)
+        job.output = str(mirror / within(job.path, root))  # its directories are made when it is written
 
 
 def _complete_mirror(conversion: ProjectConversion) -> list[SourceError]:

@@ -75,6 +75,7 @@ class ProjectFacts:
     returned_elsewhere: frozenset[tuple[str, int | None]] = frozenset()
     trained_returns: frozenset[tuple[str, int | None]] = frozenset()  # ... and trains on
     models_trained_elsewhere: bool = False  # another file of the project has the optimizer of a model
+    data_loaded_elsewhere: bool = False  # another file of the project iterates a training loader of its own
 
     def __bool__(self) -> bool:
         return bool(self.imported or self.params or self.returned_elsewhere)

@@ -2,8 +2,10 @@
 
 Python runs `python train.py` with train.py's directory first on sys.path, so `from model import Net`,
 `import utils` and `from data.loader import get_loader` name files of the project when those files
-exist under that directory (or under the parent of the package that holds the entry). Everything
-else (torch, site-packages) is not the project's and is never followed.
+exist under that directory (or under the parent of the package that holds the entry); failing that,
+under a directory the entry adds to `sys.path` or the repository root (ddpify.anatomy.search_path).
+Everything else (torch, site-packages) is not the project's and is never followed; an import found
+nowhere, not even installed, is kept as `unresolved`: training may live there.
 
 Each file keeps its own analysis (ddpify.anatomy.analyze); this layer only connects them. It
 resolves the names each file imports, and repeats: analyze every file with what it knows of the
@@ -22,6 +24,7 @@ from ddpify.anatomy.analyzer import ROLE_MODEL, Anatomy, analyze
 from ddpify.anatomy.distributed import may_do_work_off_rank_zero
 from ddpify.anatomy.facts import EPOCHS, EVALUATES, NO_FACTS, STEPS, Exported, Incoming, ProjectFacts
 from ddpify.anatomy.forward import replica_facts
+from ddpify.anatomy.search_path import editable_root, extra_roots, installed
 from ddpify.anatomy.sites import CallSite, ModelSite
 
 MAX_ROUNDS = 6
@@ -78,10 +81,12 @@ class Project:
         """`read(path)` returns a file's text or raises; files that can't be read are left out."""
         self.entries = entries
         self.roots = import_roots(entries[0])
+        self.unresolved: dict[Path, list[ast.stmt]] = {}  # an entry's imports of modules found nowhere
+        self._read = read
+        self._extra_roots = self._search_beyond(entries[0])
         self.modules: dict[str, ModuleFile] = {}
         self.unreadable: dict[Path, Exception] = {}
         self._imports: dict[Path, set[Path]] = {}
-        self._read = read
         for entry in entries:
             self._load(entry, entry.stem if entry.parent == self.roots[0] else self._name_of(entry))
         self._analyze()
@@ -114,6 +119,8 @@ class Project:
             return
         module = ModuleFile(name, path, text, tree)
         self.modules[name] = module
+        if path in self.entries:
+            self.unresolved[path] = self._imports_found_nowhere(module)
         for dotted in self._imported_modules(module):
             found = self._find_module(dotted)
             if found is not None:
@@ -140,12 +147,40 @@ class Project:
         return seen
 
     def _find_module(self, dotted: str) -> Path | None:
-        for root in self.roots:
+        """The file of `dotted` under the import roots, or under a root beyond them (which then joins them)."""
+        for root in [*self.roots, *self._extra_roots]:
             base = root.joinpath(*dotted.split("."))
             for candidate in (base.with_suffix(".py"), base / "__init__.py"):
                 if candidate.is_file():
+                    self._use_root(root)
                     return candidate
+        editable = editable_root(dotted.partition(".")[0], self.entries[0])
+        if editable is not None and editable not in [*self.roots, *self._extra_roots]:
+            self._extra_roots.append(editable)
+            return self._find_module(dotted)
         return None
+
+    def _search_beyond(self, entry: Path) -> list[Path]:
+        try:
+            tree = ast.parse(self._read(entry), filename=str(entry))
+        except Exception:  # reported when the entry itself is loaded
+            return []
+        known = {r.resolve() for r in self.roots}
+        return [r for r in extra_roots(entry, tree) if r.resolve() not in known]
+
+    def _use_root(self, root: Path) -> None:
+        """Search `root` with the others from now on, the outermost last (it holds the mirror)."""
+        if root in self._extra_roots:
+            self._extra_roots.remove(root)
+            self.roots = sorted([*self.roots, root], key=lambda r: -len(r.resolve().parts))
+
+    def _imports_found_nowhere(self, module: ModuleFile) -> list[ast.stmt]:
+        """The absolute imports of `module` whose top-level package is neither a project file nor installed."""
+        return [node for node in ast.walk(module.tree) if any(self._found_nowhere(name) for name in _absolute_imports(node))]
+
+    def _found_nowhere(self, dotted: str) -> bool:
+        top = dotted.partition(".")[0]
+        return self._find_module(top) is None and not installed(top)
 
     def _imported_modules(self, module: ModuleFile) -> list[str]:
         """Dotted names of every module this file's imports may load (packages on the way included)."""
@@ -234,9 +269,10 @@ class Project:
                     imported[qualname] = exported
         params, returned, trained = self._callers_of(module)
         by_path = {m.path: m for m in self.files()}
-        models_elsewhere = any(by_path[path].anatomy.trained_models for path in self._connected(module, set(by_path)) - {module.path})
+        others = [by_path[path].anatomy for path in self._connected(module, set(by_path)) - {module.path}]
         return ProjectFacts(imported=imported, params=params, returned_elsewhere=frozenset(returned),
-                            trained_returns=frozenset(trained), models_trained_elsewhere=models_elsewhere)
+                            trained_returns=frozenset(trained), models_trained_elsewhere=any(a.trained_models for a in others),
+                            data_loaded_elsewhere=any(a.train_loaders for a in others))
 
     def _callers_of(self, module: ModuleFile):
         """What other files pass to this file's functions, and which of its returned loaders they use."""
@@ -263,6 +299,15 @@ class Project:
                         trained.add((found[1], loader.index))
         params = {scope: {p: _merged(found) for p, found in by_param.items()} for scope, by_param in incoming.items()}
         return {s: {p: i for p, i in by.items() if i.roles} for s, by in params.items()}, returned, trained
+
+
+def _absolute_imports(node: ast.AST) -> list[str]:
+    """The modules an `import a.b` or `from a.b import c` statement names (none for a relative import)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+        return [node.module]
+    return []
 
 
 def _prefixes(dotted: str) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -130,7 +131,7 @@ def convert(paths, target, output, in_place, show_diff, check, partial, batch_si
     plan = _plan_projects(paths, files, target, options, mode, output, jobs)
     outcomes = [_convert_one(item, job.for_file(plan.output_for(item, output)), explicit=_named(item, paths), member=plan.job(item))
                 for item in plan.items]
-    outcomes += [_fail(error) for error in plan.copy_unchanged_modules()] if mode == "write" else []
+    outcomes += [_fail(error) for error in plan.copy_unchanged_modules(partial)] if mode == "write" else []
     if len(outcomes) > 1:
         click.echo(summary_line(outcomes), err=job.to_stderr)
     sys.exit(exit_code(outcomes, check))
@@ -207,23 +208,28 @@ def _convert_one(item, job: _Job, explicit: bool, member=None) -> Outcome:
         _report(item, result, job)
     launched = member is None or member.entry  # an imported module is not launched
     return _settle(item, result, job, lambda: _preview(item, result, job) or _emit(item, source, result, job, launched),
-                   mirrored=bool(member and member.output))
+                   mirrored=bool(member and member.output), entry_incomplete=bool(member and member.entry_incomplete))
 
 
-def _settle(item, result: ConversionResult, job: _Job, emit: Callable[[], Outcome], mirrored: bool = False) -> Outcome:
+def _settle(item, result: ConversionResult, job: _Job, emit: Callable[[], Outcome], mirrored: bool = False,
+            entry_incomplete: bool = False) -> Outcome:
     """Emit (write, print or diff) what may be emitted, and say so when the conversion is incomplete.
 
-    An incomplete conversion is written only with --partial; --diff and --check show it as usual.
-    An entry left unchanged inside a project mirror is still written there (`mirrored`).
+    An incomplete conversion is written only with --partial; --diff and --check show it as usual. So
+    is a module imported by an entry whose conversion is incomplete (`entry_incomplete`): the project
+    is written whole or not at all. An entry left unchanged inside a project mirror is still written
+    there (`mirrored`).
     """
     status = result.status
     if status is Status.NOTHING_TO_DO and not (mirrored and job.mode == "write"):
         return UNCHANGED
-    held = status is Status.INCOMPLETE and job.writes and not job.partial
+    held = (status is Status.INCOMPLETE or entry_incomplete) and job.writes and not job.partial
     outcome = Outcome(status, would_change=True) if held else emit()
     if status is Status.INCOMPLETE and not outcome.failed:
         done = f"; {_HELD}" if held else "; written anyway (--partial): finish it by hand" if job.writes else ""
         click.echo(f"{item}: incomplete: {result.reason}{done}", err=job.to_stderr)
+    elif held:
+        click.echo(f"{item}: held with its project's incomplete entry; nothing written (use --partial to write it anyway)", err=job.to_stderr)
     return outcome if outcome.failed else Outcome(status, would_change=True)
 
 
@@ -257,6 +263,7 @@ def _destination(item: Path, job: _Job) -> Path:
 def _write(destination: Path, data, file_mode, quiet, launch: str) -> Outcome:
     """Write atomically (`data()` builds the bytes and may refuse), then say where and how to run it."""
     try:
+        os.makedirs(destination.parent, exist_ok=True)
         write_atomic(destination, data(), file_mode)
     except SourceError as error:
         return _fail(error)

@@ -86,7 +86,7 @@ class DistributedSamplers(SamplerTransform):
             self.fulfil()
             self._advise_learning_rate()
         foreign = [ld for ld in self.anatomy.foreign_loaders if ld.is_train]  # the file that builds it shards it
-        if foreign:
+        if foreign or self.anatomy.facts.data_loaded_elsewhere:
             self.fulfil()
         sharded += foreign
         with_set_epoch = {ld for loop in self.anatomy.epoch_loops for ld in self._set_epoch(loop, sharded)}
