@@ -26,7 +26,7 @@ from ddpify.codemods.ddp import (
     RankZeroDuties,
     ReducedLossPrints,
     RemoveDataParallel,
-    SameNoiseOnEveryRank,
+    NoiseOfEachRank,
     SameSplitOnEveryRank,
     SumLossScaling,
     WrapModel,
@@ -59,7 +59,7 @@ def messages(result: ConversionResult) -> list[str]:
 
 def test_the_ddp_transforms_in_order():
     assert DDP_TRANSFORMS == (
-        DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, SameNoiseOnEveryRank,
+        DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank,
         DistributedSamplers, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
     )
     for transform in DDP_TRANSFORMS:
@@ -1185,7 +1185,7 @@ def evaluate(model):
 
 
 # ===== noise ===================================================================================
-class TestSameNoiseOnEveryRank:
+class TestNoiseOfEachRank:
     SCRIPT = """\
     import torch
     from torch.utils.data import DataLoader, Dataset
@@ -1220,16 +1220,30 @@ class TestSameNoiseOnEveryRank:
 
     def advice(self, seed: str) -> list[tuple[int, str]]:
         code = textwrap.dedent(self.SCRIPT).replace("SEED", seed)
-        result = run_pipeline(code, "snippet.py", [SameNoiseOnEveryRank], Options())
+        result = run_pipeline(code, "snippet.py", [NoiseOfEachRank], Options())
         return [(a.line, a.message.split(":")[0]) for a in result.advice]
 
-    def test_a_draw_in_the_training_step_of_a_script_seeded_once_is_advised(self):
+    def test_draws_in_the_training_step_and_the_forward_of_a_script_seeded_once_are_advised(self):
         same = "every rank draws the same values here (the global RNG is seeded alike on every rank)"
-        assert self.advice("torch.manual_seed(0)") == [(27, same)]
+        assert self.advice("torch.manual_seed(0)") == [(21, same), (27, same)]  # in the model's forward too
 
     def test_no_advice_without_a_seed_or_with_a_seed_per_rank(self):
         assert self.advice("import os") == []
         assert self.advice("torch.manual_seed(int(os.environ['RANK']))") == []
+
+    def test_a_draw_in_a_model_method_counts_too(self):
+        code = textwrap.dedent(self.SCRIPT).replace("SEED", "torch.manual_seed(0)").replace("    noise = torch.randn(x.shape[0], 2)\n", "    noise = 0\n")
+        result = run_pipeline(code, "snippet.py", [NoiseOfEachRank], Options())
+        assert [a.line for a in result.advice] == [21]
+
+    def test_a_converted_script_is_reseeded_with_the_rank_just_before_training(self):
+        code = textwrap.dedent(self.SCRIPT).replace("SEED", "torch.manual_seed(0)")
+        output = convert_source(code, "ddp").output
+        lines = output.splitlines()
+        reseed = lines.index("torch.manual_seed(0 + RANK)")
+        after = next(line for line in lines[reseed + 1:] if not line.startswith("#"))
+        assert after.startswith("for x in DataLoader(") and "model = DDP(" in "\n".join(lines[:reseed])
+        assert output.count("manual_seed(0 + RANK)") == 1
 
 
 # ===== no_sync =================================================================================

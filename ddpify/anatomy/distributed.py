@@ -881,15 +881,15 @@ def seed_calls(a: Anatomy) -> list[CallSite]:
 
 def draws_alike_on_every_rank(a: Anatomy) -> list[ast.Call]:
     """Draws from torch's global RNG in a training step loop's own code or in a method of this file's
-    models (a VAE's or a diffusion model's noise in forward; not a Dataset's) when the script seeds that RNG with
-    no rank, outside the step loops: each rank draws the same values there."""
+    models (a VAE's or a diffusion model's noise in forward; not a Dataset's) when the script seeds
+    that RNG with no rank, outside the step loops: each rank draws the same values there."""
     seeds = seed_calls(a)
     steps = [loop.node for loop in a.step_loops if loop.trains]
     if not seeds or not steps or any(mentions_rank(a, seed.node) or _inside_any(a, seed.node, steps) for seed in seeds):
         return []
     methods = [fn for model in a.model_classes.values() for fn in model.node.body if isinstance(fn, ast.FunctionDef) and fn.name != "__init__"]
-    bodies = [step.body for step in steps] + [fn.body for fn in methods]  # type: ignore[attr-defined]
-    return list(dict.fromkeys(n for body in bodies for n in walk_body(body) if _draws_from_global_rng(a, n)))
+    bodies = [step.body for step in steps] + [fn.body for fn in methods]
+    return list(dict.fromkeys(n for body in bodies for n in walk_body(body) if _draws_from_global_rng(a, n)))  # type: ignore[attr-defined]
 
 
 def _inside_any(a: Anatomy, node: ast.AST, roots: list[ast.AST]) -> bool:

@@ -10,12 +10,12 @@ from ddpify.codemods.ddp.setup import DistributedSetup
 from ddpify.codemods.ddp.sum_loss import SumLossScaling
 from ddpify.codemods.ddp.module_access import DDPModuleAccess
 from ddpify.codemods.ddp.no_sync import NoSyncAccumulation
-from ddpify.codemods.ddp.noise import SameNoiseOnEveryRank
+from ddpify.codemods.ddp.noise import NoiseOfEachRank
 from ddpify.codemods.ddp.per_node import PerNodeDownloads
 from ddpify.codemods.ddp.wrap import RemoveDataParallel, WrapModel
 
 DDP_TRANSFORMS = (
-    DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, SameNoiseOnEveryRank,
+    DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank,
     DistributedSamplers, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
 )
 

@@ -1,29 +1,79 @@
-"""Transform (advice only): ranks that draw the same noise.
+"""Each rank draws its own noise once the model is wrapped.
 
 A script that seeds torch's global RNG once runs that seed on every rank, so a draw in the training
-step (`noise = torch.randn(batch, nz)`) gives every rank the same values: not wrong, but each
-rank's part of the global batch sees the same noise. The advice says how to give each rank its own.
+step (`noise = torch.randn(batch, nz)`, diffusion timesteps, augmentation) gives every rank the same
+values: the global batch holds WORLD_SIZE copies of the same noise. Just before training starts (the
+first statement after the last DDP wrap, in its block, that trains or calls what trains; the wrap has
+broadcast rank 0's weights, and model initialisation after it still runs alike on every rank), the
+script's own seed call is made again with the rank added (`torch.manual_seed(seed + RANK)`). Where
+that call can't be repeated there (its seed is a variable of another function, it takes no
+argument, training is not reached from the wrap's block), the transform advises.
 """
 
 from __future__ import annotations
 
-from ddpify.anatomy import Anatomy
+import ast
+
+from ddpify.anatomy import MODULE_SCOPE, Anatomy, CallSite
 from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.syntax import enclosing_function
 from ddpify.codemods.base import Options, Transform
+from ddpify.codemods.ddp.runtime import RANK
+
+_WHY = ("# ddpify: each rank draws its own noise from here on (the DDP wrap has\n"
+        "# broadcast rank 0's weights, so the models stay identical).\n")
 
 
-class SameNoiseOnEveryRank(Transform):
-    """Advise where every rank draws the same random values in its training steps."""
+class NoiseOfEachRank(Transform):
+    """Seed each rank apart once the models are wrapped, where every rank would draw the same noise."""
 
     NAME = "noise"
+    SEES_EDITS_OF = ("wrap",)  # the wraps it reseeds after
 
     @classmethod
     def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
         return bool(ddp.draws_alike_on_every_rank(anatomy))  # seeds and draws are the user's; no transform adds one
 
     def plan(self) -> None:
-        for draw in ddp.draws_alike_on_every_rank(self.anatomy):
+        draws = ddp.draws_alike_on_every_rank(self.anatomy)
+        if not draws:
+            return
+        seed, start = ddp.seed_calls(self.anatomy)[-1], self._training_start()
+        if start is not None and self._repeatable_at(seed, start):
+            self.insert_before(start, f"{_WHY}{_reseeded(seed)}\n")
+            self.changed(start.lineno, f"{_reseeded(seed)} before training: each rank draws its own noise, "
+                                      "where every rank drew the same values")
+            return
+        for draw in draws:
             self.advise(draw.lineno, "every rank draws the same values here (the global RNG is seeded alike on every rank): "
                                      "to give each rank its own, seed with the rank once the model is wrapped, e.g. "
-                                     "`torch.manual_seed(seed + RANK)` just before the training loop (DDP has already "
+                                     f"`torch.manual_seed(seed + {RANK})` just before the training loop (DDP has already "
                                      "broadcast rank 0's weights, so the models stay identical)")
+
+    def _training_start(self) -> ast.stmt | None:
+        """The first statement after the last DDP wrap, in the wrap's block, that trains (holds a training
+        step loop or calls a function that does): what runs before it, model initialisation included,
+        keeps the seed."""
+        steps = {loop.node for loop in self.anatomy.step_loops if loop.trains}
+        wraps = [site.stmt for site in ddp.wrap_calls(self.anatomy)]
+        if not steps or not wraps:
+            return None
+        wrap = max(wraps, key=lambda stmt: stmt.lineno)
+        block = self.anatomy.block_of(wrap)
+        later = block[block.index(wrap) + 1:] if wrap in block else []
+        return next((stmt for stmt in later if self.anatomy.body_contains([stmt], lambda n: n in steps)), None)
+
+    def _repeatable_at(self, seed: CallSite, start: ast.stmt) -> bool:
+        """Can the seed call run again before `start`: it has one seed argument, it runs before, and that
+        argument reads nothing but constants, globals and names of `start`'s own function?"""
+        call: ast.Call = seed.node  # type: ignore[assignment]
+        if len(call.args) != 1 or call.keywords or seed.line > start.lineno or isinstance(call.args[0], ast.Starred):
+            return False
+        names = {n.id for n in ast.walk(call.args[0]) if isinstance(n, ast.Name)}
+        scope = enclosing_function(self.anatomy, call)
+        return not names or scope in (MODULE_SCOPE, enclosing_function(self.anatomy, start))
+
+
+def _reseeded(seed: CallSite) -> str:
+    call: ast.Call = seed.node  # type: ignore[assignment]
+    return f"{ast.unparse(call.func)}({ast.unparse(call.args[0])} + {RANK})"
