@@ -227,6 +227,17 @@ class TestSumLoss:
         result = assert_codemod([SumLossScaling], code, code)
         assert "chosen at run time" in result.advice[0].message
 
+    def test_a_mean_over_tokens_gets_advice_with_the_exact_fix(self):
+        tokens = "t = torch.tensor([1, 0, 1, 1])\n"
+        ignored = self.HEAD + tokens + "loss = F.cross_entropy(torch.randn(4, 3), t, ignore_index=0)\nloss.backward()\n"
+        masked = self.HEAD + tokens + ("mask = (t != 0).float()\nn_tokens = mask.sum().clamp(min=1)\n"
+                                       "loss = (F.mse_loss(model(x), y, reduction='none').squeeze(1) * mask).sum() / n_tokens\nloss.backward()\n")
+        for code in (ignored, masked):
+            advice = messages(assert_codemod([SumLossScaling], code, code))
+            assert len(advice) == 1 and "the mean of the ranks' means is not the mean over all tokens" in advice[0], code
+        per_sample = self.HEAD + "loss = (F.mse_loss(model(x), y, reduction='none')).sum() / x.size(0)\nloss.backward()\n"
+        assert not messages(assert_codemod([SumLossScaling], per_sample, per_sample))
+
 
 # ===== devices =================================================================================
 class TestDevices:

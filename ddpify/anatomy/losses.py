@@ -2,7 +2,9 @@
 
 DDP averages gradients over the ranks, which keeps a per-sample mean a mean of the global batch;
 a loss summed over the batch (`reduction='sum'`) becomes the ranks' mean of their sums, WORLD_SIZE
-times smaller than the single-process sum over the same samples.
+times smaller than the single-process sum over the same samples; and a mean over tokens (padding
+ignored, a masked mean) becomes the ranks' mean of their token means, which weighs a rank's tokens
+more when it has fewer of them.
 """
 
 from __future__ import annotations
@@ -48,6 +50,49 @@ def sums_over_batch(a: Anatomy, call: ast.Call) -> bool | None:
     if any(isinstance(v, ast.Constant) and v.value == "sum" for v in given):
         return True
     return None if any(not isinstance(v, ast.Constant) for v in given) else False
+
+
+def token_mean(a: Anatomy, loss: ast.AST) -> str | None:
+    """How `loss` averages over a count that differs between ranks (its tokens, not its samples):
+    `ignore_index=` on a cross-entropy (the mean over the tokens not ignored), or a sum divided by a
+    count it takes (`(loss * mask).sum() / mask.sum()`); None when it does not."""
+    for term in loss_terms(a, loss):
+        if _ignores_tokens(a, term):
+            return f"{ast.unparse(term.func)}(..., ignore_index=...) averages over this rank's tokens that are not ignored"
+    divided = _divided_by_count(a, loss)
+    return f"{ast.unparse(divided)} averages over a count taken from this rank's batch" if divided is not None else None
+
+
+def _ignores_tokens(a: Anatomy, call: ast.Call) -> bool:
+    keywords = [keyword(call, "ignore_index")]
+    if isinstance(call.func, (ast.Name, ast.Attribute)) and a.has_role(call.func, ROLE_CRITERION):
+        keywords += [keyword(v, "ignore_index") for v in reaching_values(a, call.func) if isinstance(v, ast.Call)]
+    elif isinstance(call.func, ast.Call):
+        keywords.append(keyword(call.func, "ignore_index"))
+    return any(k is not None for k in keywords)
+
+
+def _divided_by_count(a: Anatomy, expr: ast.AST, depth: int = 0) -> ast.BinOp | None:
+    """`x / m.sum()` (or `/ lengths.sum()`, `/ n_tokens` bound to such a sum) reaching `expr`."""
+    if depth > _MAX_DEPTH:
+        return None
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div) and _is_count(a, expr.right, depth):
+        return expr
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        return next((d for v in reaching_values(a, expr) if (d := _divided_by_count(a, v, depth + 1)) is not None), None)
+    return None
+
+
+def _is_count(a: Anatomy, expr: ast.AST, depth: int) -> bool:
+    """A `.sum()` of a mask or lengths (or a variable bound to one, maybe clamped or cast)."""
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute):
+        if expr.func.attr == "sum" and not expr.args:
+            return True
+        if expr.func.attr in ("clamp", "clamp_min", "float", "item"):
+            return _is_count(a, expr.func.value, depth)
+    if isinstance(expr, ast.Name) and depth < _MAX_DEPTH:
+        return any(_is_count(a, v, depth + 1) for v in reaching_values(a, expr))
+    return False
 
 
 def _is_loss_call(a: Anatomy, call: ast.Call) -> bool:

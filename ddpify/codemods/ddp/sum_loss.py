@@ -13,7 +13,7 @@ import ast
 import libcst as cst
 
 from ddpify.anatomy import ROLE_SCALER
-from ddpify.anatomy.losses import loss_terms, sums_over_batch
+from ddpify.anatomy.losses import loss_terms, sums_over_batch, token_mean
 from ddpify.codemods.base import Transform, cst_type_of
 from ddpify.codemods.ddp.runtime import WORLD_SIZE
 
@@ -39,6 +39,12 @@ class SumLossScaling(Transform):
         return receiver
 
     def _plan_backward(self, line: int, loss: ast.expr) -> None:
+        tokens = token_mean(self.anatomy, loss)
+        if tokens:
+            self.advise(line, f"{tokens}: ranks average their gradients, so a rank with fewer tokens weighs each of them "
+                              f"more than one process would (the mean of the ranks' means is not the mean over all tokens); "
+                              f"for the exact token mean, back-propagate this rank's token sum * {WORLD_SIZE} / (the token "
+                              f"count all_reduce'd over the ranks)")
         terms = loss_terms(self.anatomy, loss)
         reductions = [sums_over_batch(self.anatomy, t) for t in terms]
         if None in reductions:
