@@ -1,4 +1,5 @@
-"""Loaders and models chosen in branches (issue 29 §2), and loaders built anew each epoch (issue 23).
+"""Loaders and models chosen in branches (issue 29 §2), loaders built anew each epoch (issue 23), and
+the DDP wrap after a model's later move by a method of its class (issue 29 §3).
 
 A variable bound in every branch of an if/elif/else is one variable: each branch's DataLoader is
 sharded, the epoch loop calls set_epoch once (guarded where a branch's loader could not be
@@ -125,7 +126,7 @@ def wrap_and_what_follows(output: str, target: str) -> tuple:
     assert len(found) == 1, output
     node, body, i = found[0]
     before = body[i - 2] if isinstance(body[i - 1], ast.If) and "SyncBatchNorm" in ast.unparse(body[i - 1]) else body[i - 1]
-    return type(node).__name__, ast.unparse(before), ast.unparse(body[i + 1])
+    return type(node).__name__, ast.unparse(before), ast.unparse(body[i + 1]) if i + 1 < len(body) else None
 
 
 def test_a_model_attribute_chosen_in_branches_of_init_is_wrapped_after_them():
@@ -155,6 +156,48 @@ def test_a_model_attribute_chosen_in_branches_of_init_is_wrapped_after_them():
     assert not result.missing, result.missing
     holder, before, after = wrap_and_what_follows(result.output, "self.model")
     assert (holder, before.split(":")[0], after) == ("FunctionDef", "if arch == 'linear'", "self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)")
+
+
+RUNNER = """\
+class Runner:
+    def __init__(self, model):
+        self.model = model
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.loader = DataLoader(data(16), batch_size=4, shuffle=True)
+
+    def to_device(self, device):
+        self.device = device
+        self.model.to(device)
+
+    def fit(self):
+        for epoch in range(2):
+            {MOVE}for x, y in self.loader:
+                loss = nn.functional.mse_loss(self.model(x), y)
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+
+
+if __name__ == "__main__":
+    runner = Runner(nn.Linear(4, 1))
+    runner.to_device("cpu")
+    runner.fit()
+"""
+
+
+def test_a_model_moved_later_by_a_method_of_its_class_is_wrapped_after_that_move():
+    result = convert_source(HEAD + RUNNER.replace("{MOVE}", ""), "ddp", path="t.py")
+    assert not result.missing, result.missing
+    assert wrap_and_what_follows(result.output, "self.model") == ("FunctionDef", "self.model.to(device)", None)
+    assert not [a.message for a in result.advice if "never moved" in a.message]
+
+
+def test_a_move_in_a_method_called_every_epoch_gets_no_wrap_of_its_own():
+    moved_each_epoch = RUNNER.replace("{MOVE}", "self.to_device('cpu')\n            ")
+    result = convert_source(HEAD + moved_each_epoch, "ddp", path="t.py")
+    tree = ast.parse(result.output)
+    to_device = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "to_device")
+    assert "DDP(" not in ast.unparse(to_device), "a wrap there would wrap the wrapper every epoch"
 
 
 REBUILT_INLINE = """\

@@ -65,6 +65,7 @@ ROLE_MODELS = "models"  # a list or dict literal of models; its origins are the 
 _MODEL_KEEPING_METHODS = MODULE_RETURNING_SELF | {"module"}  # `model.module` is the model too
 _BRANCHING = (ast.If, ast.Try, ast.TryStar, ast.With, ast.AsyncWith, ast.Match)  # a binding in their blocks is one after them
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
 
 @dataclass
@@ -373,7 +374,7 @@ class Anatomy:
                 continue
             binding = self._binding(ref, used_at)
             if binding is not None:
-                binding = self._moved_by_callee(binding) or binding
+                binding = self._moved_by_callee(binding) or self._moved_by_method(binding) or binding
                 found[binding.target] = binding
             elif ref.name != "self" and not self.origins(node, ROLE_MODEL) & set(self.foreign_models):
                 unbound.setdefault(ref, (node, used_at))  # (`self` is a model class's own: bound where it is built)
@@ -487,6 +488,44 @@ class Anatomy:
                             moved.class_name, moved.has_batchnorm = site.class_name, site.has_batchnorm
                             return moved
         return None
+
+    def _moved_by_method(self, site: ModelSite) -> ModelSite | None:
+        """The move of a model attribute in another method of its class (`def to_device(self, device):
+        self.model.to(device)`), when that is where it reaches its device: a statement of that method's
+        own block, in a method that trains nothing and that the file calls once, outside any loop (so
+        a wrap after the move is made once, on the moved parameters)."""
+        cls = self.class_of_scope.get(site.scope)
+        if cls is None or not site.target.name.startswith("self.") or self.moved_where_bound(site):
+            return None
+        moves = [self.stmt_of[n] for n in self.nodes if self.class_of_scope.get(self.scope_of.get(n, MODULE_SCOPE)) == cls
+                 and self.scope_of.get(n) != site.scope and self._moves(n, site.target)]
+        scopes = {self.scope_of[stmt] for stmt in moves}
+        if len(scopes) != 1 or not self._runs_once((scope := scopes.pop())):
+            return None
+        last = moves[-1]
+        if self.block_of(last) is not self.functions[scope].node.body:
+            return None
+        moved = self._model_binding(site.target, last, None, last)
+        moved.class_name, moved.has_batchnorm = site.class_name, site.has_batchnorm
+        return moved
+
+    def _runs_once(self, scope: str) -> bool:
+        """Is function `scope` called from exactly one place, in no loop, and does it train nothing?"""
+        calls = [c for c in self.calls if self._calls_method(c.node, scope)]  # type: ignore[arg-type]
+        return (len(calls) == 1 and next(self.enclosing(calls[0].node, _LOOPS), None) is None
+                and not self.function_contains(scope, self.is_training_call))
+
+    def _calls_method(self, call: ast.Call, scope: str) -> bool:
+        """`self.setup(...)` inside the class, or `runner.setup(...)` on an instance of it."""
+        if self.callee(call) == scope:
+            return True
+        cls, _, method = scope.rpartition(".")
+        func = call.func
+        if not (isinstance(func, ast.Attribute) and func.attr == method and isinstance(func.value, (ast.Name, ast.Attribute))):
+            return False
+        ref = self.ref(func.value)
+        values = [_assigned_value(s) for s in self._assignments_to(ref)] if ref is not None else []
+        return bool(values) and all(isinstance(v, ast.Call) and self.qualname(v.func) == cls for v in values)
 
     def _device_binding_in(self, scope: str, param: str) -> ModelSite | None:
         """`self.x = param.to(device)` (or `self.x = param` then `self.x.to(device)`) in `scope`."""
