@@ -18,9 +18,8 @@ import ast
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
-from ddpify.anatomy.analyzer import ROLE_MODEL, Anatomy, analyze
+from ddpify.anatomy.analyzer import ROLE_MODEL, Anatomy, analyze, any_batchnorm
 from ddpify.anatomy.distributed import may_do_work_off_rank_zero
 from ddpify.anatomy.facts import EPOCHS, EVALUATES, NO_FACTS, STEPS, Exported, Incoming, ProjectFacts
 from ddpify.anatomy.forward import replica_facts
@@ -249,10 +248,11 @@ class Project:
         return (owner[0], method) if owner and method in owner[0].anatomy.functions else None
 
     def _instance_class(self, module: ModuleFile, receiver: ast.AST) -> tuple[ModuleFile, str] | None:
-        """The class of another file whose instance `receiver` was assigned."""
+        """The class of another file whose instance `receiver` is: built right there (`Engine(model).fit(...)`)
+        or assigned to it."""
         ref = module.anatomy.ref(receiver) if isinstance(receiver, (ast.Name, ast.Attribute)) else None
-        for stmt in module.anatomy._assignments_to(ref) if ref else ():
-            value = getattr(stmt, "value", None)
+        values = [getattr(stmt, "value", None) for stmt in module.anatomy._assignments_to(ref)] if ref else [receiver]
+        for value in values:
             found = self.resolve(module, module.anatomy.qualname(value.func) or "") if isinstance(value, ast.Call) else None
             if found is not None and found[1] in found[0].anatomy.class_of_scope:
                 return found
@@ -360,7 +360,7 @@ def _exported(anatomy: Anatomy, name: str) -> Exported | None:
     if scope is None and name not in anatomy.class_of_scope:
         return None
     returned = anatomy.returns.get(name, set()) if scope == name else set()
-    batchnorm = _any_batchnorm(o.has_batchnorm for r, o in returned if r == ROLE_MODEL and isinstance(o, ModelSite))
+    batchnorm = any_batchnorm(o.has_batchnorm for r, o in returned if r == ROLE_MODEL and isinstance(o, ModelSite))
     safe = scope is not None and not may_do_work_off_rank_zero(anatomy, scope)
     return Exported(frozenset(r for r, _ in returned), _items(anatomy, name) if scope == name else (), batchnorm, params, trains,
                     rank_zero_safe=safe)
@@ -395,7 +395,7 @@ def _bound_arguments(params: list[str], call: ast.Call) -> list[tuple[str, ast.A
 
 def _incoming(anatomy: Anatomy, arg: ast.AST, call: ast.AST) -> Incoming:
     roles = anatomy.roles(arg)
-    batchnorm = _any_batchnorm(o.has_batchnorm for r, o in roles if r == ROLE_MODEL and isinstance(o, ModelSite))
+    batchnorm = any_batchnorm(o.has_batchnorm for r, o in roles if r == ROLE_MODEL and isinstance(o, ModelSite))
     return Incoming(frozenset(r for r, _ in roles), batchnorm, _wrapped_at(anatomy, arg, call))
 
 
@@ -410,15 +410,7 @@ def _wrapped_at(anatomy: Anatomy, arg: ast.AST, call: ast.AST) -> bool:
     return False
 
 
-def _any_batchnorm(values: Iterable[bool | None]) -> bool | None:
-    """True if any model may have BatchNorm, False if none has, None when unknown."""
-    seen = set(values)
-    if True in seen:
-        return True
-    return False if seen == {False} else None
-
-
 def _merged(found: list[Incoming]) -> Incoming:
     """One parameter called from several places: any role it may hold; wrapped only if always wrapped."""
     roles = frozenset().union(*(i.roles for i in found))
-    return Incoming(roles, _any_batchnorm(i.has_batchnorm for i in found), all(i.wrapped for i in found))
+    return Incoming(roles, any_batchnorm(i.has_batchnorm for i in found), all(i.wrapped for i in found))
