@@ -640,6 +640,20 @@ def _only_calls_forward(method: ast.FunctionDef) -> bool:
     return on_self and [a.id if isinstance(a, ast.Name) else None for a in call.args] == _params(method)
 
 
+def training_method_call(anatomy: Anatomy, attr: ast.Attribute) -> ast.Call | None:
+    """`model.<method>(...)` when `attr` is its function and the training step back-propagates its
+    result: DataParallel parallelises forward alone, so it must not go through `.module`."""
+    call = anatomy.parents.get(attr)
+    return call if isinstance(call, ast.Call) and call.func is attr and feeds_backward(anatomy, call) else None
+
+
+def forward_aliases_of(anatomy: Anatomy, model: ast.AST) -> frozenset[str]:
+    """The methods of `model`'s classes (this file's or another's) that only call forward."""
+    classes = {site.class_name for site in anatomy.origins(model, ROLE_MODEL) if isinstance(site, ModelSite)}
+    facts = [model_replica_facts(anatomy, cls) for cls in classes]
+    return frozenset().union(*(f.forward_aliases for f in facts if f is not None))
+
+
 def feeds_backward(anatomy: Anatomy, call: ast.Call) -> bool:
     """Is `call`'s result back-propagated, through the variables assigned from it after it
     (`loss = criterion(model.predict(x), y)` ... `loss.backward()`), other than as an input of a

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import DP_WRAPPER, ROLE_MODEL
-from ddpify.anatomy.forward import feeds_backward, model_replica_facts
+from ddpify.anatomy import DP_WRAPPER
+from ddpify.anatomy.forward import forward_aliases_of, training_method_call
 from ddpify.codemods.module_access import ModuleAccess
 
 
@@ -22,10 +22,9 @@ class DPModuleAccess(ModuleAccess):
     WRAPPER = DP_WRAPPER
 
     def _insert_module(self, node: ast.Attribute) -> None:
-        call = self.anatomy.parents.get(node)
-        if not (isinstance(call, ast.Call) and call.func is node and feeds_backward(self.anatomy, call)):
+        if training_method_call(self.anatomy, node) is None:
             super()._insert_module(node)
-        elif node.attr in self._forward_aliases(node.value):
+        elif node.attr in forward_aliases_of(self.anatomy, node.value):
             self.rewrite_expression(node, lambda attr: attr.value)  # type: ignore[attr-defined]
             self.changed(node.lineno, f"{ast.unparse(node)}(...) -> {ast.unparse(node.value)}(...): {node.attr} only calls forward, "
                                       "which DataParallel runs on every GPU")
@@ -34,9 +33,3 @@ class DPModuleAccess(ModuleAccess):
             self.missing(node.lineno, f"the training step calls {ast.unparse(node)}(...), not forward: DataParallel parallelises "
                                       "forward alone, so through .module it trains on one GPU",
                          f"compute it in forward and call the wrapper ({ast.unparse(node.value)}(...)), or use DistributedDataParallel")
-
-    def _forward_aliases(self, model: ast.expr) -> frozenset[str]:
-        """The methods of `model`'s classes that only call forward."""
-        classes = {site.class_name for site in self.anatomy.origins(model, ROLE_MODEL)}  # type: ignore[attr-defined]
-        facts = [model_replica_facts(self.anatomy, cls) for cls in classes]
-        return frozenset().union(*(f.forward_aliases for f in facts if f is not None))
