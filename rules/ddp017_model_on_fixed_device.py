@@ -21,7 +21,9 @@ class ModelOnFixedDevice(Rule, code="DDP017", name="model-on-fixed-device", seve
     `torch.cuda.set_device(...)` — `.cuda()`, `.to("cuda")` and `torch.device("cuda")` (which mean
     the *current* device, cuda:0 in every fresh process). Devices are followed through variables
     (`device = torch.device("cuda")` ... `model.to(device)`). Scripts that pick the GPU per rank by
-    setting `CUDA_VISIBLE_DEVICES` from the rank are not checked.
+    setting `CUDA_VISIBLE_DEVICES` from the rank are not checked, and the current device is judged
+    only in the script that joins the process group (`init_process_group`): a module it imports
+    inherits the GPU that script selects.
 
     ## Why is this bad?
     Every rank puts its replica on the same GPU: the other GPUs idle, that one runs out of memory,
@@ -53,7 +55,8 @@ class ModelOnFixedDevice(Rule, code="DDP017", name="model-on-fixed-device", seve
     def check(self, a):
         if any(ddp.mentions_rank(a, a.stmt_of.get(w, w)) for w in ddp.env_writes(a, "CUDA_VISIBLE_DEVICES")):
             return  # each rank sees only its own GPU, as cuda:0
-        selects_device = bool(a.calls_to("torch.cuda.set_device", "torch.cuda.device"))
+        # `.cuda()` means the GPU of whoever joins the process group: judged where the group is joined
+        selects_device = bool(a.calls_to("torch.cuda.set_device", "torch.cuda.device")) or not ddp.backends(a)
         for site in a.calls:
             placement = _model_placement(a, site.node)
             if placement == FIXED or (placement == CURRENT and not selects_device):
@@ -130,6 +133,9 @@ ModelOnFixedDevice.VALID = (
     _HEAD + "device = torch.device('cuda', local_rank)\nmodel = DDP(torch.nn.Linear(4, 1).to(device))\n",
     # each rank sees only its own GPU, as cuda:0
     _HEAD + "os.environ['CUDA_VISIBLE_DEVICES'] = str(local_rank)\nmodel = DDP(torch.nn.Linear(4, 1).to('cuda:0'), device_ids=[0])\n",
+    # a module the entry imports: the entry joins the group and selects this rank's GPU
+    "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n\n"
+    "def build(model):\n    return DDP(model.cuda())\n",
 )
 ModelOnFixedDevice.INVALID = (
     Invalid(_HEAD + "model = torch.nn.Linear(4, 1).to('cuda:0')\nmodel = DDP(model, device_ids=[local_rank])\n", line=8),

@@ -19,12 +19,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpify.anatomy.analyzer import ROLE_MODEL, Anatomy, analyze, any_batchnorm
+from ddpify.anatomy.analyzer import ROLE_LOADER, ROLE_MODEL, Anatomy, analyze, any_batchnorm
 from ddpify.anatomy.distributed import may_do_work_off_rank_zero
 from ddpify.anatomy.facts import EPOCHS, EVALUATES, NO_FACTS, STEPS, Exported, Incoming, ProjectFacts
 from ddpify.anatomy.forward import replica_facts
 from ddpify.anatomy.search_path import editable_root, extra_roots, installed
-from ddpify.anatomy.sites import CallSite, ModelSite
+from ddpify.anatomy.sites import CallSite, LoaderSite, ModelSite
 
 MAX_ROUNDS = 6
 _MAX_REEXPORTS = 4
@@ -362,8 +362,10 @@ def _exported(anatomy: Anatomy, name: str) -> Exported | None:
     returned = anatomy.returns.get(name, set()) if scope == name else set()
     batchnorm = any_batchnorm(o.has_batchnorm for r, o in returned if r == ROLE_MODEL and isinstance(o, ModelSite))
     safe = scope is not None and not may_do_work_off_rank_zero(anatomy, scope)
+    loaders = [o for r, o in returned if r == ROLE_LOADER]
+    unshuffled = bool(loaders) and all(isinstance(o, LoaderSite) and not anatomy.loader_shuffles(o) for o in loaders)
     return Exported(frozenset(r for r, _ in returned), _items(anatomy, name) if scope == name else (), batchnorm, params, trains,
-                    rank_zero_safe=safe)
+                    rank_zero_safe=safe, unshuffled=unshuffled)
 
 
 def _items(anatomy: Anatomy, scope: str) -> tuple[frozenset[str], ...]:
