@@ -273,6 +273,16 @@ def test_an_all_reduce_one_rank_never_joins_is_reported_with_each_ranks_stack():
     assert "rank 1 hung here (innermost first):" in stacks
 
 
+def test_a_rank_that_gloo_aborts_on_a_collective_mismatch_is_named_with_its_line_and_last_words():
+    """Rank 0 dies of SIGABRT without a traceback; rank 1 then fails with 'Connection reset by peer': rank 0 died first."""
+    code, result = verify_json("train.py", "--to", "ddp", "--against", "ddp_collective_mismatch.py", "--timeout", "60")
+    assert (code, result["verdict"]) == (2, "error")
+    assert re.fullmatch(r"could not run: rank 0 died of SIGABRT at ddp_collective_mismatch\.py:\d+ in main "
+                        r"`dist\.all_reduce\(torch\.ones\(1\)\)  # BUG: rank 1 runs another collective`, waiting in all_reduce "
+                        r"\(torch/distributed/distributed_c10d\.py:\d+\): what\(\): .*collective mismatch.*", result["message"]), \
+        result["message"]
+
+
 def test_a_candidate_whose_wrapper_never_ran_a_forward_is_not_converted():
     """The original against itself: its steps match the reference's, but nothing DataParallel was run."""
     code, result = verify_json("train.py", "--to", "dp", "--against", "train.py")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+),? in (?P<func>.+)$')  # dumps and tracebacks
 _THREAD = re.compile(r"^(Current thread|Thread) ")
 _TRACEBACK = "Traceback (most recent call last):"
+_FATAL = re.compile(r"^Fatal Python error: (.+)$", re.M)
 _LIBRARY_DIRS = ("site-packages", "dist-packages")
 
 
@@ -95,6 +96,13 @@ def stuck_at(dump: str, code: tuple[str, ...]) -> Stuck | None:
     script = tuple(frame for frame in frames if is_script_code(frame.file, code))
     innermost = frames[0]
     return Stuck(None if is_script_code(innermost.file, code) else innermost, script)
+
+
+def fatal_error_in(stack_path: str) -> str | None:
+    """What a faulthandler dump written as its process died says it died of (`Aborted`), or None."""
+    with open(stack_path, errors="replace") as f:
+        found = _FATAL.search(f.read())
+    return found[1] if found else None
 
 
 def stuck_in(stack_path: str, code: tuple[str, ...]) -> Stuck | None:

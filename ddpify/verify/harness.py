@@ -425,10 +425,12 @@ def die_with_parent() -> None:
 
 
 def arm_stack_dump(path: str) -> None:
-    """Dump every thread's stack into `path` at the launcher's deadline, in case this process hangs
-    (faulthandler keeps the file open)."""
+    """Dump every thread's stack into `path` at the launcher's deadline, in case this process hangs, or
+    as it dies of a fatal signal (a C++ abort) before that (faulthandler keeps the file open)."""
     delay = max(float(os.environ[DEADLINE_ENV]) - time.time(), 0.1)
-    faulthandler.dump_traceback_later(delay, file=open(path, "w"))
+    dump = open(path, "w")
+    faulthandler.enable(file=dump)
+    faulthandler.dump_traceback_later(delay, file=dump)
 
 
 def redirect_output(path: str) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -37,7 +38,7 @@ from ddpify.verify import harness
 from ddpify.verify.alignment import RECUT_FLAG
 from ddpify.verify.compare import Record, judge
 from ddpify.verify.dataparallel import failure_hint
-from ddpify.verify.diagnose import Stuck, exception_line_in, raise_location, stuck_in
+from ddpify.verify.diagnose import Stuck, exception_line_in, fatal_error_in, raise_location, stuck_in
 from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan
 from ddpify.verify.rendezvous import AGENT_STORE_VARIABLE, client_environment, serve_store
 from ddpify.verify.result import error_result
@@ -133,9 +134,18 @@ def processes(plan: Plan) -> list[tuple[str, int, str]]:
     return [(REFERENCE, 0, "reference")] + [(CANDIDATE, r, label.format(r)) for r in range(plan.candidate.ranks)]
 
 
-def failure_message(plan: Plan) -> tuple[str | None, list[dict]]:
-    """Why the pair could not run (the first traceback, else every process that never finished), or None;
-    and where each hung process sat (see hang_report)."""
+def signalled(plan: Plan, runs: list) -> dict[tuple[str, int], int]:
+    """(role, rank) -> the signal that ended it, for each forked process a signal ended (a C++ abort:
+    gloo's on a collective mismatch); torchrun's workers are its agent's to watch."""
+    forked = [run for run in runs if isinstance(run, ForkedRun)]
+    return {(role, rank): -run.returncode for (role, rank, _), run in zip(processes(plan), forked)
+            if run.returncode is not None and run.returncode < 0}
+
+
+def failure_message(plan: Plan, killed: dict[tuple[str, int], int]) -> tuple[str | None, list[dict]]:
+    """Why the pair could not run (the first failure: a traceback, or a death by a signal from the `killed`,
+    with its log's last words; else every process that never finished), or None; and where each hung
+    process sat (see hang_report)."""
     failures = []
     silent, hangs = [], []
     for role, rank, label in processes(plan):
@@ -144,11 +154,13 @@ def failure_message(plan: Plan) -> tuple[str | None, list[dict]]:
             hint = failure_hint(exception_line_in(error)) if plan.dp_simulated and role == CANDIDATE else None
             because = f" ({hint})" if hint else ""
             failures.append((os.path.getmtime(error), f"{label} failed: {exception_line_in(error)}{because}"))
-        elif not os.path.exists(plan.file("stack", role, rank)):  # the harness opens it before the script starts
+        elif not os.path.exists(stack := plan.file("stack", role, rank)):  # opened before the script starts
             silent.append(f"{label} had not started the script {plan.timeout:g} s after launch (a slow start on a busy "
                           f"machine: raise --timeout)")
+        elif (role, rank) in killed or fatal_error_in(stack):  # its log and dump were last written as it died
+            failures.append((os.path.getmtime(stack), death(plan, role, rank, label, killed.get((role, rank)))))
         elif not os.path.exists(plan.file("record", role, rank)):
-            stuck = stuck_in(plan.file("stack", role, rank), (plan.run(role).import_dir, plan.run(role).workdir))
+            stuck = stuck_in(stack, (plan.run(role).import_dir, plan.run(role).workdir))
             if stuck:
                 hangs.append(hang_report(plan, label, stuck))
                 silent.append(f"{label} hung for {plan.timeout:g} s {hangs[-1]['summary']}")
@@ -157,6 +169,16 @@ def failure_message(plan: Plan) -> tuple[str | None, list[dict]]:
     if failures:
         return recut_failure(plan) or min(failures)[1], []
     return "; ".join(silent) or None, hangs
+
+
+def death(plan: Plan, role: str, rank: int, label: str, signal_number: int | None) -> str:
+    """A process a signal ended: what of (the signal, or faulthandler's word for it), where its dump
+    shows it was, and the last words of its log (a C++ abort's `what(): ...`)."""
+    stack, log = plan.file("stack", role, rank), plan.file("log", role, rank)
+    cause = signal.Signals(signal_number).name if signal_number else fatal_error_in(stack)
+    stuck = stuck_in(stack, (plan.run(role).import_dir, plan.run(role).workdir))
+    where = f" {stuck}" if stuck and stuck.script else ""
+    return f"{label} died of {cause}{where}: {exception_line_in(log)}"
 
 
 def hang_report(plan: Plan, label: str, stuck: Stuck) -> dict:
@@ -186,9 +208,9 @@ def recut_failure(plan: Plan) -> str | None:
             f"from the batch (x.size(0)) for verify to compare this script")
 
 
-def result_of(plan: Plan) -> dict:
-    """The verdict dict for result.json."""
-    problem, hangs = failure_message(plan)
+def result_of(plan: Plan, killed: dict[tuple[str, int], int]) -> dict:
+    """The verdict dict for result.json (`killed`: see signalled)."""
+    problem, hangs = failure_message(plan, killed)
     if problem:
         return {**error_result(problem), "hangs": hangs}
     reference = Record.load(plan.file("record", REFERENCE, 0))
@@ -247,7 +269,7 @@ def main() -> None:
         os.environ[harness.DEADLINE_ENV] = repr(deadline)
         runs, _store = start_runs(plan, plan_path)  # the store serves until this process exits
         wait_for(runs, deadline)
-        result = result_of(plan)
+        result = result_of(plan, signalled(plan, runs))
     describe_dataparallel(plan, result)
     with open(plan.result_path, "w") as f:
         json.dump(result, f, indent=1)
