@@ -1,0 +1,264 @@
+"""Measure ddpify on the public corpus: code nobody here wrote (see docs/public-corpus.md).
+
+For every manifest entry (rebuilt first where build/ lacks it, see rebuild.py), each step in a
+fresh copy of its own:
+
+  original  the script itself: python, 1 process, the manifest's argv, bounded by a timeout
+  convert   `ddpify convert SCRIPT --to ddp --in-place`: exit code, status (as bench/real_corpus.py
+            judges it) and ddpify's summary line
+  torchrun  where convert exits 0 and wrote a change: `torchrun --standalone --nproc_per_node=2`
+            with OMP_NUM_THREADS=1 and the same argv, every process killed at the timeout;
+            finished / crashed (the first failed rank's exception line) / hung (each rank's line),
+            judged as bench/run_converted.py judges fixtures
+  verify    where convert exits 0: `ddpify verify SCRIPT --to ddp --json -- ARGV`, its verdict
+
+Entries of kind "distributed" (already DDP) are converted only: "nothing to do" is the right answer.
+Every process sees the shims first on PYTHONPATH (a made-up-data torchvision, and the patches of
+shims/ddpify_corpus_site.py), MPLBACKEND=Agg, and the entry's env.
+
+    python bench/public_corpus/run.py [--only NAME ...] [--jobs N] [--json FILE] [--merge FILE] [--no-verify] [--timeout S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import rebuild  # noqa: E402
+from real_corpus import conversion_status, sources  # noqa: E402
+from run_converted import BOOTSTRAP, DUMP_AFTER_VARIABLE, DUMP_AT, NPROC, STACK_DIR_VARIABLE, crash, hung_ranks, run_real  # noqa: E402
+
+from ddpify.verify.diagnose import exception_line  # noqa: E402
+
+SHIMS = HERE / "shims"
+TIMEOUT_S = 120.0
+VERIFY_TIMEOUT_S = 420.0
+FINDING = re.compile(r"^\S+:\d+: ")
+
+
+@dataclass
+class Row:
+    name: str
+    kind: str = "single"
+    original: str = ""  # ok | failed | timeout | - (not run)
+    original_detail: str = ""
+    convert_exit: int | None = None
+    convert: str = ""  # converted | incomplete | nothing | error | incomplete, exit 0 | exit N
+    convert_line: str = ""
+    torchrun: str = "-"  # finished | crashed | hung | - (not run)
+    torchrun_detail: str = ""
+    verify: str = "-"
+    verify_detail: str = ""
+    capped: bool = False
+    seconds: float = 0.0
+
+
+def entries(only: list | None = None) -> list[dict]:
+    chosen = [e for e in rebuild.manifest()["entries"] if not only or e["name"] in only]
+    if only and len(chosen) != len(set(only)):
+        known = {e["name"] for e in chosen}
+        raise SystemExit(f"not in the manifest: {', '.join(n for n in only if n not in known)}")
+    return chosen
+
+
+def copy(entry: dict, target: Path) -> tuple[Path, str]:
+    """A fresh copy of the entry's build folder: (the folder it runs in, the script relative to it)."""
+    shutil.copytree(rebuild.BUILD / entry["name"], target, ignore=shutil.ignore_patterns("__pycache__", ".built"))
+    script = Path(entry["script"])
+    cwd = Path(entry["cwd"]) if "cwd" in entry else script.parent
+    return target / cwd, os.path.relpath(script, cwd)
+
+
+def environment(entry: dict, first: list[str] = (), capped: bool = True) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8", "MPLBACKEND": "Agg",
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("DDPIFY_CORPUS_MAX_STEPS", None)
+    env.update({k: v for k, v in entry.get("env", {}).items() if capped or k != "DDPIFY_CORPUS_MAX_STEPS"})
+    path = [*first, str(SHIMS), *entry.get("pythonpath", []), str(ROOT)]
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    env["PATH"] = os.pathsep.join([str(SHIMS / "bin"), os.environ.get("PATH", "")])
+    return env
+
+
+def summary(report: str) -> str:
+    """ddpify convert's own status: its lines that are not per-line findings or the launch hint."""
+    lines = [line.strip() for line in report.splitlines() if line.strip() and not FINDING.match(line) and not line.startswith("launch:")]
+    return " | ".join(lines)[-300:]
+
+
+def measure(entry: dict, work: Path, with_verify: bool, timeout: float) -> Row:
+    row = Row(entry["name"], entry.get("kind", "single"), capped="DDPIFY_CORPUS_MAX_STEPS" in entry.get("env", {}))
+    started = time.perf_counter()
+    limit = float(entry.get("timeout", timeout))
+    argv = entry.get("argv", [])
+    single = row.kind == "single"
+
+    if single:
+        folder, script = copy(entry, work / "original")
+        done = run_real([sys.executable, script, *argv], folder, environment(entry), limit)
+        if done is None:
+            row.original, row.original_detail = "timeout", f"still running after {limit:.0f} s"
+        elif done.returncode != 0:
+            row.original, row.original_detail = "failed", f"exit {done.returncode}: {exception_line(done.stderr)}"
+        else:
+            row.original = "ok"
+    else:
+        row.original = "-"
+
+    folder, script = copy(entry, work / "convert")
+    before = sources(folder)
+    done = run_real([sys.executable, "-m", "ddpify", "convert", script, "--to", "ddp", "--in-place"], folder, environment(entry), 300)
+    if done is None:
+        row.convert_exit, row.convert, row.convert_line = None, "convert hung", "ddpify convert ran past 300 s"
+        return finish(row, started)
+    row.convert_exit = done.returncode
+    row.convert, changed = conversion_status(done.returncode, before, sources(folder), "ddp")
+    row.convert_line = summary(done.stdout + done.stderr)
+    if not single or done.returncode != 0 or not changed:
+        return finish(row, started)
+
+    bootstrap, stacks = work / "bootstrap", work / "stacks"
+    bootstrap.mkdir()
+    stacks.mkdir()
+    (bootstrap / "sitecustomize.py").write_text(BOOTSTRAP + "import ddpify_corpus_site  # noqa: E402,F401\n")
+    env = environment(entry, [str(bootstrap)])
+    env.update({STACK_DIR_VARIABLE: str(stacks), DUMP_AFTER_VARIABLE: str(limit * DUMP_AT)})
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}", script, *argv]
+    ran = run_real(command, folder, env, limit)
+    ranks = [str(rank) for rank in range(NPROC)]
+    if ran is None:
+        row.torchrun, row.torchrun_detail = "hung", hung_ranks(stacks, ranks, folder / script)
+    elif ran.returncode != 0:
+        row.torchrun, row.torchrun_detail = "crashed", f"exit {ran.returncode}: {crash(ran.stderr)}"
+    else:
+        unfinished = [rank for rank in ranks if not list(stacks.glob(f"rank-{rank}-*.exited"))]
+        # a capped run leaves with os._exit (no atexit): exit 0 of every rank is its finish
+        if unfinished and not row.capped:
+            row.torchrun, row.torchrun_detail = "crashed", f"exit 0, but rank {', '.join(unfinished)} never reached interpreter exit"
+        else:
+            row.torchrun = "finished"
+
+    if with_verify:
+        folder, script = copy(entry, work / "verify")
+        command = [sys.executable, "-m", "ddpify", "verify", script, "--to", "ddp", "--json", "--timeout", str(min(limit, 120)), "--", *argv]
+        done = run_real(command, folder, environment(entry, capped=False), VERIFY_TIMEOUT_S)
+        if done is None:
+            row.verify, row.verify_detail = "verify hung", f"ddpify verify ran past {VERIFY_TIMEOUT_S:.0f} s"
+        else:
+            try:
+                result = json.loads(done.stdout)
+                row.verify, row.verify_detail = result["verdict"], result.get("message", "")
+            except (json.JSONDecodeError, KeyError, TypeError):
+                row.verify, row.verify_detail = "no verdict", exception_line(done.stderr or done.stdout)
+    return finish(row, started)
+
+
+def finish(row: Row, started: float) -> Row:
+    row.seconds = round(time.perf_counter() - started, 1)
+    return row
+
+
+def totals(rows: list[Row]) -> dict[str, int]:
+    single = [r for r in rows if r.kind == "single"]
+    distributed = [r for r in rows if r.kind != "single"]
+    ran = [r for r in single if r.torchrun != "-"]
+    return {
+        "single-GPU entries": len(single),
+        "original runs (exit 0)": sum(r.original == "ok" for r in single),
+        "converted, exit 0": sum(r.convert_exit == 0 for r in single),
+        "  of which converted (wrap and sampler)": sum(r.convert == "converted" for r in single),
+        "  of which nothing to do": sum(r.convert == "nothing" for r in single),
+        "  of which changed without wrap and sampler": sum(r.convert == "incomplete, exit 0" for r in single),
+        "incomplete, exit 3": sum(r.convert_exit == 3 for r in single),
+        "other convert exits": sum(r.convert_exit not in (0, 3) for r in single),
+        "torchrun runs": len(ran),
+        "  finished": sum(r.torchrun == "finished" for r in ran),
+        "  crashed": sum(r.torchrun == "crashed" for r in ran),
+        "  hung": sum(r.torchrun == "hung" for r in ran),
+        "verify equivalent": sum(r.verify == "equivalent" for r in single),
+        "verify other verdicts": sum(r.verify not in ("-", "equivalent") for r in single),
+        "already distributed entries": len(distributed),
+        "  ddpify says nothing to do (exit 0, no change)": sum(r.convert == "nothing" for r in distributed),
+    }
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| entry | original | convert (exit) | torchrun 2 ranks | verify |", "|---|---|---|---|---|"]
+    for r in rows:
+        kind = " (already distributed)" if r.kind != "single" else ""
+        cap = " (capped)" if r.capped and r.torchrun == "finished" else ""
+        lines.append(f"| `{r.name}`{kind} | {r.original} | {r.convert} ({r.convert_exit}) | {r.torchrun}{cap} | {r.verify} |")
+    return "\n".join(lines)
+
+
+def details(rows: list[Row]) -> str:
+    out = []
+    for r in rows:
+        parts = [f"original: {r.original_detail}" if r.original_detail else "",
+                 f"convert: {r.convert_line}" if r.convert not in ("converted", "nothing") else "",
+                 f"torchrun: {r.torchrun_detail}" if r.torchrun_detail else "",
+                 f"verify: {r.verify_detail}" if r.verify not in ("-", "equivalent") else ""]
+        parts = [p for p in parts if p]
+        if parts:
+            out.append(f"- `{r.name}`: " + "; ".join(parts))
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", metavar="NAME")
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--json", metavar="FILE", help="write the rows and totals here")
+    parser.add_argument("--merge", metavar="FILE", help="an earlier --json file: its rows of entries not run now are kept (table and totals over both)")
+    parser.add_argument("--no-verify", action="store_true")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds for each run (an entry's own timeout wins)")
+    options = parser.parse_args()
+    chosen = entries(options.only)
+    data = rebuild.manifest()
+    for entry in chosen:
+        rebuild.build(entry, data["repos"])
+    started = time.perf_counter()
+
+    def one(entry: dict) -> Row:
+        with tempfile.TemporaryDirectory(prefix=f"public-corpus-{entry['name']}-") as work:
+            row = measure(entry, Path(work), not options.no_verify, options.timeout)
+        print(f"{row.name}: original {row.original}, convert {row.convert} ({row.convert_exit}), torchrun {row.torchrun}"
+              f" {row.torchrun_detail}, verify {row.verify} [{row.seconds} s]", file=sys.stderr, flush=True)
+        return row
+
+    with ThreadPoolExecutor(max_workers=options.jobs) as pool:
+        rows = list(pool.map(one, chosen))
+    if options.merge and Path(options.merge).is_file():
+        fresh = {r.name: r for r in rows}
+        earlier = {r["name"]: Row(**r) for r in json.loads(Path(options.merge).read_text())["rows"]}
+        order = [e["name"] for e in data["entries"]]
+        rows = [fresh.get(name) or earlier[name] for name in order if name in fresh or name in earlier]
+    print(table(rows))
+    print()
+    print(details(rows))
+    print()
+    counted = totals(rows)
+    for name, value in counted.items():
+        print(f"{name:52} {value}")
+    print(f"({time.perf_counter() - started:.0f} s, --jobs {options.jobs}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})")
+    if options.json:
+        Path(options.json).write_text(json.dumps({"rows": [asdict(r) for r in rows], "totals": counted}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
