@@ -215,6 +215,14 @@ def test_dp_port_that_does_not_average_the_loss_from_forward_fails_with_the_reas
     assert "only for scalar outputs" in result["message"] and "loss.mean()" in result["message"], result["message"]
 
 
+def test_a_port_that_wraps_before_the_move_is_caught_on_cpu(tmp_path):
+    """On CPU the late move changes nothing and the losses match; on GPUs DDP would be built on CPU parameters."""
+    wrap = "    model = DDP(\n        model,\n        device_ids=[LOCAL_RANK] if next(model.parameters()).is_cuda else None,\n    )\n"
+    code, result = verify_against_edited_snapshot(tmp_path, "basic_main", "ddp", "    model.to(device)\n" + wrap, wrap + "    model.to(device)\n")
+    assert (code, result["verdict"]) == (1, "diverged"), result["message"]
+    assert result["message"].startswith("wrapped before its move: DistributedDataParallel.to(...) at basic_main_wrong.py:")
+
+
 def test_crashing_rank_is_named_with_its_error():
     code, result = verify_json("train.py", "--to", "ddp", "--against", "ddp_rank1_crash.py")
     assert (code, result["verdict"]) == (2, "error")

@@ -23,6 +23,7 @@ from ddpify.verify.alignment import RECUT_FLAG
 from ddpify.verify.dataparallel import UNEVEN_FLAG
 from ddpify.verify.plan import EXACT_TOLERANCE, STATISTICAL_LOSS_TOLERANCE, UPDATE_TOLERANCE, WRAPPER_FLAG, Plan
 from ddpify.verify.rank_batchnorm import SPLIT_FLAG, UNSPLIT_FLAG
+from ddpify.verify.wrap_order import MOVED_FLAG
 from ddpify.verify.result import error_result
 
 TINY = 1e-12
@@ -179,6 +180,8 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
         return {**error_result("the reference made no optimizer step"), **result}
     if not any(WRAPPER_FLAG in rank.flags for rank in ranks):
         return {**result, "verdict": "not_converted", "diverged_at": None, "message": _not_converted_message(plan)}
+    if MOVED_FLAG in flags:
+        return {**result, "verdict": "diverged", "diverged_at": None, "message": _moved_after_wrap_message(flags[MOVED_FLAG])}
     divergence = first_divergence(rows, counts)
     if divergence is None:  # no precondition held the runs apart (a summed loss scaled by WORLD_SIZE, say)
         caveat = ", but every rank trained on the same data (see notes)" if same_data else ""
@@ -192,6 +195,13 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
              f"sharded)" if same_data else "")
     message = f"diverged at step {step}{cause}: " + "; ".join(problems)
     return {**result, "verdict": "diverged", "diverged_at": step, "message": message}
+
+
+def _moved_after_wrap_message(detail: str) -> str:
+    """The verdict for a candidate that moves its model after the DDP wrap: right on CPU, broken on GPUs."""
+    return (f"wrapped before its move: {detail}. On this CPU run the move changes nothing, but on GPUs DDP is built "
+            f"on the parameters' old device (CPU), NCCL rejects them and gradients stop syncing: move the model to its "
+            f"device before wrapping it")
 
 
 def _not_converted_message(plan: Plan) -> str:

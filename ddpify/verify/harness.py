@@ -44,6 +44,7 @@ from ddpify.verify.alignment import PassClock, align_training_loaders
 from ddpify.verify.dataparallel import simulate_data_parallel
 from ddpify.verify.plan import CANDIDATE, REFERENCE, WRAPPER_FLAG, Plan, Run
 from ddpify.verify.rank_batchnorm import normalize_batchnorm_per_rank
+from ddpify.verify.wrap_order import watch_moves_after_wrap
 
 SEED = 0
 SHARED_GPU_ENV = "DDPIFY_VERIFY_SHARED_GPU"
@@ -477,6 +478,7 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
         align_training_loaders(plan.nproc, plan.batch_mode, static_sites, recorder, epoch_loops)
     if role == CANDIDATE:
         watch_wrapper_forwards(recorder, fsdp=plan.target == "fsdp")
+        watch_moves_after_wrap(recorder.flag)
     if role == CANDIDATE and os.environ.get(SHARED_GPU_ENV):
         share_single_gpu()
     if role == CANDIDATE and plan.dp_simulated:
