@@ -13,13 +13,17 @@ flags); here the non-default branches of branch_dataset_loaders run under torchr
 from __future__ import annotations
 
 import ast
+import contextlib
 import re
+import shutil
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from ddpify.cli import cli
 from ddpify.convert import convert_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -259,6 +263,26 @@ def test_a_loader_built_in_the_per_epoch_function_is_told_the_epoch_it_is_given(
 def test_a_loader_built_in_a_per_epoch_function_not_given_the_epoch_is_incomplete():
     _, missing = rebuilt(PER_EPOCH_FUNCTION.format(params="model, optimizer", args="model, optimizer"), "True")
     assert any("never told the epoch" in m for m in missing), missing
+
+
+@pytest.mark.parametrize("shuffle", ["False", "True"])
+def test_a_loader_another_module_builds_anew_each_epoch(shuffle, tmp_path):
+    """rebuilt_loader_project: data.py's get_loader() is called in the epoch loop (bound, then inline as
+    the engine's argument); with shuffle=False nothing needs the epoch, with shuffle=True each new loader gets it."""
+    project = tmp_path / "project"
+    shutil.copytree(FIXTURES_DIR / "real" / "rebuilt_loader_project", project, ignore=shutil.ignore_patterns("__pycache__"))
+    data = project / "data.py"
+    data.write_text(data.read_text().replace("shuffle=False", f"shuffle={shuffle}"))
+    with contextlib.chdir(project):
+        result = CliRunner().invoke(cli, ["convert", "train.py", "--to", "ddp", "--in-place"])
+    assert result.exit_code == 0, result.output
+    train = (project / "train.py").read_text()
+    if shuffle == "False":
+        assert "set_epoch" not in train
+    else:
+        assert ("        loader = get_loader(train=True)\n        loader.sampler.set_epoch(epoch)\n" in train
+                and "        train_loader = get_loader(train=True, batch_size=12)\n        train_loader.sampler.set_epoch(epoch)\n"
+                    "        train_one_epoch(model, train_loader, optimizer, device, epoch)\n" in train), train
 
 
 STEP = re.compile(r"^epoch (\d+) step (\d+) ")

@@ -801,6 +801,20 @@ class Anatomy:
                     return first, i, forward  # type: ignore[return-value]
         return None
 
+    def loader_shuffles(self, loader: LoaderSite) -> bool:
+        """May the loader shuffle? No only for a DataLoader call with no `shuffle` (or a literal False)
+        and no `**options` that may hold one, or a call of another file's function whose loaders are
+        all built so; a loader handed in from elsewhere may."""
+        if loader.call is None:
+            return True
+        if loader.built_elsewhere:
+            exported = self.facts.imported.get(self.qualname(loader.call.func) or "")
+            return exported is None or not exported.unshuffled or loader.index is not None
+        if any(kw.arg is None for kw in loader.call.keywords):
+            return True
+        shuffle = argument(loader.call, 2, "shuffle")  # DataLoader(dataset, batch_size, shuffle, ...)
+        return shuffle is not None and not constant(shuffle, False)
+
     def is_training_call(self, node: ast.AST) -> bool:
         """`loss.backward()`, `optimizer.step()` or `scaler.step(optimizer)`."""
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
@@ -1147,15 +1161,6 @@ class _ValueFlow:
                     if getattr(origin, "target", "unset") is None:
                         origin.target = ref  # type: ignore[attr-defined]
         a.models = [m for m in a._model_sites.values() if m.target is not None and m.target.scope not in a.model_classes]
-
-
-def loader_shuffles(loader: LoaderSite) -> bool:
-    """May the loader shuffle? No only for a DataLoader call with no `shuffle` (or a literal False) and
-    no `**options` that may hold one; a loader another file builds may."""
-    if loader.built_elsewhere or loader.call is None or any(kw.arg is None for kw in loader.call.keywords):
-        return True
-    shuffle = argument(loader.call, 2, "shuffle")  # DataLoader(dataset, batch_size, shuffle, ...)
-    return shuffle is not None and not constant(shuffle, False)
 
 
 def any_batchnorm(values: Iterable[bool | None]) -> bool | None:

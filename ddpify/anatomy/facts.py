@@ -49,6 +49,7 @@ class Exported:
     # calling it on rank 0 alone (in a print's f-string) leaves no rank waiting or behind: it neither
     # trains, evaluates, calls a model, joins a collective nor calls what is not known to be harmless
     rank_zero_safe: bool = False
+    unshuffled: bool = False  # every loader it returns is built without shuffle: its sampler needs no set_epoch
 
     def param_for(self, index: int | None, keyword: str | None) -> str | None:
         if keyword is not None:

@@ -16,7 +16,7 @@ import libcst as cst
 
 from ddpify.anatomy import ADAPTIVE_OPTIMIZERS, ROLE_LOADER, ROLE_OPTIMIZER, ROLE_PBAR, LoaderSite, LoopSite
 from ddpify.anatomy import distributed as ddp
-from ddpify.anatomy.analyzer import loader_shuffles, walk_body
+from ddpify.anatomy.analyzer import walk_body
 from ddpify.anatomy.syntax import argument
 from ddpify.anatomy.vocabulary import ITERATION_WRAPPERS
 from ddpify.codemods.base import Duty, Transform, cst_type_of, data_line, parse_expr
@@ -198,7 +198,7 @@ class DistributedSamplers(SamplerTransform):
             if not self._trains_inside(loop, loader):
                 continue
             handled.append(loader)
-            if not any(loader_shuffles(choice) for choice in self.anatomy.alternatives(loader)):
+            if not any(self.anatomy.loader_shuffles(choice) for choice in self.anatomy.alternatives(loader)):
                 continue
             if loop.loop_var is None:
                 self._missing_set_epoch(loop.line, "the epoch loop has no epoch variable")
