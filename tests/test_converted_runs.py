@@ -63,12 +63,8 @@ CODEMOD_BUGS: dict[tuple[str, str], str] = {
     ("real/early_stopping", "fsdp"): "set_model_state_dict(model, torch.load(best), full_state_dict=True) after training "
                                      "and evaluation fails: RuntimeError: Error(s) in loading state_dict for FSDPSequential "
                                      "(aten.copy_ got mixed torch.Tensor and DTensor)",
-    ("real/ema_weights", "fsdp"): "copy.deepcopy of the sharded model for its EMA copy: AssertionError: FSDP does not "
-                                  "support deepcopy",
     ("real/finetune_frozen_backbone", "fsdp"): "a pretrained state dict loaded into the backbone after it was sharded: "
                                                "RuntimeError: Error(s) in loading state_dict for Backbone",
-    ("real/save_whole_model", "fsdp"): "torch.save(model) of the whole sharded model: _pickle.PicklingError: Can't pickle "
-                                       "FSDPClassifier (fully_shard's dynamic class)",
 }
 
 

@@ -136,6 +136,24 @@ def test_an_optimizer_built_before_the_move_is_reported():
     assert any("built before fully_shard(model)" in a.message for a in result.advice)
 
 
+@pytest.mark.parametrize("whole, reason", [("copy.deepcopy(model)", "copy the model before fully_shard"),
+                                           ("torch.save(model, 'model.pt')", "save get_model_state_dict")])
+def test_a_copy_or_pickle_of_the_sharded_model_is_missing_not_a_crash(whole, reason):
+    result = fsdp(f"""
+        import copy
+        import torch
+        model = torch.nn.Linear(2, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            optimizer.zero_grad()
+            model(torch.randn(1, 2)).sum().backward()
+            optimizer.step()
+        {whole}
+    """)
+    whole_model = [m for m in result.missing if "fails once the model is sharded" in m.what]
+    assert [m.line for m in whole_model] == [10] and reason in whole_model[0].todo
+
+
 @pytest.mark.parametrize("script", FIXTURES, ids=lambda p: p.stem)
 def test_fsdp_output_lints_clean_and_converts_once(script):
     result = convert_source(script.read_text(), "fsdp", path=str(script))

@@ -1,0 +1,36 @@
+"""The sharded model as one object: `copy.deepcopy(model)` and `torch.save(model, path)` after `fully_shard`.
+
+FSDP2 replaces the parameters by DTensors that hold this rank's shard and hooks the module's forward:
+a deep copy is refused ("FSDP does not support deepcopy") and pickling the module fails. There is no
+safe rewrite that keeps the script's meaning (a copy of the whole model, a file that loads as a
+module), so the conversion names it as missing: copy or save the full state dict instead.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.vocabulary import WHOLE_MODEL_CALLS
+from ddpify.codemods.base import Transform
+
+_TODO = {
+    "copy.deepcopy": "copy the model before fully_shard, or build a fresh one and load "
+                     "get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)) into it",
+    "torch.save": "save get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)) "
+                  "on rank 0 and load it into a fresh model",
+}
+
+
+class WholeShardedModel(Transform):
+    """Say what a deep copy or a pickle of the sharded model needs by hand (both fail after fully_shard)."""
+
+    NAME = "shard"
+    SEES_EDITS_OF = ("shard",)  # where fully_shard now runs
+
+    def plan(self) -> None:
+        for call in self.anatomy.calls_to(*WHOLE_MODEL_CALLS):
+            whole = call.node.args[0] if call.node.args else None  # type: ignore[attr-defined]
+            if whole is not None and ddp.is_sharded_model(self.anatomy, whole) and ddp.after_shard(self.anatomy, call.node):
+                self.missing(call.line, f"{call.qualname}({ast.unparse(whole)}) fails once the model is sharded by fully_shard",
+                             _TODO[call.qualname])
