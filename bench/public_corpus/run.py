@@ -98,7 +98,7 @@ def environment(entry: dict, first: list[str] = (), capped: bool = True) -> dict
 def summary(report: str) -> str:
     """ddpify convert's own status: its lines that are not per-line findings or the launch hint."""
     lines = [line.strip() for line in report.splitlines() if line.strip() and not FINDING.match(line) and not line.startswith("launch:")]
-    return " | ".join(lines)[-300:]
+    return " | ".join(lines)[:400]
 
 
 def measure(entry: dict, work: Path, with_verify: bool, timeout: float) -> Row:
@@ -155,10 +155,12 @@ def measure(entry: dict, work: Path, with_verify: bool, timeout: float) -> Row:
 
     if with_verify:
         folder, script = copy(entry, work / "verify")
-        command = [sys.executable, "-m", "ddpify", "verify", script, "--to", "ddp", "--json", "--timeout", str(min(limit, 120)), "--", *argv]
-        done = run_real(command, folder, environment(entry, capped=False), VERIFY_TIMEOUT_S)
+        command = [sys.executable, "-m", "ddpify", "verify", script, "--to", "ddp", "--json", "--timeout", str(limit),
+                   *entry.get("verify_args", []), "--", *argv]
+        bound = max(VERIFY_TIMEOUT_S, 2 * limit + 120)
+        done = run_real(command, folder, environment(entry, capped=False), bound)
         if done is None:
-            row.verify, row.verify_detail = "verify hung", f"ddpify verify ran past {VERIFY_TIMEOUT_S:.0f} s"
+            row.verify, row.verify_detail = "verify hung", f"ddpify verify ran past {bound:.0f} s"
         else:
             try:
                 result = json.loads(done.stdout)
