@@ -88,6 +88,14 @@ def test_every_branch_loader_is_sharded_and_set_epoch_is_called_once():
     assert sum("sharded with DistributedSampler" in c for c in changes) == 3
 
 
+def test_both_loaders_of_a_conditional_expression_are_sharded_under_one_note():
+    output, _, missing = convert("train_loader = DataLoader(data(16), batch_size=4, shuffle=True) if args else DataLoader(data(8), batch_size=4, shuffle=True)\n"
+                                 "model = nn.Linear(4, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n" + textwrap.dedent(EPOCHS))
+    assert not missing, missing
+    body = main_body(output)
+    assert (body.count("sampler=DistributedSampler("), body.count("# ddpify: batch_size per process"), body.count(".set_epoch(epoch)")) == (2, 1, 1)
+
+
 def test_a_branch_that_cannot_be_sharded_is_incomplete_and_its_set_epoch_guarded():
     output, _, missing = convert(LOADERS_IN_BRANCHES.format(last="Stream()", shuffle=""))
     assert any("IterableDataset" in m for m in missing), missing

@@ -714,7 +714,7 @@ class Anatomy:
 
     def alternatives(self, site: Site) -> frozenset[Site]:
         """`site` and the sites one variable may hold instead of it, each assigned in another branch of
-        one if/try/match (`if ...: loader = DataLoader(a) else: loader = DataLoader(b)`)."""
+        one if/try/match (`if ...: loader = DataLoader(a) else: loader = DataLoader(b)`) or of a conditional expression."""
         return self._alternatives.get(site, frozenset({site}))
 
     @cached_property
@@ -723,7 +723,8 @@ class Anatomy:
         for ref, found in bindings(self).items():
             for b in found:
                 around = self.statement_binding(b.stmt) if b.value is not None else b.stmt
-                if around is not b.stmt and not isinstance(around, (ast.With, ast.AsyncWith)):
+                chosen = around is not b.stmt and not isinstance(around, (ast.With, ast.AsyncWith))
+                if chosen or isinstance(b.value, ast.IfExp):  # `loader = DataLoader(a) if ... else DataLoader(b)` too
                     branches[(ref, around)] |= {o for _, o in self.roles(b.value) if o is not None}  # type: ignore[arg-type]
         out: dict[Site, frozenset[Site]] = {}
         for sites in branches.values():

@@ -80,6 +80,7 @@ class DistributedSamplers(SamplerTransform):
     def plan(self) -> None:
         super().plan()
         self._queued: set[tuple[ast.stmt, str]] = set()
+        self._noted: set[ast.stmt] = set()
         sharded = [ld for ld in self.anatomy.train_loaders if self._shard(ld)]
         if sharded:
             self.add_import("torch.utils.data", "DistributedSampler")
@@ -137,7 +138,9 @@ class DistributedSamplers(SamplerTransform):
         splats = [kw.value for kw in call.keywords if kw.arg is None]
         sampler = f"DistributedSampler({self._dataset_code(dataset)}{self._sampler_options(keywords, splats)})"
         self.rewrite_node(call, cst.Call, lambda node: self._with_sampler(node, sampler, self.options.batch_size == "global"))
-        self.rewrite_statement(loader.stmt, self._with_batch_note)
+        if loader.stmt not in self._noted:  # one note for the loaders of one statement (`A if c else B`)
+            self._noted.add(loader.stmt)
+            self.rewrite_statement(loader.stmt, self._with_batch_note)
         self.changed(loader.line, "training loader sharded with DistributedSampler (its shuffle moved into the sampler)")
         if self.options.batch_size == "global" and "batch_size" in keywords:
             self.changed(loader.line, f"batch_size -> batch_size // {WORLD_SIZE} (the global batch stays as in the original)")
