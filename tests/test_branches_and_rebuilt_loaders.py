@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import re
 import shutil
 import sys
@@ -27,7 +28,7 @@ from ddpify.cli import cli
 from ddpify.convert import convert_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import FIXTURES_DIR, failure_report, run_script  # noqa: E402
+from helpers import FIXTURES_DIR, failure_report, run_ddpify, run_script  # noqa: E402
 
 HEAD = """\
 import argparse
@@ -291,6 +292,15 @@ def test_a_loader_another_module_builds_anew_each_epoch(shuffle, tmp_path):
         assert ("        loader = get_loader(train=True)\n        loader.sampler.set_epoch(epoch)\n" in train
                 and "        train_loader = get_loader(train=True, batch_size=12)\n        train_loader.sampler.set_epoch(epoch)\n"
                     "        train_one_epoch(model, train_loader, optimizer, device, epoch)\n" in train), train
+
+
+def test_a_loader_rebuilt_each_epoch_in_another_module_verifies(tmp_path):
+    """verify's reference takes a loader built again at a site whose first loader trained as training
+    (it judged the later ones evaluation loaders and diverged at the second epoch)."""
+    project = tmp_path / "project"
+    shutil.copytree(FIXTURES_DIR / "real" / "rebuilt_loader_project", project, ignore=shutil.ignore_patterns("__pycache__"))
+    proc = run_ddpify(["verify", "train.py", "--to", "ddp", "--steps", "12", "--json", "--timeout", "200"], project, timeout=300)
+    assert json.loads(proc.stdout)["verdict"] == "equivalent", failure_report(proc)
 
 
 STEP = re.compile(r"^epoch (\d+) step (\d+) ")

@@ -37,6 +37,7 @@ class LoaderCensus:
         # (file, line) -> the epoch loops around it that call set_epoch: (first line, last line, first epoch)
         self.epoch_loops = epoch_loops or {}
         self.known_training = 0  # loaders created shuffled or at a static training site
+        self.training_sites: set[tuple[str, int]] = set()  # sites whose loaders were judged training
         self.training_iterated = False
         self.optimizer_stepped = False
         self.passes: dict[tuple, int] = {}  # training passes started, per DataLoader call site (and epoch loop)
@@ -71,10 +72,11 @@ def is_training_loader(site: tuple[str, int], shuffle: bool, census: LoaderCensu
     """Whether a loader feeds training (aligned) or evaluation (left alone): the one place that decides.
 
     Loaders created where static analysis (ddpify.anatomy) saw a training loop iterate them
-    train, and so do shuffled ones; when the script has neither, the first loader iterated
-    before any optimizer step does.
+    train, and so do shuffled ones and loaders rebuilt where a training loader was built before
+    (each epoch, by a function of another module); when the script has none of these, the first
+    loader iterated before any optimizer step does.
     """
-    if shuffle or site in census.static_sites:
+    if shuffle or site in census.static_sites or site in census.training_sites:
         return True
     return not (census.known_training or census.training_iterated or census.optimizer_stepped)
 
@@ -112,6 +114,7 @@ class AlignedBatchSampler:
             self.training = is_training_loader(self.site, self.shuffle, self.census)
             if self.training:
                 self.census.training_iterated = True
+                self.census.training_sites.add(self.site)
                 self.on_training(self)
         return self.training
 
