@@ -60,11 +60,6 @@ CODEMOD_BUGS: dict[tuple[str, str], str] = {
     ("real/compound_prints", "fsdp"): "the FSDP conversion leaves `p.detach().cpu().flatten().tolist()` on the sharded "
                                       "parameters in a rank-0 print (line 91): RuntimeError: This operation would remove "
                                       "or reshape sharded dimension 0, which requires redistribution",
-    ("real/early_stopping", "fsdp"): "set_model_state_dict(model, torch.load(best), full_state_dict=True) after training "
-                                     "and evaluation fails: RuntimeError: Error(s) in loading state_dict for FSDPSequential "
-                                     "(aten.copy_ got mixed torch.Tensor and DTensor)",
-    ("real/finetune_frozen_backbone", "fsdp"): "a pretrained state dict loaded into the backbone after it was sharded: "
-                                               "RuntimeError: Error(s) in loading state_dict for Backbone",
 }
 
 

@@ -22,6 +22,8 @@ from ddpify.codemods.base import Transform, parse_expr
 
 STATE_DICT_MODULE = "torch.distributed.checkpoint.state_dict"
 FULL_STATE = "StateDictOptions(full_state_dict=True, cpu_offload=True)"
+# a forward without backward (evaluation) leaves the root's parameters unsharded: loading needs them sharded
+RESHARD_WHY = "  # ddpify: parameters an evaluation forward left whole, sharded again\n"
 FULL_LOAD = "StateDictOptions(full_state_dict=True)"
 RANK0_DECISION = "rank0_decision"
 
@@ -94,6 +96,10 @@ class FullStateDicts(CollectiveStateDicts):
                 continue
             if self.anatomy.origins(func.value, ROLE_MODEL) & sharded:
                 self._to_full_state(call.node, func, "model", ast.unparse(func.value))  # type: ignore[arg-type]
+            elif self.anatomy.origins(_root(func.value), ROLE_MODEL) & sharded:
+                self.missing(call.line, f"{ast.unparse(func)}() of a part of the sharded model holds this rank's shards (DTensors)",
+                             f"gather the whole model's state with get_model_state_dict({ast.unparse(_root(func.value))}, options={FULL_STATE}) "
+                             f"on every rank and take that part's keys from it")
             elif self.anatomy.has_role(func.value, ROLE_OPTIMIZER):
                 self._rewrite_optimizer(call.node, func, self.shard_roots())  # type: ignore[arg-type]
         self.follow_rank_zero_decisions()
@@ -111,6 +117,8 @@ class FullStateDicts(CollectiveStateDicts):
             self.add_import(STATE_DICT_MODULE, f"set_{what}_state_dict")
             self.rewrite_node(call, cst.Call, lambda node: parse_expr(
                 f"set_{what}_state_dict({owner}, {_arguments(node)}, options={FULL_LOAD})"))
+            if what == "model":
+                self.insert_before(self.anatomy.stmt_of[call], f"{owner}.reshard(){RESHARD_WHY}")
             self.changed(call.lineno, f"{ast.unparse(func.value)}.load_state_dict -> set_{what}_state_dict (full state, sharded on load)")
             return
         self.add_import(STATE_DICT_MODULE, f"get_{what}_state_dict")
@@ -137,6 +145,13 @@ class FullStateDicts(CollectiveStateDicts):
             return writes[-1]
         saves = [c for c in self.anatomy.calls_to("torch.save") if c.stmt is stmt]
         return stmt if saves else None
+
+
+def _root(expr: ast.expr) -> ast.expr:
+    """`net` in `net[0]`, `net.backbone`, `net.blocks[2]`: the object a part is taken from."""
+    while isinstance(expr, (ast.Subscript, ast.Attribute)):
+        expr = expr.value
+    return expr
 
 
 def _arguments(call: cst.CSTNode) -> str:
