@@ -6,12 +6,10 @@ import ast
 
 from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
+from ddpify.anatomy.unused_parameters import BRANCHES, is_self_attribute, methods_reached
 from ddpify.anatomy.vocabulary import MODEL_CONTAINERS, is_builtin_layer
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._ddp import remove_keyword_fix
-
-_BRANCHES = (ast.If, ast.IfExp, ast.Try, ast.While, ast.Break, ast.Match)
-
 
 class NeedlessFindUnusedParameters(Rule, code="DDP019", name="needless-find-unused-parameters", severity="info"):
     """## What it does
@@ -69,25 +67,13 @@ def _uses_every_parameter(a, constructor: ast.Call) -> bool:
     forward = mc.forward
     if forward is None:
         return False
-    methods = _methods_reached(mc.node, forward)
-    if any(isinstance(n, _BRANCHES) for m in methods for n in ast.walk(m)) or _early_return(methods):
+    methods = methods_reached(mc)
+    if any(isinstance(n, BRANCHES) for m in methods for n in ast.walk(m)) or _early_return(methods):
         return False
     if not _single_tensor_return(forward) or any(a.qualname(b) in a.model_classes for b in mc.node.bases):
         return False  # several outputs, or submodules inherited from a class not read here
-    used = {n.attr for m in methods for n in ast.walk(m) if _is_self_attr(n) and isinstance(n.ctx, ast.Load)}
+    used = {n.attr for m in methods for n in ast.walk(m) if is_self_attribute(n) and isinstance(n.ctx, ast.Load)}
     return _submodules(a, mc.node) <= used
-
-
-def _methods_reached(cls: ast.ClassDef, forward: ast.FunctionDef) -> list[ast.FunctionDef]:
-    by_name = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
-    seen, todo = [], [forward]
-    while todo:
-        fn = todo.pop()
-        if fn in seen:
-            continue
-        seen.append(fn)
-        todo += [by_name[n.func.attr] for n in ast.walk(fn) if isinstance(n, ast.Call) and _is_self_attr(n.func) and n.func.attr in by_name]
-    return seen
 
 
 def _early_return(methods: list[ast.FunctionDef]) -> bool:
@@ -104,12 +90,8 @@ def _submodules(a, cls: ast.ClassDef) -> set[str]:
     found = set()
     for node in ast.walk(cls):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and a.is_model_constructor(a.qualname(node.value.func) or ""):
-            found |= {t.attr for t in node.targets if _is_self_attr(t)}
+            found |= {t.attr for t in node.targets if is_self_attribute(t)}
     return found
-
-
-def _is_self_attr(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
 
 
 _HEAD = """import torch

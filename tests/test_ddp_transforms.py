@@ -316,6 +316,63 @@ def train(model: str, after: str = "", wrap_import: bool = False) -> str:
     return code.replace("TensorDataset\n", "TensorDataset\n" + DDP_IMPORT, 1) if wrap_import else code
 
 
+MODELS = """\
+class Gated(nn.Module):
+    def __init__(self, use_norm):
+        super().__init__()
+        self.use_norm, self.norm, self.fc = use_norm, nn.LayerNorm(2), nn.Linear(2, 1)
+
+    def forward(self, x):
+        if self.use_norm:
+            x = self.norm(x)
+        return self.fc(x)
+
+
+class Heads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.a, self.b = nn.Linear(2, 4), nn.Linear(4, 1), nn.Linear(4, 1)
+
+    def forward(self, x):
+        h = self.body(x)
+        out = self.a(h)
+        return out, self.b(h)
+
+
+class WithLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2, 1)
+
+    def forward(self, x):
+        out = self.fc(x)
+        return out, out.pow(2).mean()
+
+
+"""
+
+
+def unused_wrap(model: str, use: str) -> bool:
+    """Does the wrap of `model`, trained through `use`, find unused parameters?"""
+    code = TRAIN.replace("def main():", MODELS + "def main():").format(model=f"    model = {model}", after="")
+    output = convert_source(code.replace("loss = (model(x.to(device)) - y.to(device)).pow(2).mean()", use), "ddp").output
+    return "find_unused_parameters=True" in output
+
+
+class TestUnusedParameters:
+    def test_a_submodule_called_on_some_paths_only(self):
+        assert unused_wrap("Gated(False)", "loss = (model(x) - y).pow(2).mean()")
+
+    def test_a_step_that_drops_an_output_a_head_computes(self):
+        assert unused_wrap("Heads()", "out, _ = model(x)\n            loss = (out - y).pow(2).mean()")
+        assert unused_wrap("Heads()", "loss = (model(x)[0] - y).pow(2).mean()")
+
+    def test_every_output_used_or_a_dropped_output_computed_from_the_others(self):
+        assert not unused_wrap("Heads()", "a, b = model(x)\n            loss = (a + b - y).pow(2).mean()")
+        assert not unused_wrap("WithLoss()", "_, loss = model(x)")
+        assert not unused_wrap("nn.Linear(2, 1)", "loss = (model(x) - y).pow(2).mean()")
+
+
 class TestWrap:
     def test_wrap_after_the_model_reaches_its_device(self):
         result = assert_codemod(

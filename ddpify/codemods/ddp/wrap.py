@@ -16,6 +16,7 @@ from ddpify.anatomy import DP_WRAPPER, ModelSite
 from ddpify.anatomy.vocabulary import MODEL_CONTAINERS
 from ddpify.anatomy import syntax
 from ddpify.anatomy.distributed import SYNC_BATCHNORM_CONVERT
+from ddpify.anatomy.unused_parameters import may_leave_parameters_unused
 from ddpify.codemods.base import Transform, parse_expr, wrap_duty
 from ddpify.codemods.containers import wrap_each
 from ddpify.codemods.ddp.runtime import LOCAL_RANK
@@ -90,6 +91,9 @@ class WrapModel(Transform):
         else:
             self.insert_after(anchor, self._sync_batchnorm(model, name, anchor.lineno) + self.wrapper_code(model, name))
             self.changed(anchor.lineno, self.wrapped_message(name))
+        if self.finds_unused(model):
+            self.changed(anchor.lineno, f"find_unused_parameters=True: a backward may leave some of {name}'s parameters without a "
+                                        "gradient (a branch of its forward, or outputs a step drops)")
         if not self.anatomy.moved_where_bound(model):
             self.advise(model.line, f"{name} is never moved to a GPU; the DDP script will train it on CPU (gloo)")
 
@@ -105,19 +109,24 @@ class WrapModel(Transform):
         """`nets = {key: DDP(net, ...) for key, net in nets.items()}` (or a list comprehension)."""
         if model.has_batchnorm is not False:
             self.advise(model.line, f"the models in {name} may have BatchNorm layers: convert them with SyncBatchNorm by hand for GPUs")
-        return wrap_each(name, model.container, self.wrap_expression)  # type: ignore[arg-type]
+        unused = self.finds_unused(model)
+        return wrap_each(name, model.container, lambda net: self.wrap_expression(net, unused))  # type: ignore[arg-type]
 
 
     def add_wrapper_import(self) -> None:
         self.add_import("torch.nn.parallel", "DistributedDataParallel", "DDP")
 
-    def wrap_expression(self, name: str) -> str:
+    def wrap_expression(self, name: str, find_unused: bool = False) -> str:
         """The expression that wraps the model `name` (its value replaces the model)."""
-        return f"DDP({name}, device_ids=[{LOCAL_RANK}] if next({name}.parameters()).is_cuda else None)"
+        unused = ", find_unused_parameters=True" if find_unused else ""
+        return f"DDP({name}, device_ids=[{LOCAL_RANK}] if next({name}.parameters()).is_cuda else None{unused})"
 
     def wrapper_code(self, model: ModelSite, name: str) -> str:
         """The statements that wrap `name` once it is on its device."""
-        return f"{name} = {self.wrap_expression(name)}\n"
+        return f"{name} = {self.wrap_expression(name, self.finds_unused(model))}\n"
+
+    def finds_unused(self, model: ModelSite) -> bool:
+        return may_leave_parameters_unused(self.anatomy, model)
 
     def wrapped_message(self, name: str) -> str:
         return f"wrapped {name} in DistributedDataParallel"
