@@ -154,6 +154,23 @@ def test_a_copy_or_pickle_of_the_sharded_model_is_missing_not_a_crash(whole, rea
     assert [m.line for m in whole_model] == [10] and reason in whole_model[0].todo
 
 
+def test_values_read_from_the_sharded_parameters_are_missing_not_a_crash():
+    result = fsdp("""
+        import torch
+        model = torch.nn.Linear(2, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            optimizer.zero_grad()
+            model(torch.randn(1, 2)).sum().backward()
+            optimizer.step()
+        for name, p in model.named_parameters():
+            print(name, p.detach().cpu().tolist())
+        print(sum(p.numel() for p in model.parameters()))
+    """)
+    shards = [m for m in result.missing if "yields this rank's shards" in m.what]
+    assert [m.line for m in shards] == [9] and "p.full_tensor()" in shards[0].todo
+
+
 @pytest.mark.parametrize("script", FIXTURES, ids=lambda p: p.stem)
 def test_fsdp_output_lints_clean_and_converts_once(script):
     result = convert_source(script.read_text(), "fsdp", path=str(script))

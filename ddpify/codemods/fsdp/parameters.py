@@ -18,6 +18,8 @@ from ddpify.codemods.base import Transform, parse_expr
 
 LAYER_PARAMETERS = frozenset({"weight", "bias"})  # what torch.nn layers name their parameters
 RANK_ZERO_CALLS = ("print", "torch.save")
+PARAMETER_ITERATORS = frozenset({"parameters", "named_parameters"})
+VALUE_READS = frozenset({"tolist", "cpu", "numpy", "item", "flatten", "view", "reshape"})
 
 
 class FullParameters(Transform):
@@ -35,6 +37,24 @@ class FullParameters(Transform):
         for node in self.anatomy.nodes:
             if self._reads_parameter(node, names, sharded):
                 self._gather(node)  # type: ignore[arg-type]
+            elif self._reads_shard_values(node, sharded):
+                parameter = ast.unparse(node.target.elts[-1] if isinstance(node.target, ast.Tuple) else node.target)  # type: ignore[attr-defined]
+                self.missing(node.iter.lineno, f"`{ast.unparse(node.iter)}` yields this rank's shards (DTensors) after fully_shard, "  # type: ignore[attr-defined]
+                                               "and their values are read here",
+                             f"read {parameter}.full_tensor() instead, computed on every rank (a collective) before rank 0 uses it")
+
+    def _reads_shard_values(self, node: ast.AST, sharded: set) -> bool:
+        """`for name, p in model.named_parameters(): ... p.tolist() ...` (or `.cpu()`, `.numpy()`, `.item()`, `.flatten()`)
+        over a sharded model: the values of a DTensor shard can't be read as a whole tensor's."""
+        if not (isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.iter, ast.Call)
+                and isinstance(node.iter.func, ast.Attribute) and node.iter.func.attr in PARAMETER_ITERATORS):
+            return False
+        if not (self.anatomy.origins(node.iter.func.value, ROLE_MODEL) & sharded and after_shard(self.anatomy, node.iter)):
+            return False
+        names = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+        body = node.body if isinstance(node, ast.For) else [self.anatomy.parents.get(node)]
+        return any(isinstance(n, ast.Attribute) and n.attr in VALUE_READS and _reads_variable(n.value, names)
+                   for stmt in body for n in ast.walk(stmt))
 
     def _reads_parameter(self, node: ast.AST, names: frozenset[str], sharded: set) -> bool:
         if not (isinstance(node, ast.Attribute) and node.attr in names and isinstance(node.ctx, ast.Load)):
@@ -54,6 +74,13 @@ class FullParameters(Transform):
             return
         self.rewrite_node(node, cst.Attribute, lambda attr: parse_expr(f"{cst.Module([]).code_for_node(attr)}.full_tensor()"))
         self.changed(node.lineno, f"{ast.unparse(node)} -> {ast.unparse(node)}.full_tensor() (the whole parameter, gathered on every rank)")
+
+
+def _reads_variable(expr: ast.AST, names: set[str]) -> bool:
+    """Is `expr` one of `names`, or a chain of calls on it (`p.detach().cpu()`)?"""
+    while isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute):
+        expr = expr.func.value
+    return isinstance(expr, ast.Name) and expr.id in names
 
 
 def _owner(attr: ast.Attribute) -> ast.expr:

@@ -39,8 +39,11 @@ class ShardModel(WrapModel):
         if self._param_dtype:
             self.add_import(*MIXED_PRECISION_POLICY.rsplit(".", 1))
 
-    def wrap_expression(self, name: str) -> str:
+    def wrap_expression(self, name: str, find_unused: bool = False) -> str:
         return f"fully_shard({name}{self._policy_argument()})"  # it returns the module it shards
+
+    def finds_unused(self, model: ModelSite) -> bool:
+        return False  # FSDP2 reduces whatever gradients a backward made: it needs no search for unused parameters
 
     def wrapper_code(self, model: ModelSite, name: str) -> str:
         self._optimizer_before_shard(model, name)
