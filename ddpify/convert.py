@@ -13,6 +13,7 @@ from ddpify.codemods.pipeline import ConversionResult, run_pipeline
 
 TARGETS = ("ddp", "dp", "fsdp")
 NO_TRAINING = "no training found"
+ALREADY_DISTRIBUTED = "already distributed"
 
 
 def convert_source(text: str, target: str, *, path: str = "<string>", batch_size: str = "per-gpu",
@@ -64,9 +65,9 @@ def _nothing_to_do(anatomy: Anatomy, target: str, facts: ProjectFacts) -> str:
         return "does not use torch"
     if kind is ScriptKind.FRAMEWORK:
         label, call = anatomy.framework  # type: ignore[misc]
-        return f"already distributed by {label} ({call.qualname} at line {call.line}); nothing to do"
+        return f"{ALREADY_DISTRIBUTED} by {label} ({call.qualname} at line {call.line}); nothing to do"
     if kind.distributed:
-        return "already distributed (DDP); nothing to do"
+        return f"{ALREADY_DISTRIBUTED} (DDP); nothing to do"
     if kind is ScriptKind.DATA_PARALLEL and target == "dp":
         return "already uses DataParallel; nothing to do"
     if not anatomy.trains and not facts:

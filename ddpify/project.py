@@ -28,7 +28,7 @@ from ddpify.anatomy import analyze
 from ddpify.anatomy.project import Project, import_roots, is_entry_point, within
 from ddpify.codemods.base import Missing
 from ddpify.codemods.pipeline import ConversionResult, Status
-from ddpify.convert import NO_TRAINING
+from ddpify.convert import ALREADY_DISTRIBUTED, NO_TRAINING
 from ddpify.sources import Source, SourceError, check_syntax, iter_python_files, mentions_torch, read_source, write_atomic
 
 
@@ -207,9 +207,21 @@ def _convert_projects(projects: list[Project], sources: dict[Path, Source], targ
             _training_out_of_sight(result, project.unresolved.get(module.path, []))
         conversions[id(project)].jobs.append(job)
     for conversion in conversions.values():
+        distributed = _entries_already_distributed(conversion)
         for job in conversion.jobs:
             job.entry_incomplete = not job.entry and conversion.entry_incomplete
+            if distributed and not job.entry and job.result is not None:
+                job.result = ConversionResult(job.result.source, job.result.source, note=f"imported by {distributed}, already distributed")
     return list(conversions.values())
+
+
+def _entries_already_distributed(conversion: ProjectConversion) -> str:
+    """The entry scripts' names when every one is already distributed: their modules are theirs as they are
+    (an imported model.py is not given rank-0 guards behind an entry that already handles its ranks)."""
+    entries = [job for job in conversion.jobs if job.entry]
+    if entries and all(job.result is not None and job.result.note.startswith(ALREADY_DISTRIBUTED) for job in entries):
+        return ", ".join(job.path.name for job in entries)
+    return ""
 
 
 def _training_out_of_sight(result: ConversionResult, unresolved: list) -> None:

@@ -343,3 +343,38 @@ def test_a_loader_evaluated_in_another_file_is_not_reported_as_never_iterated(tm
     messages = [a.message for a in result.advice]
     assert not any("not iterated" in m for m in messages), messages
     assert not result.missing, result.missing
+
+
+def test_the_modules_of_an_entry_already_distributed_are_left_alone(tmp_path):
+    """nanoGPT's shape: train.py already runs DDP; the model.py it imports prints, which is its own business."""
+    write_project(tmp_path, {
+        "model.py": """
+            import torch
+            import torch.nn as nn
+            class Net(nn.Module):
+                def __init__(self, fast=False):
+                    super().__init__()
+                    self.fc = nn.Linear(4, 1)
+                    if not fast:
+                        print("WARNING: the slow path")
+                def forward(self, x):
+                    return self.fc(x)
+                def configure_optimizers(self, lr):
+                    return torch.optim.AdamW(self.parameters(), lr=lr)
+        """,
+        "train.py": """
+            import torch
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            from model import Net
+            dist.init_process_group("gloo")
+            model = DDP(Net())
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        """,
+    })
+    before = python_files(tmp_path)
+    result = invoke(tmp_path / "train.py", "--to", "ddp")
+    assert result.exit_code == 0 and "already distributed" in result.output, result.output
+    assert python_files(tmp_path) == before and not (tmp_path.parent / f"{tmp_path.name}_ddp").exists()
