@@ -14,11 +14,11 @@ import libcst as cst
 
 from ddpify.anatomy import ROLE_MODEL
 from ddpify.anatomy.distributed import FULLY_SHARD, after_shard, rank_guarded
+from ddpify.anatomy.vocabulary import PARAMETER_METHODS
 from ddpify.codemods.base import Transform, parse_expr
 
 LAYER_PARAMETERS = frozenset({"weight", "bias"})  # what torch.nn layers name their parameters
 RANK_ZERO_CALLS = ("print", "torch.save")
-PARAMETER_ITERATORS = frozenset({"parameters", "named_parameters"})
 VALUE_READS = frozenset({"tolist", "cpu", "numpy", "item", "flatten", "view", "reshape"})
 
 
@@ -47,7 +47,7 @@ class FullParameters(Transform):
         """`for name, p in model.named_parameters(): ... p.tolist() ...` (or `.cpu()`, `.numpy()`, `.item()`, `.flatten()`)
         over a sharded model: the values of a DTensor shard can't be read as a whole tensor's."""
         if not (isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.iter, ast.Call)
-                and isinstance(node.iter.func, ast.Attribute) and node.iter.func.attr in PARAMETER_ITERATORS):
+                and isinstance(node.iter.func, ast.Attribute) and node.iter.func.attr in PARAMETER_METHODS):
             return False
         if not (self.anatomy.origins(node.iter.func.value, ROLE_MODEL) & sharded and after_shard(self.anatomy, node.iter)):
             return False
