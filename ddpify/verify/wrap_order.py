@@ -19,8 +19,10 @@ from typing import Callable
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from ddpify.anatomy.vocabulary import DEVICE_MOVES
+
 MOVED_FLAG = "moved_after_wrap"
-_MOVES = ("to", "cuda", "cpu")
+_MOVES = (*sorted(DEVICE_MOVES), "cpu")
 
 
 def watch_moves_after_wrap(flag: Callable[[str, str], None]) -> None:
