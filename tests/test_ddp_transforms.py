@@ -207,6 +207,13 @@ class TestSumLoss:
         )
         assert [c.transform for c in result.changes] == ["sum_loss"]
 
+    def test_the_old_size_average_false_spelling_sums_too(self):
+        assert_codemod(
+            [SumLossScaling],
+            self.HEAD + "loss = F.mse_loss(model(x), y, size_average=False)\nloss.backward()\n",
+            self.HEAD + "loss = F.mse_loss(model(x), y, size_average=False)\n(loss * WORLD_SIZE).backward()\n",
+        )
+
     def test_a_criterion_built_to_sum_inside_a_helper_is_followed_and_the_scaler_argument_scaled(self):
         helper = "crit = torch.nn.MSELoss(reduction='sum')\ndef loss_fn(p, t):\n    return crit(p, t) + 0.5\n"
         assert_codemod(

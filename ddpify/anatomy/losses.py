@@ -39,17 +39,22 @@ def loss_terms(a: Anatomy, expr: ast.AST, depth: int = 0) -> list[ast.Call]:
 
 
 def sums_over_batch(a: Anatomy, call: ast.Call) -> bool | None:
-    """Does this loss call sum over the batch (`reduction='sum'`, given here or to its criterion)?
-    None when a reduction is chosen at run time (`reduction=args.reduction`)."""
-    reductions = [keyword(call, "reduction")]
+    """Does this loss call sum over the batch (`reduction='sum'`, or the old `size_average=False`, given
+    here or to its criterion)? None when a reduction is chosen at run time (`reduction=args.reduction`)."""
+    calls = [call]
     if isinstance(call.func, (ast.Name, ast.Attribute)) and a.has_role(call.func, ROLE_CRITERION):
-        reductions += [keyword(v, "reduction") for v in reaching_values(a, call.func) if isinstance(v, ast.Call)]
+        calls += [v for v in reaching_values(a, call.func) if isinstance(v, ast.Call)]
     elif isinstance(call.func, ast.Call):  # nn.MSELoss(reduction="sum")(pred, y)
-        reductions.append(keyword(call.func, "reduction"))
-    given = [r.value for r in reductions if r is not None]
-    if any(isinstance(v, ast.Constant) and v.value == "sum" for v in given):
+        calls.append(call.func)
+    given = [k.value for c in calls for k in (keyword(c, "reduction"),) if k is not None]
+    legacy = [k.value for c in calls for k in (keyword(c, "size_average"),) if k is not None]  # before torch 0.4.1
+    if any(isinstance(v, ast.Constant) and v.value == "sum" for v in given) or any(_is_false(v) for v in legacy):
         return True
-    return None if any(not isinstance(v, ast.Constant) for v in given) else False
+    return None if any(not isinstance(v, ast.Constant) for v in [*given, *legacy]) else False
+
+
+def _is_false(expr: ast.AST) -> bool:
+    return isinstance(expr, ast.Constant) and expr.value is False
 
 
 def token_mean(a: Anatomy, loss: ast.AST) -> str | None:
