@@ -63,15 +63,26 @@ class AccumulationWithoutNoSync(Rule, code="DDP012", name="accumulation-without-
                     yield Finding(a.pos(backward))
 
 
-def _accumulation_guard(a, step: ast.AST, loop: ast.AST, backward: ast.AST) -> bool:
+def _accumulation_guard(a, step: ast.Call, loop: ast.AST, backward: ast.AST) -> bool:
     """Is `step` under an `if` inside the loop that looks like an accumulation test and that
     `backward` is not under?"""
     for parent, child in syntax.ancestors(a, step):
         if parent is loop:
             return False
         if isinstance(parent, ast.If) and child is not parent.test and _looks_like_accumulation(parent.test):
-            return not any(p is parent for p, _ in syntax.ancestors(a, backward))
+            return not any(p is parent for p, _ in syntax.ancestors(a, backward)) and not _cleared_between(a, backward, step)
     return False
+
+
+def _cleared_between(a, backward: ast.AST, step: ast.Call) -> bool:
+    """Is this optimizer's zero_grad() called after `backward` and before `step` (a model stepped on a
+    schedule, WGAN's `if i % n_critic == 0:`, clears its gradients first): nothing carries over?"""
+    receiver = ast.unparse(step.func.value)  # type: ignore[attr-defined]
+    return any(
+        syntax.method_name(n) == "zero_grad" and ast.unparse(n.func.value) == receiver  # type: ignore[attr-defined]
+        and backward.lineno < n.lineno < step.lineno  # type: ignore[attr-defined]
+        for n in a.nodes if isinstance(n, ast.Call)
+    )
 
 
 def _looks_like_accumulation(test: ast.AST) -> bool:
@@ -101,6 +112,29 @@ for i, (x, y) in enumerate(loader):
     if sync:
         opt.step()
         opt.zero_grad()
+""",
+    # a second model stepped on a schedule (WGAN's n_critic): its gradients are cleared in the same block
+    _HEAD + """critic = DDP(torch.nn.Linear(4, 1))
+opt_c = torch.optim.SGD(critic.parameters(), lr=0.1)
+for i, (x, y) in enumerate(loader):
+    opt_c.zero_grad()
+    critic(x).mean().backward()
+    opt_c.step()
+    if i % 5 == 0:
+        opt.zero_grad()
+        (model(x) - y).pow(2).mean().backward()
+        opt.step()
+""",
+    _HEAD + """critic = DDP(torch.nn.Linear(4, 1))
+opt_c = torch.optim.SGD(critic.parameters(), lr=0.1)
+for i, (x, y) in enumerate(loader):
+    opt_c.zero_grad()
+    critic(x).mean().backward()
+    opt_c.step()
+    opt.zero_grad()
+    if i % 5 == 0:
+        (model(x) - y).pow(2).mean().backward()
+        opt.step()
 """,
     # no accumulation: an optimizer step per batch
     _HEAD + """for x, y in loader:
