@@ -6,6 +6,8 @@ item, so a conversion that ends "converted" always lints clean.
 
 from __future__ import annotations
 
+import os
+
 from ddpify.anatomy import Anatomy, ScriptKind, analyze
 from ddpify.anatomy.facts import NO_FACTS, ProjectFacts
 from ddpify.codemods.base import Missing, Options
@@ -38,6 +40,18 @@ def convert_source(text: str, target: str, *, path: str = "<string>", batch_size
                           fit_width=True)
     result.missing = sorted([*result.missing, *lint_leftovers(result, path)], key=lambda m: m.line)
     return result
+
+
+def convert_notebook(path, target: str = "dp", **options):
+    """(new notebook, ConversionResult, CellMap): its code cells joined, converted and put back; the
+    result's lines are lines of the joined script. `path`: a notebook's path, or the notebook itself;
+    `options` are convert_source's (batch_size, eval, log_loss, checkpoint, mixed_precision)."""
+    from ddpify.notebooks import notebook_to_script, read_notebook, rebuild_notebook  # nbformat: only for notebooks
+
+    nb = read_notebook(path) if isinstance(path, (str, os.PathLike)) else path
+    text, cell_map = notebook_to_script(nb)
+    result = convert_source(text, target, path=str(path), **options)
+    return rebuild_notebook(nb, result.output, cell_map), result, cell_map
 
 
 def lint_leftovers(result: ConversionResult, path: str) -> list[Missing]:

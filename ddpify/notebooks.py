@@ -1,4 +1,6 @@
-"""Jupyter notebooks: join their code cells into one script, convert it, and put the cells back.
+"""Jupyter notebooks: join their code cells into one script, and put a (converted) script back into cells.
+
+Converting one is `ddpify.convert.convert_notebook`: this module knows cells, not conversions.
 
 The joined script starts each code cell with a marker line, `# %% [cell N]` (N: the cell's 0-based
 index in `nb.cells`), so a converted script can be split back into the cells it came from. IPython
@@ -132,46 +134,17 @@ def split_script(text: str, cell_map: CellMap) -> dict[int, str]:
     return {index: "\n".join(body) for index, body in cells.items()}
 
 
-def _rebuild(nb, text: str, cell_map: CellMap):
+def rebuild_notebook(nb, text: str, cell_map: CellMap):
+    """A copy of `nb` whose code cells hold the cells of `text` (a converted joined script).
+
+    Markdown, outputs and metadata are untouched; a code cell whose code did not change is the
+    same object data as before, so it serializes to the same JSON.
+    """
     new = copy.deepcopy(nb)
     for index, source in split_script(text, cell_map).items():
         if source != _source(nb.cells[index]):
             new.cells[index].source = source
     return new
-
-
-def convert_notebook_dp(path, batch_size: str = "per-gpu"):
-    """A new notebook whose code cells are converted to nn.DataParallel (which runs in a kernel).
-
-    Markdown, outputs and metadata are untouched; a code cell whose code did not change is the
-    same object data as before, so it serializes to the same JSON.
-    """
-    from ddpify.convert import convert_source
-
-    nb = read_notebook(path) if isinstance(path, (str, os.PathLike)) else path
-    text, cell_map = notebook_to_script(nb)
-    result = convert_source(text, "dp", path=str(path), batch_size=batch_size)
-    return _rebuild(nb, result.output, cell_map)
-
-
-def convert_notebook(path, target: str = "dp", **options):
-    """(new notebook, ConversionResult, CellMap) for --to dp; results' lines are joined-script lines.
-    `options` are convert_source's (batch_size, eval, log_loss, checkpoint, mixed_precision)."""
-    from ddpify.convert import convert_source
-
-    nb = read_notebook(path) if isinstance(path, (str, os.PathLike)) else path
-    text, cell_map = notebook_to_script(nb)
-    result = convert_source(text, target, path=str(path), **options)
-    return _rebuild(nb, result.output, cell_map), result, cell_map
-
-
-def notebook_ddp_script(path, batch_size: str = "per-gpu") -> str:
-    """A DDP script made from the notebook's code (a DDP job cannot run inside a kernel: use torchrun)."""
-    from ddpify.convert import convert_source
-
-    nb = read_notebook(path) if isinstance(path, (str, os.PathLike)) else path
-    text, _ = notebook_to_script(nb)
-    return convert_source(text, "ddp", path=str(path), batch_size=batch_size).output
 
 
 def lint_location(cell_map: CellMap | None, script_line: int | None, *, cell: int | None = None, line: int | None = None) -> str:

@@ -8,10 +8,9 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from ddpify.convert import convert_notebook
 from ddpify.notebooks import (
-    convert_notebook_dp,
     lint_location,
-    notebook_ddp_script,
     notebook_to_script,
     read_notebook,
     split_script,
@@ -57,7 +56,7 @@ def test_split_script_round_trips_every_cell():
 
 def test_dp_notebook_rewrites_only_the_cells_that_change(tmp_path):
     before = read_notebook(MLP)
-    after = convert_notebook_dp(MLP)
+    after = convert_notebook(MLP, "dp")[0]
     nbformat.validate(after)
     old, new = _cell_json(before), _cell_json(after)
     changed = [i for i, (a, b) in enumerate(zip(old, new)) if a != b]
@@ -72,7 +71,7 @@ def test_dp_notebook_rewrites_only_the_cells_that_change(tmp_path):
 
 
 def test_insertions_at_a_cell_boundary_go_to_the_earlier_cell():
-    after = convert_notebook_dp(MAGICS)
+    after = convert_notebook(MAGICS, "dp")[0]
     # the wrap follows the `if` block that ends cell 1, so it stays at the end of cell 1
     assert after.cells[1].source.endswith("    model = model.cuda()\nmodel = nn.DataParallel(model)")
     assert "    !nvidia-smi" in after.cells[1].source and "files = !ls" in after.cells[1].source
@@ -86,12 +85,12 @@ def test_unchanged_notebook_is_byte_identical(tmp_path):
     path = tmp_path / "plain.ipynb"
     nbformat.write(nb, str(path))
     out = tmp_path / "out.ipynb"
-    write_notebook(convert_notebook_dp(path), out)
+    write_notebook(convert_notebook(path, "dp")[0], out)
     assert out.read_bytes() == path.read_bytes()
 
 
 def test_ddp_script_is_valid_python_with_the_magics_commented():
-    script = notebook_ddp_script(MLP)
+    script = convert_notebook(MLP, "ddp")[1].output
     compile(script, "mlp_train.py", "exec")
     assert "DistributedDataParallel" in script and "DistributedSampler" in script
     assert "# ddpify: IPython line 0 skipped: !pip install -q torch" in script

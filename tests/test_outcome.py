@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from ddpify.cli import cli
 from ddpify.codemods.ddp import DistributedSamplers, WrapModel
 from ddpify.codemods.dp import WrapDataParallel
-from ddpify.commands import EXIT_ERROR, EXIT_FOUND, EXIT_INCOMPLETE, EXIT_OK
 from ddpify.codemods.pipeline import ConversionResult, Status
 from ddpify.commands.convert import FAILED, UNCHANGED, Outcome, exit_code, summary_line
 from ddpify.convert import convert_source, lint_leftovers
+from ddpify.exit_codes import EXIT_ERROR, EXIT_FOUND, EXIT_INCOMPLETE, EXIT_OK
 from ddpify.lint.engine import check_text, rule_set
 from ddpify.lint.registry import all_rules
 from helpers import one_line

@@ -62,7 +62,8 @@ def test_diff_containing_backticks_gets_a_longer_fence():
 
 
 def test_notebook_locations_and_extra_warnings():
-    from ddpify.notebooks import convert_notebook, lint_location
+    from ddpify.convert import convert_notebook
+    from ddpify.notebooks import lint_location
 
     nb_path = FIXTURES / "notebooks" / "mlp_train.ipynb"
     _, result, cell_map = convert_notebook(nb_path, "dp")

@@ -3,9 +3,3 @@
 # The module of each command (the CLI imports it on first use; tests check this against COMMANDS).
 MODULE_OF = {"convert": "convert", "explain": "explain", "launch": "launch", "lint": "lint", "rule": "lint",
              "rules": "lint", "server": "server", "verify": "verify"}
-
-# Exit codes shared by every command (black's convention).
-EXIT_OK = 0
-EXIT_FOUND = 1
-EXIT_ERROR = 2
-EXIT_INCOMPLETE = 3  # convert: a conversion that needs work by hand

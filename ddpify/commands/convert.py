@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import click
 
 from ddpify.codemods.pipeline import ConversionResult, Status
-from ddpify.commands import EXIT_ERROR, EXIT_FOUND, EXIT_INCOMPLETE, EXIT_OK
+from ddpify.exit_codes import EXIT_ERROR, EXIT_FOUND, EXIT_INCOMPLETE, EXIT_OK
 from ddpify.review import unified_diff
 from ddpify.sources import (
     SourceError,
@@ -276,7 +276,8 @@ def _write(destination: Path, data, file_mode, quiet, launch: str) -> Outcome:
 
 def _convert_notebook(item, job: _Job) -> Outcome:
     """--to dp: a converted notebook (DataParallel runs in a kernel); --to ddp: a torchrun script."""
-    from ddpify.notebooks import convert_notebook, lint_location
+    from ddpify.convert import convert_notebook
+    from ddpify.notebooks import lint_location
 
     try:
         new_nb, result, cell_map = convert_notebook(item, job.target, **job.options)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from ddpify.commands import EXIT_ERROR, EXIT_OK
+from ddpify.exit_codes import EXIT_ERROR, EXIT_OK
 from ddpify.sources import Source, SourceError, check_syntax, read_source
 
 # Call qualnames grouped into the side effects a multi-GPU run has to care about.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from ddpify.commands import EXIT_ERROR, EXIT_OK
+from ddpify.exit_codes import EXIT_ERROR, EXIT_OK
 from ddpify.sources import SourceError, read_source, write_atomic
 
 DEFAULT_PORT = 29500

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import click
 
-from ddpify.commands import EXIT_ERROR, EXIT_FOUND, EXIT_OK
+from ddpify.exit_codes import EXIT_ERROR, EXIT_FOUND, EXIT_OK
 from ddpify.lint.config import ConfigError, config_for, upper_all
 from ddpify.lint.docs import fix_availability, kinds_text, render_rule
 from ddpify.lint.engine import NOTEBOOK_SUFFIX, FileReport, Options, collect_files, lint_files, lint_text

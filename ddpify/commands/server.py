@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ddpify.commands import EXIT_ERROR
+from ddpify.exit_codes import EXIT_ERROR
 
 SERVER_EXTRA_MODULES = ("pygls", "lsprotocol")
 MISSING_PYGLS = 'error: ddpify server needs pygls, which is not installed: pip install "ddpify[server]"'

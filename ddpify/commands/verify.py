@@ -7,7 +7,7 @@ import json
 
 import click
 
-from ddpify.commands import EXIT_ERROR
+from ddpify.exit_codes import EXIT_ERROR
 from ddpify.verify.plot import plot_problem, write_plot
 from ddpify.verify.report import header, render
 from ddpify.verify.result import exit_code

@@ -10,7 +10,7 @@ Imports the standard library only.
 
 from __future__ import annotations
 
-from ddpify.commands import EXIT_ERROR, EXIT_FOUND, EXIT_INCOMPLETE, EXIT_OK
+from ddpify.exit_codes import EXIT_ERROR, EXIT_FOUND, EXIT_INCOMPLETE, EXIT_OK
 
 _EXIT_CODES = {"equivalent": EXIT_OK, "diverged": EXIT_FOUND, "error": EXIT_ERROR, "not_converted": EXIT_INCOMPLETE}
 
