@@ -3,7 +3,7 @@
     python bench/run_converted.py [--targets ddp fsdp dp] [--only NAME ...] [--jobs N] [--timeout S]
 
 Every fixture (fixtures/*.py, fixtures/fsdp/, fixtures/real/ scripts and project folders,
-fixtures/projects/) is converted with each target by ddpify.project.convert_entry (the entry and
+fixtures/projects/) is converted with each target by ddpify.project_conversion.convert_entry (the entry and
 the project modules it imports, as `ddpify convert` and `ddpify verify` do). Each conversion that
 completes is written into a copy of its own and launched there with OMP_NUM_THREADS=1: a
 `torchrun --standalone --nproc_per_node=2` job for ddp and fsdp, `python script.py` for dp
@@ -38,7 +38,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ddpify.project import convert_entry  # noqa: E402
+from ddpify.project_conversion import convert_entry  # noqa: E402
 from ddpify.verify.diagnose import exception_line, stuck_in  # noqa: E402
 from ddpify.verify.reaper import kill_tree  # noqa: E402
 

@@ -23,7 +23,7 @@ def convert_source(text: str, target: str, *, path: str = "<string>", batch_size
                    log_loss: str = "reduced", checkpoint: str = "full", mixed_precision: str = "keep") -> ConversionResult:
     """The converted text, the changes (original line numbers) and advice for the user.
 
-    `facts` is what the file's project says about it (ddpify.project); a `library` is a module the
+    `facts` is what the file's project says about it (ddpify.project_conversion); a `library` is a module the
     entry script imports: it never joins the process group itself. `eval` (shard or whole) and
     `log_loss` (reduced or rank0) choose how evaluation and training-loss prints are converted;
     `checkpoint` (full or sharded) and `mixed_precision` (keep or policy) how --to fsdp saves

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpify.project import convert_entry
+from ddpify.project_conversion import convert_entry
 
 try:
     from helpers import FIXTURES_DIR, failure_report, python_argv, run_ddpify, run_script

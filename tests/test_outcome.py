@@ -265,7 +265,7 @@ def test_a_run_over_several_files_ends_with_one_summary_line(tmp_path):
     script(tmp_path, "import torch\ndef broken(:\n", "d.py")
     result = invoke(tmp_path, "--to", "ddp")
     assert result.exit_code == EXIT_ERROR  # bad input comes first
-    # c.py trains nothing and has no __main__ block: a walk converts entry points only (ddpify.project)
+    # c.py trains nothing and has no __main__ block: a walk converts entry points only (ddpify.project_conversion)
     assert result.output.splitlines()[-1] == "1 converted, 1 incomplete, 0 unchanged, 1 failed"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py", "a_ddp.py", "b.py", "c.py", "d.py"]
 

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from ddpify.cli import cli
-from ddpify.project import convert_entry
+from ddpify.project_conversion import convert_entry
 
 try:
     from helpers import failure_report, run_ddpify, run_script, written_files

@@ -164,8 +164,8 @@ class _Job:
 
 
 def _plan_projects(paths, files, target, options, mode, output, jobs):
-    """Entry scripts and the local modules they import, converted together (see ddpify.project)."""
-    from ddpify.project import LayoutError, plan_conversion
+    """Entry scripts and the local modules they import, converted together (see ddpify.project_conversion)."""
+    from ddpify.project_conversion import LayoutError, plan_conversion
 
     try:
         return plan_conversion(paths, files, target, options, mode, output, jobs)
@@ -180,7 +180,7 @@ def _named(item, paths) -> bool:
 def _convert_one(item, job: _Job, explicit: bool, member=None) -> Outcome:
     """Convert one file, report it, and never let its failure stop the others.
 
-    `member`: the file's conversion as part of its project (ddpify.project), already done."""
+    `member`: the file's conversion as part of its project (ddpify.project_conversion), already done."""
     if isinstance(item, SourceError):
         return _fail(item)
     if item.suffix == ".ipynb":

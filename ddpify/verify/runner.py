@@ -58,9 +58,9 @@ class CandidateUnavailable(Exception):
 
 def convert(request: Request) -> tuple[dict[Path, ConversionResult], list[str]]:
     """The conversions by original path (the entry first, then the project modules it imports
-    that change, see ddpify.project), and the converter's advice and missing items."""
+    that change, see ddpify.project_conversion), and the converter's advice and missing items."""
     try:
-        from ddpify.project import convert_entry
+        from ddpify.project_conversion import convert_entry
     except ImportError as error:
         raise CandidateUnavailable(f"the converter is not available ({error}); pass --against") from error
     script = Path(os.path.abspath(request.script))
