@@ -10,13 +10,13 @@ from __future__ import annotations
 import ast
 from typing import Sequence
 
-from ddpify.anatomy import Anatomy, Pos
-from ddpify.anatomy import distributed as ddp
-from ddpify.anatomy import syntax
+from ddpify.anatomy import Anatomy, Pos, syntax
 from ddpify.anatomy.cache import per_anatomy
-from ddpify.codemods.base import first_in_body, guard, parse_statements, remove_keyword
-from ddpify.codemods.ddp.rank_zero import hoisted_names, hoisted_then_guarded
-from ddpify.codemods.module_access import module_of
+from ddpify.anatomy.distributed.ranks import is_rank_zero_test, mentions_rank, spawn_workers
+from ddpify.anatomy.distributed.values import assignments
+from ddpify.edits.expressions import module_of, remove_keyword
+from ddpify.edits.hoist import hoisted_names, hoisted_then_guarded
+from ddpify.edits.statements import first_in_body, guard, parse_statements
 from ddpify.lint import Edit, Fix
 from ddpify.lint.cst_fixes import expression_edit, statement_edit, statement_edit_with
 
@@ -72,7 +72,7 @@ def _rank_zero_guards(a: Anatomy) -> list[ast.If]:
     """`if <rank-0 test>:` statements whose one-line test a fix can copy."""
     return [
         n for n in a.nodes
-        if isinstance(n, ast.If) and not isinstance(n.test, ast.BoolOp) and ddp.is_rank_zero_test(a, n.test)
+        if isinstance(n, ast.If) and not isinstance(n.test, ast.BoolOp) and is_rank_zero_test(a, n.test)
         and "\n" not in (ast.get_source_segment(a.text, n.test) or "\n")
     ]
 
@@ -98,7 +98,7 @@ def rank_zero_guard_fix(a: Anatomy, stmt: ast.stmt, may_be_safe: bool, hoisted: 
 
 def per_rank_target(a: Anatomy, *exprs: ast.AST | None, through_variables: bool = True) -> bool:
     """Do these arguments name their target after the rank (`f"ckpt_rank{rank}.pt"`, `print(f"[{rank}] ...")`)?"""
-    return any(expr is not None and ddp.mentions_rank(a, expr, through_variables) for expr in exprs)
+    return any(expr is not None and mentions_rank(a, expr, through_variables) for expr in exprs)
 
 
 def is_saved(a: Anatomy, call: ast.Call) -> bool:
@@ -138,9 +138,9 @@ def call_arguments(call: ast.Call) -> list[ast.AST]:
 def _global_rank_variable(a: Anatomy, scope: str, line: int) -> str | None:
     """A name holding the global rank in `scope` before `line`: a spawn worker's first parameter,
     or a variable assigned `dist.get_rank()` / `int(os.environ["RANK"])`."""
-    if scope in ddp.spawn_workers(a):
+    if scope in spawn_workers(a):
         return a.functions[scope].params[0] if a.functions[scope].params else None
-    for ref, entries in ddp.assignments(a).items():
+    for ref, entries in assignments(a).items():
         if ref.scope != scope or "." in ref.name:
             continue
         for stmt, value in entries:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import DP_WRAPPER, Anatomy
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.wrappers import is_wrapper
 from ddpify.anatomy.forward import dp_wrapped_models, replica_forward_methods
 from ddpify.rules._cases import NET
 
@@ -19,7 +19,7 @@ HEAD = "import torch\nfrom torch import nn\n\n\n" + NET + "\n\n"
 
 def is_dp_wrapper(a: Anatomy, expr: ast.AST) -> bool:
     """Does `expr` evaluate to the DataParallel wrapper here (not the model inside it)?"""
-    return ddp.is_wrapper(a, expr, DP_WRAPPER)
+    return is_wrapper(a, expr, DP_WRAPPER)
 
 
 def dp_replica_forwards(a: Anatomy) -> list[ast.FunctionDef]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.every_rank_work import collectives
+from ddpify.anatomy.distributed.ranks import rank_guard, rank_guarded
+from ddpify.anatomy.distributed.wrappers import is_wrapper, wrap_calls
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._ddp import module_fix
@@ -51,8 +53,8 @@ class CollectiveUnderRankCondition(Rule, code="DDP002", name="collective-under-r
     message = "collective runs on some ranks only; the other ranks never join it and the job hangs"
 
     def check(self, a):
-        for site in ddp.collectives(a):
-            if ddp.rank_guarded(a, site.node) and not _has_complementary_partner(a, site):
+        for site in collectives(a):
+            if rank_guarded(a, site.node) and not _has_complementary_partner(a, site):
                 name = site.qualname.rpartition(".")[2]
                 yield Finding(site.pos, f"`{name}` runs on some ranks only; the other ranks never join it and the job hangs")
         for call in _guarded_ddp_forwards(a):
@@ -65,7 +67,7 @@ class CollectiveUnderRankCondition(Rule, code="DDP002", name="collective-under-r
 
 
 def _branch(a, node: ast.AST) -> tuple[ast.AST | None, bool]:
-    guard = ddp.rank_guard(a, node)
+    guard = rank_guard(a, node)
     if guard is None:
         return None, False
     in_else = any(child in guard.orelse for parent, child in syntax.ancestors(a, node) if parent is guard)
@@ -79,21 +81,21 @@ def _has_complementary_partner(a, site) -> bool:
         other is not site
         and other.qualname == site.qualname
         and syntax.enclosing_function(a, other.node) == scope
-        and ddp.rank_guarded(a, other.node)
+        and rank_guarded(a, other.node)
         and _branch(a, other.node) != branch
-        for other in ddp.collectives(a)
+        for other in collectives(a)
     )
 
 
 def _guarded_ddp_forwards(a) -> list[ast.Call]:
-    if not ddp.wrap_calls(a):
+    if not wrap_calls(a):
         return []
     return [
         site.node
         for site in a.calls
         if isinstance(site.node.func, (ast.Name, ast.Attribute))
-        and ddp.is_wrapper(a, site.node.func)
-        and ddp.rank_guarded(a, site.node)
+        and is_wrapper(a, site.node.func)
+        and rank_guarded(a, site.node)
     ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.samplers import bound_name, loader_sampler, sampler_shuffles, sets_epoch
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.rules._ddp import header_pos, insert_at_top_of_body
@@ -48,20 +48,20 @@ class SamplerWithoutSetEpoch(Rule, code="DDP003", name="sampler-without-set-epoc
 
     def check(self, a):
         for loader in a.train_loaders:
-            sampler = ddp.loader_sampler(a, loader)
-            if sampler is None or not ddp.sampler_shuffles(sampler):
+            sampler = loader_sampler(a, loader)
+            if sampler is None or not sampler_shuffles(sampler):
                 continue
             for epoch_loop in a.epoch_loops_around(loader):
-                if not ddp.sets_epoch(a, epoch_loop.node.body):
+                if not sets_epoch(a, epoch_loop.node.body):
                     yield Finding(header_pos(a, epoch_loop.node), fix=_fix(a, epoch_loop, loader, sampler))
 
 
 def _fix(a, epoch_loop, loader, sampler) -> Fix | None:
     if epoch_loop.loop_var is None:
         return None
-    receiver = _visible_name(a, ddp.bound_name(a, sampler), epoch_loop.node)
+    receiver = _visible_name(a, bound_name(a, sampler), epoch_loop.node)
     if receiver is None:
-        loader_name = _visible_name(a, ddp.bound_name(a, loader.call), epoch_loop.node)
+        loader_name = _visible_name(a, bound_name(a, loader.call), epoch_loop.node)
         receiver = f"{loader_name}.sampler" if loader_name else None
     if receiver is None:
         return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.samplers import has_sampler_argument
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._ddp import remove_keyword_fix
@@ -36,7 +36,7 @@ class ShuffleWithSampler(Rule, code="DDP004", name="shuffle-with-sampler", sever
     def check(self, a):
         for loader in a.loaders:
             shuffle = syntax.keyword(loader.call, "shuffle")
-            if shuffle is None or not syntax.constant(shuffle.value, True) or not ddp.has_sampler_argument(loader):
+            if shuffle is None or not syntax.constant(shuffle.value, True) or not has_sampler_argument(loader):
                 continue
             yield Finding(a.pos(shuffle), fix=remove_keyword_fix(a, loader.call, shuffle, safe=True, description="drop `shuffle=True`"))
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.ranks import mentions_rank
+from ddpify.anatomy.distributed.samplers import has_sampler_argument
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
 
@@ -41,10 +42,10 @@ class LoaderWithoutDistributedSampler(
 
     def check(self, a):
         for loader in a.train_loaders:
-            if ddp.has_sampler_argument(loader):
+            if has_sampler_argument(loader):
                 continue
             dataset = syntax.argument(loader.call, 0, "dataset")
-            if dataset is not None and ddp.mentions_rank(a, dataset):
+            if dataset is not None and mentions_rank(a, dataset):
                 continue  # sharded by hand
             yield Finding(loader.pos)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.ranks import runs_on_every_rank
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import OPEN_CALLS, SAVE_CALLS, opens_for_writing
 from ddpify.lint import Finding, Invalid, Rule
@@ -48,7 +48,7 @@ class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="
     def check(self, a):
         for site in a.calls:
             call: ast.Call = site.node  # type: ignore[assignment]
-            if not _writes_file(a, site) or per_rank_target(a, _path(a, site)) or not ddp.runs_on_every_rank(a, call):
+            if not _writes_file(a, site) or per_rank_target(a, _path(a, site)) or not runs_on_every_rank(a, call):
                 continue
             yield Finding(site.pos, fix=_fix(a, site))
 

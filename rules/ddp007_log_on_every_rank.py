@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.every_rank_work import log_level, values_to_compute_first
+from ddpify.anatomy.distributed.ranks import rank_guarded, runs_on_every_rank
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import INFO_LOG_METHODS, TQDM_CONSTRUCTORS, WRITER_CONSTRUCTORS, is_pure_call
 from ddpify.lint import Finding, Invalid, Rule
@@ -62,7 +63,7 @@ class LogOnEveryRank(Rule, code="DDP007", name="log-on-every-rank", severity="wa
             what = _output_kind(a, site, silenced)
             if what == "print" and print_replaced:
                 continue
-            if what is None or per_rank_target(a, *call_arguments(call), through_variables=False) or not ddp.runs_on_every_rank(a, call):
+            if what is None or per_rank_target(a, *call_arguments(call), through_variables=False) or not runs_on_every_rank(a, call):
                 continue
             yield Finding(site.pos, f"{what} on every rank: the output is repeated world-size times", _fix(a, site, what))
 
@@ -77,7 +78,7 @@ def _output_kind(a, site, logging_silenced: bool) -> str | None:
         return "progress bar"
     if logging_silenced:
         return None
-    return "log record" if ddp.log_level(a, call) in INFO_LOG_METHODS else None
+    return "log record" if log_level(a, call) in INFO_LOG_METHODS else None
 
 
 def _logging_depends_on_rank(a) -> bool:
@@ -85,7 +86,7 @@ def _logging_depends_on_rank(a) -> bool:
     ranks only (the others keep the default WARNING level and drop info records)."""
     return any(
         (c.qualname in _LOGGING_SETUP or syntax.method_name(c.node) in _LOGGER_SETUP_METHODS)
-        and (per_rank_target(a, *call_arguments(c.node)) or ddp.rank_guarded(a, c.node))
+        and (per_rank_target(a, *call_arguments(c.node)) or rank_guarded(a, c.node))
         for c in a.calls
     )
 
@@ -103,7 +104,7 @@ def _fix(a, site, what: str):
     stmt = site.stmt
     if what not in ("print", "log record") or not (isinstance(stmt, ast.Expr) and stmt.value is site.node):
         return None
-    hoisted, blocked = ddp.values_to_compute_first(a, stmt)
+    hoisted, blocked = values_to_compute_first(a, stmt)
     if blocked:
         return None  # under a rank test, work every rank must join would hang the others
     return rank_zero_guard_fix(a, stmt, may_be_safe=_only_pure_calls(a, site.node, hoisted), hoisted=hoisted)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.wrappers import is_wrapper, wrap_calls
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._cases import IN_MEMORY_COPY, saved_state_dict_cases
@@ -42,12 +42,12 @@ class WrapperStateDictSaved(Rule, code="DDP008", name="wrapper-state-dict-saved"
     message = "state_dict() of the DDP wrapper is saved: its keys start with `module.`; save `model.module.state_dict()`"
 
     def check(self, a):
-        if not ddp.wrap_calls(a):
+        if not wrap_calls(a):
             return
         safe = not _loads_into_wrapper(a)
         for site in a.calls:
             call: ast.Call = site.node  # type: ignore[assignment]
-            if syntax.method_name(call) != "state_dict" or not ddp.is_wrapper(a, call.func.value):  # type: ignore[attr-defined]
+            if syntax.method_name(call) != "state_dict" or not is_wrapper(a, call.func.value):  # type: ignore[attr-defined]
                 continue
             if is_saved(a, call):
                 fix = module_fix(a, call.func.value, safe=safe, description="save the state dict of `.module`")  # type: ignore[attr-defined]
@@ -56,7 +56,7 @@ class WrapperStateDictSaved(Rule, code="DDP008", name="wrapper-state-dict-saved"
 
 def _loads_into_wrapper(a) -> bool:
     return any(
-        syntax.method_name(c.node) == "load_state_dict" and ddp.is_wrapper(a, c.node.func.value)  # type: ignore[attr-defined]
+        syntax.method_name(c.node) == "load_state_dict" and is_wrapper(a, c.node.func.value)  # type: ignore[attr-defined]
         for c in a.calls
     )
 

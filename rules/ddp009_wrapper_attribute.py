@@ -5,7 +5,8 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import ROLE_MODEL
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.values import reaching_values
+from ddpify.anatomy.distributed.wrappers import is_wrapper, wrap_calls
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import DDP_WRAPPER, wrapper_lacks
 from ddpify.lint import Finding, Invalid, Rule
@@ -52,7 +53,7 @@ class WrapperAttribute(Rule, code="DDP009", name="wrapper-attribute", severity="
     message = "attribute of the model read through the DDP wrapper; use `.module`"
 
     def check(self, a):
-        if not ddp.wrap_calls(a):
+        if not wrap_calls(a):
             return
         for node in a.nodes:
             if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)):
@@ -68,7 +69,7 @@ class WrapperAttribute(Rule, code="DDP009", name="wrapper-attribute", severity="
 
 
 def _receiver_is_wrapper(a, node: ast.Attribute) -> bool:
-    return isinstance(node.value, (ast.Name, ast.Attribute)) and a.has_role(node.value, ROLE_MODEL) and ddp.is_wrapper(a, node.value)
+    return isinstance(node.value, (ast.Name, ast.Attribute)) and a.has_role(node.value, ROLE_MODEL) and is_wrapper(a, node.value)
 
 
 def _missing_attribute(a, node: ast.Attribute) -> Finding | None:
@@ -96,9 +97,9 @@ def _comes_from_wrapper_state_dict(a, expr: ast.AST) -> bool:
     values = [expr]
     for node in ast.walk(expr):
         if isinstance(node, ast.Name):
-            values += ddp.reaching_values(a, node)
+            values += reaching_values(a, node)
     return any(
-        syntax.method_name(n) == "state_dict" and ddp.is_wrapper(a, n.func.value)  # type: ignore[attr-defined]
+        syntax.method_name(n) == "state_dict" and is_wrapper(a, n.func.value)  # type: ignore[attr-defined]
         for v in values for n in ast.walk(v)
     )
 

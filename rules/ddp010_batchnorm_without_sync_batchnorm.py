@@ -5,10 +5,10 @@ from __future__ import annotations
 import ast
 import re
 
-from ddpify.anatomy import ROLE_MODEL
-from ddpify.anatomy import distributed as ddp
-from ddpify.anatomy import syntax
-from ddpify.codemods.ddp.wrap import sync_batchnorm_of
+from ddpify.anatomy import ROLE_MODEL, syntax
+from ddpify.anatomy.distributed.names import SYNC_BATCHNORM_CONVERT
+from ddpify.anatomy.distributed.wrappers import model_origins, wrap_calls, wrapped_module
+from ddpify.edits.expressions import sync_batchnorm_of
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit
 
@@ -56,11 +56,11 @@ class BatchNormWithoutSyncBatchNorm(Rule, code="DDP010", name="batchnorm-without
     message = "model with BatchNorm wrapped in DDP without SyncBatchNorm: each rank normalises over its own small batch"
 
     def check(self, a):
-        if a.calls_to(ddp.SYNC_BATCHNORM_CONVERT):
+        if a.calls_to(SYNC_BATCHNORM_CONVERT):
             return
-        for site in ddp.wrap_calls(a):
-            inner = ddp.wrapped_module(site.node)  # type: ignore[arg-type]
-            origins = ddp.model_origins(a, inner) if inner is not None else None
+        for site in wrap_calls(a):
+            inner = wrapped_module(site.node)  # type: ignore[arg-type]
+            origins = model_origins(a, inner) if inner is not None else None
             if origins and any(_has_batchnorm(a, o) for o in origins):
                 yield Finding(site.pos, fix=_fix(a, inner))
 
@@ -73,7 +73,7 @@ def _has_batchnorm(a, constructor: ast.Call) -> bool:
 
 def _fix(a, inner: ast.AST) -> Fix | None:
     """Wrap the module passed to DDP in the conversion convert writes (`sync_batchnorm_of`)."""
-    convert = syntax.spelling(a, ddp.SYNC_BATCHNORM_CONVERT)
+    convert = syntax.spelling(a, SYNC_BATCHNORM_CONVERT)
     edit = expression_edit(a, inner, lambda module: sync_batchnorm_of(module, convert)) if convert else None
     return Fix((edit,), safe=False, description="convert BatchNorm layers to SyncBatchNorm") if edit else None
 

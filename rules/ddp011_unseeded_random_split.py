@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import syntax
-from ddpify.anatomy import distributed as ddp
-from ddpify.codemods.ddp.random_split import with_seeded_generator
+from ddpify.anatomy.distributed.randomness import unseeded_random_splits
+from ddpify.edits.expressions import with_seeded_generator
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit
 
@@ -46,7 +46,7 @@ class UnseededRandomSplit(Rule, code="DDP011", name="unseeded-random-split", sev
                "validation samples are another rank's training samples")
 
     def check(self, a):
-        for site in ddp.unseeded_random_splits(a):
+        for site in unseeded_random_splits(a):
             yield Finding(site.pos, fix=_fix(a, site.node))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.wrappers import uses_no_sync, wrap_calls
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
 
@@ -51,7 +51,7 @@ class AccumulationWithoutNoSync(Rule, code="DDP012", name="accumulation-without-
     message = "gradient accumulation without `model.no_sync()`: DDP all-reduces gradients on every micro-batch"
 
     def check(self, a):
-        if not ddp.wrap_calls(a) or ddp.uses_no_sync(a):
+        if not wrap_calls(a) or uses_no_sync(a):
             return
         for loop in a.step_loops:
             if not loop.trains:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import MODULE_SCOPE
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.every_rank_work import calls_collective
+from ddpify.anatomy.distributed.samplers import loader_sampler
+from ddpify.anatomy.distributed.values import callers
 from ddpify.anatomy import syntax
 from ddpify.anatomy.evaluation import statements_after
 from ddpify.lint import Finding, Invalid, Rule
@@ -49,7 +51,7 @@ class UnreducedMetric(Rule, code="DDP013", name="unreduced-metric", severity="wa
         if a.names.imports("torchmetrics"):
             return
         for loop in a.step_loops:
-            if loop.trains or loop.loader is None or ddp.loader_sampler(a, loop.loader) is None:
+            if loop.trains or loop.loader is None or loader_sampler(a, loop.loader) is None:
                 continue
             scope = syntax.enclosing_function(a, loop.node)
             if _reduces(a, scope):
@@ -66,11 +68,11 @@ _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 def _reduces(a, scope: str, seen: frozenset[str] = frozenset()) -> bool:
     """Does the function (or a function calling it) run a collective?"""
     body = [s for s in a.tree.body if not isinstance(s, _DEFINITIONS)] if scope == MODULE_SCOPE else a.functions[scope].node.body
-    if ddp.calls_collective(a, body):
+    if calls_collective(a, body):
         return True
     return any(
         (caller := syntax.enclosing_function(a, call)) not in seen and _reduces(a, caller, seen | {scope})
-        for call in ddp.callers(a, scope)
+        for call in callers(a, scope)
     )
 
 

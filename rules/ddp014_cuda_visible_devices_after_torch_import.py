@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import MODULE_SCOPE
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.launch import env_writes
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
 
@@ -55,7 +55,7 @@ class CudaVisibleDevicesAfterTorchImport(
         first_import = _first_torch_import_line(a)
         if first_import is None:
             return
-        for node in ddp.env_writes(a, "CUDA_VISIBLE_DEVICES"):
+        for node in env_writes(a, "CUDA_VISIBLE_DEVICES"):
             in_function = syntax.enclosing_function(a, node) != MODULE_SCOPE
             if in_function or node.lineno > first_import:  # type: ignore[attr-defined]
                 yield Finding(a.pos(a.stmt_of.get(node, node)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.launch import local_rank_arguments
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit, int_from_environment
@@ -45,7 +45,7 @@ class LocalRankArgument(Rule, code="DDP015", name="local-rank-argument", severit
     message = "`--local_rank` argument: torchrun passes LOCAL_RANK in the environment, not as an argument"
 
     def check(self, a):
-        for site in ddp.local_rank_arguments(a):
+        for site in local_rank_arguments(a):
             if not _defaults_to_environment(site.node):
                 yield Finding(site.pos, fix=_fix(a, site.node))
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.launch import backends
+from ddpify.anatomy.distributed.ranks import conditions_on
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit, string_like
@@ -46,7 +47,7 @@ class GlooWithCuda(Rule, code="DDP016", name="gloo-with-cuda", severity="warning
 
     def check(self, a):
         gloo = [
-            (site, backend) for site, backend in ddp.backends(a)
+            (site, backend) for site, backend in backends(a)
             if syntax.constant(backend, "gloo") and not _depends_on_cuda(a, site.node)
         ]
         if not gloo or not _uses_cuda(a):
@@ -60,7 +61,7 @@ def _depends_on_cuda(a, node: ast.AST) -> bool:
     """Is the call on a path chosen by a CUDA check (`if torch.cuda.is_available(): ... else: gloo`)?"""
     return any(
         any(a.qualname(n.func) in _CUDA_CHECKS for n in ast.walk(test) if isinstance(n, ast.Call))
-        for test in ddp.conditions_on(a, node)
+        for test in conditions_on(a, node)
     )
 
 

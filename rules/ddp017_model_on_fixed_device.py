@@ -5,7 +5,10 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import ROLE_MODEL
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.launch import backends, env_writes
+from ddpify.anatomy.distributed.ranks import mentions_rank
+from ddpify.anatomy.distributed.values import reaching_values
+from ddpify.anatomy.distributed.wrappers import wrap_calls
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import DEVICE_MOVES
 from ddpify.lint import Finding, Invalid, Rule
@@ -53,15 +56,15 @@ class ModelOnFixedDevice(Rule, code="DDP017", name="model-on-fixed-device", seve
     message = "model placed on the same GPU on every rank"
 
     def check(self, a):
-        if any(ddp.mentions_rank(a, a.stmt_of.get(w, w)) for w in ddp.env_writes(a, "CUDA_VISIBLE_DEVICES")):
+        if any(mentions_rank(a, a.stmt_of.get(w, w)) for w in env_writes(a, "CUDA_VISIBLE_DEVICES")):
             return  # each rank sees only its own GPU, as cuda:0
         # `.cuda()` means the GPU of whoever joins the process group: judged where the group is joined
-        selects_device = bool(a.calls_to("torch.cuda.set_device", "torch.cuda.device")) or not ddp.backends(a)
+        selects_device = bool(a.calls_to("torch.cuda.set_device", "torch.cuda.device")) or not backends(a)
         for site in a.calls:
             placement = _model_placement(a, site.node)
             if placement == FIXED or (placement == CURRENT and not selects_device):
                 yield Finding(site.pos, _MESSAGES[placement])
-        for site in ddp.wrap_calls(a):
+        for site in wrap_calls(a):
             for name in ("device_ids", "output_device"):
                 kw = syntax.keyword(site.node, name)  # type: ignore[arg-type]
                 if kw is not None and _has_int_literal(kw.value):
@@ -100,7 +103,7 @@ def _device_kind(a, expr: ast.AST, depth: int) -> str | None:
         kinds = [_device_kind(a, e, depth + 1) for e in (expr.body, expr.orelse)]
         return FIXED if FIXED in kinds else (CURRENT if CURRENT in kinds else None)
     if isinstance(expr, (ast.Name, ast.Attribute)):
-        kinds = [_device_kind(a, v, depth + 1) for v in ddp.reaching_values(a, expr)]
+        kinds = [_device_kind(a, v, depth + 1) for v in reaching_values(a, expr)]
         return kinds[0] if kinds and all(k == kinds[0] for k in kinds) else None
     return None
 

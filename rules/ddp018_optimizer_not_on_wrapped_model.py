@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import ROLE_MODEL
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.wrappers import model_origins, wrapped_origins
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import is_optimizer_constructor
 from ddpify.lint import Finding, Invalid, Rule
@@ -49,7 +49,7 @@ class OptimizerNotOnWrappedModel(Rule, code="DDP018", name="optimizer-not-on-wra
     message = "optimizer updates a model that DDP does not wrap: its gradients are never averaged across ranks"
 
     def check(self, a):
-        wrapped = ddp.wrapped_origins(a)
+        wrapped = wrapped_origins(a)
         if not wrapped:
             return
         for site in a.calls:
@@ -69,7 +69,7 @@ def _models_read(a, params: ast.AST) -> list[set[ast.Call]]:
         if isinstance(node, ast.Call) and a.is_model_constructor(a.qualname(node.func) or ""):
             found.append({node})
         elif isinstance(node, (ast.Name, ast.Attribute)) and a.ref(node) is not None and a.has_role(node, ROLE_MODEL):
-            origins = ddp.model_origins(a, node)
+            origins = model_origins(a, node)
             if origins:
                 found.append(origins)
     return found

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.wrappers import model_origins, wrap_calls, wrapped_module
 from ddpify.anatomy import syntax
 from ddpify.anatomy.unused_parameters import BRANCHES, is_self_attribute, methods_reached
 from ddpify.anatomy.vocabulary import MODEL_CONTAINERS, is_builtin_layer
@@ -47,13 +47,13 @@ class NeedlessFindUnusedParameters(Rule, code="DDP019", name="needless-find-unus
     message = "`find_unused_parameters=True` but every parameter is used in forward: it only costs time"
 
     def check(self, a):
-        for site in ddp.wrap_calls(a):
+        for site in wrap_calls(a):
             call: ast.Call = site.node  # type: ignore[assignment]
             flag = syntax.keyword(call, "find_unused_parameters")
-            inner = ddp.wrapped_module(call)
+            inner = wrapped_module(call)
             if flag is None or not syntax.constant(flag.value, True) or inner is None:
                 continue
-            origins = ddp.model_origins(a, inner)
+            origins = model_origins(a, inner)
             if origins and all(_uses_every_parameter(a, o) for o in origins):
                 fix = remove_keyword_fix(a, call, flag, safe=False, description="drop find_unused_parameters=True")
                 yield Finding(a.pos(flag), fix=fix)

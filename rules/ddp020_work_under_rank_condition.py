@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.every_rank_work import calls_collective, hands_wrapper_to_work, joins_by_itself
+from ddpify.anatomy.distributed.names import COLLECTIVES
+from ddpify.anatomy.distributed.ranks import conditions_on, is_rank_test
 from ddpify.lint import Finding, Invalid, Rule
 
 
@@ -57,18 +59,18 @@ class WorkUnderRankCondition(Rule, code="DDP020", name="work-under-rank-conditio
 def _under_rank_test(a, call: ast.Call) -> bool:
     """Under a rank test of its own function: a function only called from such places is reported
     where it is called."""
-    return any(ddp.is_rank_test(a, test) for test in ddp.conditions_on(a, call))
+    return any(is_rank_test(a, test) for test in conditions_on(a, call))
 
 
 def _hidden_work(a, call: ast.Call) -> str | None:
     """What `call` makes every rank join, unless DDP002 reports it (a collective, in a function of
     this file too, or the wrapper's own forward)."""
     callee = a.callee(call)
-    if a.qualname(call.func) in ddp.COLLECTIVES or (callee and a.function_contains(callee, lambda n: ddp.calls_collective(a, [n]))):
+    if a.qualname(call.func) in COLLECTIVES or (callee and a.function_contains(callee, lambda n: calls_collective(a, [n]))):
         return None
-    if ddp.joins_by_itself(a, call):
+    if joins_by_itself(a, call):
         return "trains (DDP's backward all-reduces the gradients, a collective every rank must join)"
-    if ddp.hands_wrapper_to_work(a, call):
+    if hands_wrapper_to_work(a, call):
         return "is handed the DDP wrapper, whose forward broadcasts buffers to every rank"
     return None
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as ddp
 from ddpify.anatomy import syntax
-from ddpify.codemods.base import guard
+from ddpify.anatomy.distributed.ranks import conditions_on, is_rank_test, rank_guarded
+from ddpify.anatomy.distributed.values import assignments, reaching_values
+from ddpify.edits.statements import guard
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import statement_edit
 
@@ -61,7 +62,7 @@ class RankZeroObjectUsedOnEveryRank(Rule, code="DDP021", name="rank-zero-object-
             if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)):
                 continue
             holder = node.value
-            if not _none_elsewhere(a, holder) or ddp.rank_guarded(a, node) or _checked(a, holder, node):
+            if not _none_elsewhere(a, holder) or rank_guarded(a, node) or _checked(a, holder, node):
                 continue
             name = ast.unparse(holder)
             yield Finding(a.pos(node), f"`{name}` is None on ranks other than 0 (only rank 0 builds it), so "
@@ -73,19 +74,19 @@ def _none_elsewhere(a, expr: ast.AST, depth: int = 0) -> bool:
     """Does `expr` hold None on the ranks that skip building it: `X if rank == 0 else None`, or a
     variable set to None and assigned under a rank test (followed into parameters and `self`)?"""
     if isinstance(expr, ast.IfExp):
-        return ddp.is_rank_test(a, expr.test) and (syntax.constant(expr.body, None) or syntax.constant(expr.orelse, None))
+        return is_rank_test(a, expr.test) and (syntax.constant(expr.body, None) or syntax.constant(expr.orelse, None))
     if depth > _MAX_DEPTH or not isinstance(expr, (ast.Name, ast.Attribute)):
         return False
-    entries = ddp.assignments(a).get(a.ref(expr), []) if a.ref(expr) else []
-    if any(syntax.constant(v, None) for _, v in entries) and any(ddp.rank_guarded(a, s) for s, _ in entries):
+    entries = assignments(a).get(a.ref(expr), []) if a.ref(expr) else []
+    if any(syntax.constant(v, None) for _, v in entries) and any(rank_guarded(a, s) for s, _ in entries):
         return True
-    return any(_none_elsewhere(a, v, depth + 1) for v in ddp.reaching_values(a, expr))
+    return any(_none_elsewhere(a, v, depth + 1) for v in reaching_values(a, expr))
 
 
 def _checked(a, holder: ast.AST, use: ast.AST) -> bool:
     """Is `use` behind a test that reads the object itself (`if writer is not None:`, `if writer:`)?"""
     ref = a.ref(holder)
-    return any(a.ref(n) == ref for test in ddp.conditions_on(a, use) for n in ast.walk(test)
+    return any(a.ref(n) == ref for test in conditions_on(a, use) for n in ast.walk(test)
                if isinstance(n, (ast.Name, ast.Attribute)))
 
 

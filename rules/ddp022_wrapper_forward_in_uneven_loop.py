@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.names import DISTRIBUTED_SAMPLER
+from ddpify.anatomy.distributed.samplers import loader_sampler
+from ddpify.anatomy.distributed.wrappers import is_wrapper, wrap_calls
 from ddpify.anatomy.evaluation import iterated_loaders
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._ddp import module_fix
@@ -52,7 +54,7 @@ class WrapperForwardInUnevenLoop(Rule, code="DDP022", name="wrapper-forward-in-u
     message = "DDP forward in a loop whose number of iterations differs between ranks: its buffer broadcast hangs the job"
 
     def check(self, a):
-        if not ddp.wrap_calls(a):
+        if not wrap_calls(a):
             return
         for loop in _uneven_loops(a):
             for call in _wrapper_forwards(a, loop):
@@ -68,14 +70,14 @@ def _uneven_loops(a) -> list[ast.For]:
 
 
 def _cut_by_hand(a, loader) -> bool:
-    sampler = ddp.loader_sampler(a, loader) if loader.call is not None else None
-    return sampler is not None and a.qualname(sampler.func) != ddp.DISTRIBUTED_SAMPLER
+    sampler = loader_sampler(a, loader) if loader.call is not None else None
+    return sampler is not None and a.qualname(sampler.func) != DISTRIBUTED_SAMPLER
 
 
 def _wrapper_forwards(a, loop: ast.For) -> list[ast.Call]:
     return [
         node for stmt in loop.body for node in ast.walk(stmt)
-        if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)) and ddp.is_wrapper(a, node.func)
+        if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)) and is_wrapper(a, node.func)
     ]
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import DP_WRAPPER, MODULE_SCOPE, Anatomy
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.values import reaching_values
 from ddpify.anatomy import syntax
-from ddpify.anatomy.forward import gpu_index, gpu_of_moves, walk_body
+from ddpify.anatomy.forward import gpu_index, gpu_of_moves
+from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.vocabulary import DEVICE_MOVES
 from ddpify.lint import Finding, Invalid, Rule
 
@@ -62,7 +63,7 @@ def _moves_of(a: Anatomy, module: ast.AST, wrap: ast.Call) -> list[ast.Call]:
     """`.to()` / `.cuda()` calls that placed `module` before the wrap, in source order."""
     values = [module]
     if isinstance(module, (ast.Name, ast.Attribute)):
-        values += ddp.reaching_values(a, module)
+        values += reaching_values(a, module)
         ref, scope = a.ref(module), a.scope_of.get(wrap, MODULE_SCOPE)
         body = a.tree.body if scope not in a.functions else a.functions[scope].node.body
         values += [n for n in walk_body(body) if _is_move(n) and n.lineno < wrap.lineno and a.ref(n.func.value) == ref]  # type: ignore[attr-defined]
@@ -79,7 +80,7 @@ def _primary_gpu(a: Anatomy, ids: ast.AST | None) -> int | None:
     if ids is None or syntax.constant(ids, None):
         return 0
     if isinstance(ids, ast.Name):
-        values = ddp.reaching_values(a, ids)
+        values = reaching_values(a, ids)
         ids = values[0] if len(values) == 1 else None
     if isinstance(ids, (ast.List, ast.Tuple)) and ids.elts:
         return gpu_index(a, ids.elts[0])

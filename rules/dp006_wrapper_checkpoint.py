@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.values import reaching_values
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import STATE_DICT_METHODS
 from ddpify.lint import Finding, Invalid, Rule
@@ -63,7 +63,7 @@ def _reads_checkpoint(a, call: ast.Call) -> bool:
     """Does the state dict passed to `load_state_dict` come from `torch.load`?"""
     if not call.args:
         return False
-    values = [call.args[0]] + [v for n in ast.walk(call.args[0]) if isinstance(n, ast.Name) for v in ddp.reaching_values(a, n)]
+    values = [call.args[0]] + [v for n in ast.walk(call.args[0]) if isinstance(n, ast.Name) for v in reaching_values(a, n)]
     return any(isinstance(n, ast.Call) and a.qualname(n.func) == "torch.load" for v in values for n in ast.walk(v))
 
 

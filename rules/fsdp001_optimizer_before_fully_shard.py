@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as dist_facts
+from ddpify.anatomy.distributed.fsdp import shard_calls
+from ddpify.anatomy.distributed.wrappers import model_origins
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
 
@@ -40,9 +41,9 @@ class OptimizerBeforeFullyShard(Rule, code="FSDP001", name="optimizer-before-ful
     message = "optimizer built before fully_shard() shards its model: it steps parameters FSDP no longer uses"
 
     def check(self, a):
-        for shard in dist_facts.shard_calls(a):
+        for shard in shard_calls(a):
             module = syntax.argument(shard.node, 0, "module")  # type: ignore[arg-type]
-            origins = dist_facts.model_origins(a, module) if module is not None else None
+            origins = model_origins(a, module) if module is not None else None
             if not origins:
                 continue
             for optimizer in a.optimizers:
@@ -53,7 +54,7 @@ class OptimizerBeforeFullyShard(Rule, code="FSDP001", name="optimizer-before-ful
 def _reads_model(a, call: ast.AST, origins: set[ast.Call]) -> bool:
     """Do the optimizer's arguments read the parameters of a model built by one of `origins`?"""
     return any(
-        isinstance(node, (ast.Name, ast.Attribute)) and (dist_facts.model_origins(a, node) or set()) & origins
+        isinstance(node, (ast.Name, ast.Attribute)) and (model_origins(a, node) or set()) & origins
         for node in ast.walk(call)
     )
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ddpify.anatomy import distributed as dist_facts
+from ddpify.anatomy.distributed.fsdp import is_legacy_fsdp
+from ddpify.anatomy.distributed.names import STATE_DICT_GATHERS
+from ddpify.anatomy.distributed.ranks import rank_guarded
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
 
@@ -40,14 +42,14 @@ class StateDictGatherUnderRankGuard(Rule, code="FSDP002", name="state-dict-gathe
 
     def check(self, a):
         for call in a.calls:
-            if _gathers_state(a, call) and dist_facts.rank_guarded(a, call.node):
+            if _gathers_state(a, call) and rank_guarded(a, call.node):
                 yield Finding(call.pos)
 
 
 def _gathers_state(a, call) -> bool:
-    if call.qualname in dist_facts.STATE_DICT_GATHERS:
+    if call.qualname in STATE_DICT_GATHERS:
         return True
-    return syntax.method_name(call.node) == "state_dict" and dist_facts.is_legacy_fsdp(a, call.node.func.value)
+    return syntax.method_name(call.node) == "state_dict" and is_legacy_fsdp(a, call.node.func.value)
 
 
 _HEAD = """import torch

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as dist_facts
+from ddpify.anatomy.distributed.fsdp import is_sharded_model, shard_calls
+from ddpify.anatomy.distributed.wrappers import is_wrapper, wrap_calls
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit, without_module
 
@@ -40,11 +41,11 @@ class ModuleOnFullyShardedModel(Rule, code="FSDP003", name="module-on-fully-shar
     message = "fully_shard keeps the model's class: it has no .module (AttributeError)"
 
     def check(self, a):
-        if not dist_facts.shard_calls(a):
+        if not shard_calls(a):
             return
         for node in a.nodes:
-            if isinstance(node, ast.Attribute) and node.attr == "module" and dist_facts.is_sharded_model(a, node.value):
-                if not dist_facts.wrap_calls(a) or not dist_facts.is_wrapper(a, node.value):
+            if isinstance(node, ast.Attribute) and node.attr == "module" and is_sharded_model(a, node.value):
+                if not wrap_calls(a) or not is_wrapper(a, node.value):
                     edit = expression_edit(a, node, without_module)
                     yield Finding(a.pos(node), fix=Fix((edit,), safe=True, description="drop .module") if edit else None)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as dist_facts
+from ddpify.anatomy.distributed.fsdp import in_sharded_legacy_mode, is_legacy_fsdp, is_sharded_model, shard_calls, sharded_legacy_state_dicts
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
 
@@ -48,16 +48,16 @@ class ShardedStateDictSaved(Rule, code="FSDP004", name="sharded-state-dict-saved
     message = "state_dict() of a fully_shard model holds this rank's shards only: gather it with get_model_state_dict(full_state_dict=True)"
 
     def check(self, a):
-        if not dist_facts.shard_calls(a) and not dist_facts.sharded_legacy_state_dicts(a):
+        if not shard_calls(a) and not sharded_legacy_state_dicts(a):
             return
         for save in a.calls_to("torch.save"):
             saved = syntax.argument(save.node, 0, "obj")  # type: ignore[arg-type]
             for node in ast.walk(saved) if saved is not None else ():
                 if syntax.method_name(node) != "state_dict":
                     continue
-                if dist_facts.is_sharded_model(a, node.func.value):
+                if is_sharded_model(a, node.func.value):
                     yield Finding(a.pos(node))
-                elif dist_facts.is_legacy_fsdp(a, node.func.value) and dist_facts.in_sharded_legacy_mode(a, node):
+                elif is_legacy_fsdp(a, node.func.value) and in_sharded_legacy_mode(a, node):
                     yield Finding(a.pos(node), LEGACY_MESSAGE)
 
 

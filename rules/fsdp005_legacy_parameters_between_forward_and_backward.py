@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as dist_facts
+from ddpify.anatomy.distributed.fsdp import is_legacy_fsdp
+from ddpify.anatomy.distributed.names import LEGACY_SUMMON
 from ddpify.anatomy import syntax
-from ddpify.anatomy.vocabulary import PARAMETER_ATTRIBUTES, PARAMETER_METHODS
+from ddpify.anatomy.vocabulary import LEGACY_FSDP, PARAMETER_ATTRIBUTES, PARAMETER_METHODS
 from ddpify.lint import Finding, Invalid, Rule
 
 
@@ -51,7 +52,7 @@ class LegacyParametersBetweenForwardAndBackward(
     message = "legacy FSDP reshards after forward: these are this rank's flat shards, not the model's parameters"
 
     def check(self, a):
-        if not a.calls_to(dist_facts.LEGACY_FSDP):
+        if not a.calls_to(LEGACY_FSDP):
             return
         for loop in a.step_loops:
             span = a.forward_to_backward(loop.node.body) if loop.trains else None  # type: ignore[attr-defined]
@@ -72,19 +73,19 @@ def _after(node: ast.AST, end: tuple) -> bool:
 def _reads_legacy_parameters(a, node: ast.AST) -> bool:
     """`m.parameters()` / `m.named_parameters()` on the wrapper, or `m.<...>.weight` below it."""
     if isinstance(node, ast.Call) and syntax.method_name(node) in PARAMETER_METHODS:
-        return dist_facts.is_legacy_fsdp(a, node.func.value)  # type: ignore[attr-defined]
+        return is_legacy_fsdp(a, node.func.value)  # type: ignore[attr-defined]
     if isinstance(node, ast.Attribute) and node.attr in PARAMETER_ATTRIBUTES:
         root = node.value
         while isinstance(root, (ast.Attribute, ast.Subscript)):
             root = root.value
-        return dist_facts.is_legacy_fsdp(a, root)
+        return is_legacy_fsdp(a, root)
     return False
 
 
 def _summoned(a, node: ast.AST) -> bool:
     """Is `node` inside `with FSDP.summon_full_params(...)`?"""
     return any(
-        isinstance(item.context_expr, ast.Call) and a.qualname(item.context_expr.func) == dist_facts.LEGACY_SUMMON
+        isinstance(item.context_expr, ast.Call) and a.qualname(item.context_expr.func) == LEGACY_SUMMON
         for block in a.enclosing(node, (ast.With, ast.AsyncWith)) for item in block.items  # type: ignore[attr-defined]
     )
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from ddpify.anatomy import analyze
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.values import assignments
+from ddpify.anatomy.distributed.wrappers import is_wrapper
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.sites import MODULE_SCOPE, Ref
 from ddpify.anatomy.vocabulary import DP_WRAPPER
@@ -62,7 +63,7 @@ def test_bindings_give_each_layer_what_it_reads():
     assert values("a") == [(1, False)] and values("b") == [(2, False)]
     assert values("c") == [(3, True), (None, False)] and values("d") == [(3, True)]
     assert values("e") == [(None, False)] and values("f") == [(None, False)]
-    assert [v.value for _, v in ddp.assignments(a)[Ref(MODULE_SCOPE, "c")]] == [3]
+    assert [v.value for _, v in assignments(a)[Ref(MODULE_SCOPE, "c")]] == [3]
 
 
 DP_HEAD = "import torch\nfrom torch import nn\n\nnet = nn.Linear(4, 2)\n"
@@ -73,8 +74,8 @@ DP_HEAD = "import torch\nfrom torch import nn\n\nnet = nn.Linear(4, 2)\n"
 def test_one_is_wrapper_for_ddp_and_dataparallel(expr):
     a = analyze(DP_HEAD + f"model = {expr}\nmodel.train()\n")
     read = a.tree.body[-1].value.func.value  # `model` in model.train()
-    assert ddp.is_wrapper(a, read, DP_WRAPPER)
-    assert not ddp.is_wrapper(a, read)  # not a DDP wrapper
+    assert is_wrapper(a, read, DP_WRAPPER)
+    assert not is_wrapper(a, read)  # not a DDP wrapper
 
 
 RANK_ZERO_PRINT = '''import os

@@ -18,9 +18,10 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from ddpify.anatomy import distributed as ddp
-from ddpify.anatomy.analyzer import ROLE_CRITERION, ROLE_MODEL, Anatomy, Function
-from ddpify.anatomy.analyzer import walk_body  # every node of a body, not nested defs
+from ddpify.anatomy.distributed.values import callers
+from ddpify.anatomy.script import Anatomy
+from ddpify.anatomy.tree import Function, walk_body
+from ddpify.anatomy.values import ROLE_CRITERION, ROLE_MODEL
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.facts import ReplicaFacts, ScatterHazard
 from ddpify.anatomy.sites import MODULE_SCOPE, ModelSite, Ref
@@ -704,7 +705,7 @@ def _values_of(anatomy: Anatomy, ref: Ref) -> list[ast.AST | None]:
     fn = anatomy.functions.get(ref.scope)
     if fn is not None and ref.name in fn.params:
         index = fn.params.index(ref.name)
-        passed = [argument(call, index, ref.name) for call in ddp.callers(anatomy, ref.scope)]
+        passed = [argument(call, index, ref.name) for call in callers(anatomy, ref.scope)]
         values += [v if v is not None else _default(fn.node, ref.name) for v in passed] or [None]
     return values
 

@@ -14,9 +14,10 @@ import re
 
 import libcst as cst
 
-from ddpify.anatomy import distributed as ddp
-from ddpify.codemods.base import Transform, parse_expr
+from ddpify.anatomy.distributed.launch import holds_integer
+from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import LOCAL_RANK
+from ddpify.edits.expressions import parse_expr
 
 _INDEXED_CUDA = re.compile(r"^cuda:\d+$")
 
@@ -72,7 +73,7 @@ class RankDevices(Transform):
         if q == "torch.cuda.set_device" and call.args:
             return call.args[0]
         if isinstance(call.func, ast.Attribute) and call.args and q != "torch.cuda":
-            if call.func.attr == "cuda" or (call.func.attr == "to" and ddp.holds_integer(self.anatomy, call.args[0])):
+            if call.func.attr == "cuda" or (call.func.attr == "to" and holds_integer(self.anatomy, call.args[0])):
                 return call.args[0]
         return None
 

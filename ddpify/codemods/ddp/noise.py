@@ -15,10 +15,12 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import MODULE_SCOPE, Anatomy, CallSite
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.randomness import draws_alike_on_every_rank, seed_calls
+from ddpify.anatomy.distributed.wrappers import wrap_calls
 from ddpify.anatomy.syntax import enclosing_function
-from ddpify.codemods.base import Options, Transform
+from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import RANK
+from ddpify.codemods.options import Options
 
 _WHY = ("# ddpify: each rank draws its own noise from here on (the DDP wrap has\n"
         "# broadcast rank 0's weights, so the models stay identical).\n")
@@ -32,13 +34,13 @@ class NoiseOfEachRank(Transform):
 
     @classmethod
     def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
-        return bool(ddp.draws_alike_on_every_rank(anatomy))  # seeds and draws are the user's; no transform adds one
+        return bool(draws_alike_on_every_rank(anatomy))  # seeds and draws are the user's; no transform adds one
 
     def plan(self) -> None:
-        draws = ddp.draws_alike_on_every_rank(self.anatomy)
+        draws = draws_alike_on_every_rank(self.anatomy)
         if not draws:
             return
-        seed, start = ddp.seed_calls(self.anatomy)[-1], self._training_start()
+        seed, start = seed_calls(self.anatomy)[-1], self._training_start()
         if start is not None and self._repeatable_at(seed, start):
             self.insert_before(start, f"{_WHY}{_reseeded(seed)}\n")
             self.changed(start.lineno, f"{_reseeded(seed)} before training: each rank draws its own noise, "
@@ -55,7 +57,7 @@ class NoiseOfEachRank(Transform):
         step loop or calls a function that does): what runs before it, model initialisation included,
         keeps the seed."""
         steps = {loop.node for loop in self.anatomy.step_loops if loop.trains}
-        wraps = [site.stmt for site in ddp.wrap_calls(self.anatomy)]
+        wraps = [site.stmt for site in wrap_calls(self.anatomy)]
         if not steps or not wraps:
             return None
         wrap = max(wraps, key=lambda stmt: stmt.lineno)

@@ -11,9 +11,11 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import MODULE_SCOPE, Anatomy
-from ddpify.anatomy import distributed as dist_facts
-from ddpify.codemods.base import Options, Transform
+from ddpify.anatomy.distributed.launch import downloads
+from ddpify.anatomy.distributed.ranks import rank_guarded
+from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import LOCAL_RANK, SETUP_CALL
+from ddpify.codemods.options import Options
 
 WAIT = f"if {LOCAL_RANK} != 0:\n    dist.barrier()  # local rank 0 downloads first, once per node\n"
 RELEASE = f"if {LOCAL_RANK} == 0:\n    dist.barrier()  # the node's other ranks now find the files\n"
@@ -27,13 +29,13 @@ class PerNodeDownloads(Transform):
 
     @classmethod
     def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
-        return bool(dist_facts.downloads(anatomy))  # the user's; no transform adds one
+        return bool(downloads(anatomy))  # the user's; no transform adds one
 
     def plan(self) -> None:
         done: set[ast.stmt] = set()
-        for call in dist_facts.downloads(self.anatomy):
+        for call in downloads(self.anatomy):
             stmt = call.stmt
-            if stmt in done or dist_facts.rank_guarded(self.anatomy, call.node):
+            if stmt in done or rank_guarded(self.anatomy, call.node):
                 continue
             done.add(stmt)
             if not self._group_joined_before(stmt):

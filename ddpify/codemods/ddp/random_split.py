@@ -10,16 +10,9 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.anatomy import syntax
-from ddpify.anatomy import distributed as ddp
-from ddpify.codemods.base import Transform, add_keyword
-
-SEEDED_GENERATOR = "Generator().manual_seed(0)"
-
-
-def with_seeded_generator(call: cst.Call, torch: str) -> cst.Call:
-    """`random_split(...)` with `generator=<torch>.Generator().manual_seed(0)`, keeping the call's layout."""
-    return add_keyword(call, "generator", f"{torch}.{SEEDED_GENERATOR}")  # type: ignore[return-value]
-
+from ddpify.anatomy.distributed.randomness import unseeded_random_splits
+from ddpify.codemods.base import Transform
+from ddpify.edits.expressions import SEEDED_GENERATOR, with_seeded_generator
 
 class SameSplitOnEveryRank(Transform):
     """Give random_split a seeded generator, so that every rank draws the same split."""
@@ -28,7 +21,7 @@ class SameSplitOnEveryRank(Transform):
     SEES_EDITS_OF = ()
 
     def plan(self) -> None:
-        splits = ddp.unseeded_random_splits(self.anatomy)
+        splits = unseeded_random_splits(self.anatomy)
         if not splits:
             return
         torch = syntax.spelling(self.anatomy, "torch")

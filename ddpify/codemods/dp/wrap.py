@@ -15,11 +15,12 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import Anatomy, ModelSite, Ref
-from ddpify.anatomy.analyzer import walk_body
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.tree import walk_body
+from ddpify.anatomy.distributed.launch import env_writes
 from ddpify.anatomy.forward import model_gpu_index, model_moves
-from ddpify.codemods.base import Transform, wrap_duty
+from ddpify.codemods.base import Transform
 from ddpify.codemods.containers import wrap_each
+from ddpify.codemods.duties import wrap_duty
 
 _ENCLOSING_BLOCKS = (ast.If, ast.With, ast.Try)
 
@@ -38,7 +39,7 @@ class WrapDataParallel(Transform):
         for model in models:
             self._wrap(model, torch_nn)
         self.fulfil()
-        for write in ddp.env_writes(self.anatomy, "CUDA_VISIBLE_DEVICES"):
+        for write in env_writes(self.anatomy, "CUDA_VISIBLE_DEVICES"):
             self.advise(write.lineno, "the script sets CUDA_VISIBLE_DEVICES: DataParallel only uses the GPUs it lists; list them all, or remove it")  # type: ignore[attr-defined]
 
     def _torch_nn(self) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import CallSite, ModelSite
-from ddpify.anatomy.distributed import MIXED_PRECISION_POLICY
+from ddpify.anatomy.distributed.names import MIXED_PRECISION_POLICY
 from ddpify.anatomy.syntax import keyword
 from ddpify.anatomy.vocabulary import AUTOCAST, BFLOAT16, GRAD_SCALER, HALF_DTYPES
 from ddpify.codemods.ddp.wrap import WrapModel

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import distributed as ddp
+from ddpify.anatomy.distributed.fsdp import after_shard, is_sharded_model
 from ddpify.anatomy.vocabulary import WHOLE_MODEL_CALLS
 from ddpify.codemods.base import Transform
 
@@ -31,6 +31,6 @@ class WholeShardedModel(Transform):
     def plan(self) -> None:
         for call in self.anatomy.calls_to(*WHOLE_MODEL_CALLS):
             whole = call.node.args[0] if call.node.args else None  # type: ignore[attr-defined]
-            if whole is not None and ddp.is_sharded_model(self.anatomy, whole) and ddp.after_shard(self.anatomy, call.node):
+            if whole is not None and is_sharded_model(self.anatomy, whole) and after_shard(self.anatomy, call.node):
                 self.missing(call.line, f"{call.qualname}({ast.unparse(whole)}) fails once the model is sharded by fully_shard",
                              _TODO[call.qualname])

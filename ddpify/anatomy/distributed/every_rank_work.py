@@ -1,0 +1,216 @@
+"""Work every rank must join: collectives, training calls and what calls them, told apart from output
+(prints, log records, writes) that rank 0 alone may make; and which values in a rank-0 output
+statement must be computed on every rank first.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterable
+
+from ddpify.anatomy.script import Anatomy
+from ddpify.anatomy.tree import walk_body
+from ddpify.anatomy.values import ROLE_LOGGER, ROLE_MODEL, ROLE_WRITER
+from ddpify.anatomy.cache import per_anatomy
+from ddpify.anatomy.distributed.fsdp import after_shard, is_sharded_model, sharded_origins
+from ddpify.anatomy.distributed.names import COLLECTIVES
+from ddpify.anatomy.distributed.wrappers import is_wrapper
+from ddpify.anatomy.sites import CallSite
+from ddpify.anatomy.syntax import ancestors, argument, contains, method_name
+from ddpify.anatomy.vocabulary import FILE_WRITE_CALLS, FILE_WRITE_METHODS, LOG_METHODS, OPEN_CALLS, is_pure_call
+
+
+def log_level(a: Anatomy, call: ast.AST) -> str | None:
+    """The level of a log call (`logging.info(...)`, `logger.warning(...)`, `logging.getLogger().log(...)`)."""
+    method = method_name(call)
+    if method not in LOG_METHODS:
+        return None
+    func = call.func  # type: ignore[attr-defined]
+    return method if (a.qualname(func) or "").startswith("logging.") or a.has_role(func.value, ROLE_LOGGER) else None
+
+
+@per_anatomy
+def collectives(a: Anatomy) -> list[CallSite]:
+    return [c for c in a.calls if c.qualname in COLLECTIVES]
+
+
+def calls_collective(a: Anatomy, body: Iterable[ast.AST]) -> bool:
+    """Does this code (or a local function it calls) run a collective?"""
+    return a.body_contains(body, lambda n: isinstance(n, ast.Call) and a.qualname(n.func) in COLLECTIVES)
+
+
+def joins_every_rank(a: Anatomy, body: Iterable[ast.AST]) -> bool:
+    """Does this code (or a local function it calls) train or call a collective?"""
+    return a.body_contains(body, lambda n: _trains_or_syncs(a, n))
+
+
+def _trains_or_syncs(a: Anatomy, node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    return a.is_training_call(node) or a.qualname(node.func) in COLLECTIVES or _runs_project_work(a, node)
+
+
+def _runs_project_work(a: Anatomy, call: ast.Call) -> bool:
+    """A call of another project file's function that may train, evaluate or join a collective."""
+    exported = a.facts.imported.get(a.qualname(call.func) or "")
+    return exported is not None and not exported.rank_zero_safe
+
+
+def must_run_on_every_rank(a: Anatomy, call: ast.Call) -> bool:
+    """Inside output that rank 0 alone will make (a print's f-string, a log's or a save's
+    arguments): must this call run on every rank instead? Yes when it trains or calls a
+    collective (itself, or through a function of this project), and when what it does is not
+    known: a library's function, a method that is not a known read. No for pure formatting and
+    reads (`vocabulary.is_pure_call`), output calls, this file's functions that join nothing,
+    and calls on a model (rank-0 code calls the module inside the wrapper)."""
+    if joins_by_itself(a, call) or runs_sharded_model(a, call):
+        return True
+    if is_pure_call(a, call) or is_output_call(a, call) or a.callee(call) is not None or calls_model(a, call):
+        return False
+    return a.qualname(call.func) not in a.facts.imported  # another file's function joins nothing: judged there
+
+
+def may_do_work_off_rank_zero(a: Anatomy, scope: str) -> bool:
+    """Could calling function `scope` on rank 0 alone leave the other ranks behind or waiting: does it
+    (or what it calls) make a call that must run on every rank, or call a model, which another file
+    can't unwrap? Another file's view of this file's function (`Exported.rank_zero_safe`)."""
+    return a.function_contains(scope, lambda n: isinstance(n, ast.Call) and (must_run_on_every_rank(a, n) or calls_model(a, n)))
+
+
+def is_output_call(a: Anatomy, call: ast.Call) -> bool:
+    """`print(...)`, a log record, a TensorBoard writer's or a wandb run's call, a file opened or
+    written: output, not work (opened on every rank, a file for writing would be truncated by each)."""
+    func, qualname = call.func, a.qualname(call.func)
+    if qualname == "print" or qualname in OPEN_CALLS or qualname in FILE_WRITE_CALLS or log_level(a, call) is not None:
+        return True
+    return isinstance(func, ast.Attribute) and (func.attr in FILE_WRITE_METHODS or a.has_role(func.value, ROLE_WRITER))
+
+
+def calls_model(a: Anatomy, call: ast.Call) -> bool:
+    """`model(x)`, `model.module.describe()`: a model's forward or one of its methods."""
+    node = call.func
+    while True:
+        if isinstance(node, (ast.Name, ast.Attribute)) and (a.has_role(node, ROLE_MODEL) or is_wrapper(a, node)):
+            return True
+        if not isinstance(node, ast.Attribute):
+            return False
+        node = node.value
+
+
+def values_to_compute_first(a: Anatomy, stmt: ast.stmt) -> tuple[list[ast.expr], str | None]:
+    """For an output statement that rank 0 alone will run (`print(f"acc {evaluate(model)}")`): the
+    values in its arguments to compute on every rank just before it, left to right, so that the
+    output alone can go on rank 0; and why that can't be done, if so. A call that must run on every
+    rank is computed alone where it runs exactly once whenever the statement does; where it runs
+    maybe or many times, the whole part around it (`a if c else b`, an `and`/`or`, a comprehension,
+    the call a lambda is passed to)."""
+    output = stmt.value if isinstance(stmt, ast.Expr) else None
+    if not isinstance(output, ast.Call) or joins_by_itself(a, output):
+        return [], "the statement also trains or calls a collective, which every rank must join"
+    found: list[ast.expr] = []
+    for call in _outermost_work(a, output):
+        value, reason = _part_to_compute(a, call, stmt)
+        if reason is not None:
+            return found, f"`{ast.unparse(call)}` must run on every rank and sits in {reason}"
+        if value not in found:
+            found.append(value)  # type: ignore[arg-type]
+    outermost = [v for v in found if not any(o is not v and contains(o, lambda n, v=v: n is v) for o in found)]
+    return sorted(outermost, key=lambda n: (n.lineno, n.col_offset)), None
+
+
+def _outermost_work(a: Anatomy, output: ast.Call) -> list[ast.Call]:
+    """The outermost calls in `output`'s arguments that must run on every rank."""
+    def outermost(node: ast.AST) -> list[ast.Call]:
+        if isinstance(node, ast.Call) and must_run_on_every_rank(a, node):
+            return [node]
+        return [inner for child in ast.iter_child_nodes(node) for inner in outermost(child)]
+
+    return [inner for arg in ast.iter_child_nodes(output) for inner in outermost(arg)]
+
+
+def _part_to_compute(a: Anatomy, call: ast.Call, stmt: ast.stmt) -> tuple[ast.AST, str | None]:
+    """What to compute first so that `call` runs as often as it did: the call itself, or the
+    outermost conditional or repeated part holding it; with the reason when that part can't be
+    computed apart from the output (a lambda or a generator the output itself consumes)."""
+    value: ast.AST = call
+    for parent, child in ancestors(a, call):
+        if parent is stmt:
+            break
+        part = _conditional_part(parent, child)
+        if part is None:
+            continue
+        if isinstance(parent, ast.comprehension):
+            parent = a.parents[parent]
+        value = _consumer(a, parent) if isinstance(parent, (ast.Lambda, ast.GeneratorExp)) else parent
+        if value is None or value is stmt.value:  # type: ignore[attr-defined]
+            return call, part
+    return value, None
+
+
+def _consumer(a: Anatomy, node: ast.AST) -> ast.Call | None:
+    """The call a lambda or a generator is passed to (`sorted(xs, key=lambda m: ...)`, `sum(... for ...)`)."""
+    parent = a.parents.get(node)
+    if isinstance(parent, ast.keyword):
+        parent = a.parents.get(parent)
+    return parent if isinstance(parent, ast.Call) and parent.func is not node else None
+
+
+def runs_sharded_model(a: Anatomy, call: ast.Call) -> bool:
+    """Under FSDP, a forward of the sharded model all-gathers its parameters, a collective: `model(x)`,
+    or this file's function handed the model (`evaluate(model, loader)`) that calls it."""
+    if not sharded_origins(a) or not after_shard(a, call):
+        return False
+    if isinstance(call.func, (ast.Name, ast.Attribute)) and is_sharded_model(a, call.func):
+        return True
+    callee = a.callee(call)
+    return callee is not None and any(
+        isinstance(arg, (ast.Name, ast.Attribute)) and is_sharded_model(a, arg) and _calls_parameter(a, callee, p)
+        for i, p in enumerate(a.functions[callee].params) if (arg := argument(call, i, p)) is not None)
+
+
+def hands_wrapper_to_work(a: Anatomy, call: ast.Call) -> bool:
+    """`evaluate(model, loader)` with `model` the DDP wrapper: the callee may run the wrapper's
+    forward, which broadcasts buffers to every rank. This file's function when it calls that
+    parameter; another function unless it only formats, reads or writes output."""
+    if is_pure_call(a, call) or is_output_call(a, call) or calls_model(a, call):
+        return False
+    callee = a.callee(call)
+    if callee is None:
+        return any(_is_wrapper_value(a, arg) for arg in (*call.args, *(k.value for k in call.keywords)))
+    return any(_is_wrapper_value(a, argument(call, i, p)) and _calls_parameter(a, callee, p)
+               for i, p in enumerate(a.functions[callee].params))
+
+
+def _is_wrapper_value(a: Anatomy, expr: ast.AST | None) -> bool:
+    return isinstance(expr, (ast.Name, ast.Attribute)) and is_wrapper(a, expr)
+
+
+def _calls_parameter(a: Anatomy, scope: str, param: str) -> bool:
+    """Does function `scope` call its parameter `param` (`model(x)`) or hand it on to a call that
+    does more than format or read it (`type(param)` does not)?"""
+    def named(x: ast.AST) -> bool:
+        return isinstance(x, ast.Name) and x.id == param
+
+    def uses(n: ast.AST) -> bool:
+        return isinstance(n, ast.Call) and (named(n.func) or (any(map(named, n.args)) and not is_pure_call(a, n)))
+    return any(uses(n) for n in walk_body(a.functions[scope].node.body))
+
+
+def joins_by_itself(a: Anatomy, call: ast.Call) -> bool:
+    """Does the call train or call a collective (itself, or in the local function it calls), its arguments aside?"""
+    callee = a.callee(call)
+    return _trains_or_syncs(a, call) or (callee is not None and a.function_contains(callee, lambda n: _trains_or_syncs(a, n)))
+
+
+def _conditional_part(parent: ast.AST, child: ast.AST) -> str | None:
+    if isinstance(parent, ast.IfExp) and child is not parent.test:
+        return "a branch of `a if c else b`"
+    if isinstance(parent, ast.BoolOp) and child is not parent.values[0]:
+        return "an operand of `and`/`or` that may not run"
+    if isinstance(parent, ast.Lambda):
+        return "a lambda"
+    if isinstance(parent, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)) and child is not parent.generators[0]:
+        return "a comprehension"
+    if isinstance(parent, ast.comprehension) and child is not parent.iter:
+        return "a comprehension"
+    return None

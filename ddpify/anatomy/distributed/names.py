@@ -1,0 +1,52 @@
+"""The torch.distributed vocabulary the DDP and FSDP questions read: collectives, FSDP entry points, samplers,
+seeding, spawning and per-node downloads, each a qualified name or a set of them.
+"""
+
+from __future__ import annotations
+
+from ddpify.anatomy.vocabulary import LEGACY_FSDP
+
+DIST = "torch.distributed"
+COLLECTIVES = frozenset(
+    f"{DIST}.{name}"
+    for name in (
+        "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "all_gather_coalesced",
+        "all_reduce_coalesced", "all_to_all", "all_to_all_single", "barrier", "monitored_barrier",
+        "broadcast", "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+        "gather", "gather_object", "scatter", "scatter_object_list", "new_group",
+    )
+) | frozenset({  # distributed checkpoints (DCP): every rank writes, or reads, its own shards together
+    f"{DIST}.checkpoint.save", f"{DIST}.checkpoint.load",
+    f"{DIST}.checkpoint.state_dict_saver.save", f"{DIST}.checkpoint.state_dict_loader.load",
+})
+DCP_MODULE = f"{DIST}.checkpoint"
+# FSDP2's per-module sharding (public since torch 2.6; `_composable` before), and legacy FSDP.
+FULLY_SHARD = frozenset({f"{DIST}.fsdp.fully_shard", f"{DIST}._composable.fsdp.fully_shard"})
+# Legacy FSDP's state-dict modes whose `state_dict()` holds this rank's shards only (entered with
+# `FSDP.state_dict_type(model, StateDictType.<mode>)` or set with `FSDP.set_state_dict_type`).
+LEGACY_STATE_DICT_MODES = frozenset({f"{LEGACY_FSDP}.state_dict_type", f"{LEGACY_FSDP}.set_state_dict_type"})
+SHARDED_STATE_DICT_TYPES = frozenset({"SHARDED_STATE_DICT", "LOCAL_STATE_DICT"})
+LEGACY_SUMMON = f"{LEGACY_FSDP}.summon_full_params"
+# FSDP2's mixed precision: the dtype of the unsharded parameters (forward/backward) and of the gradient reduction.
+MIXED_PRECISION_POLICY = f"{DIST}.fsdp.MixedPrecisionPolicy"
+# Whole-state gathers of a sharded model: collectives, whatever rank writes the result.
+STATE_DICT_GATHERS = frozenset(
+    f"{DIST}.checkpoint.state_dict.{name}" for name in ("get_model_state_dict", "get_optimizer_state_dict", "get_state_dict")
+)
+# Per-node duties: downloads and extractions into a node's disk, done by local rank 0 of each node.
+DOWNLOADERS = frozenset({
+    "torchvision.datasets.utils.download_url", "torchvision.datasets.utils.download_and_extract_archive",
+    "torch.hub.download_url_to_file", "huggingface_hub.snapshot_download", "huggingface_hub.hf_hub_download",
+    "datasets.load_dataset",
+})
+DISTRIBUTED_SAMPLER = "torch.utils.data.DistributedSampler"
+SYNC_BATCHNORM_CONVERT = "torch.nn.SyncBatchNorm.convert_sync_batchnorm"
+SPAWN_CALLS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
+SEED_CALLS = frozenset({
+    "torch.manual_seed", "torch.random.manual_seed", "lightning.seed_everything", "pytorch_lightning.seed_everything",
+    "lightning.pytorch.seed_everything", "transformers.set_seed", "accelerate.utils.set_seed",
+})
+RANDOM_SPLIT = "torch.utils.data.random_split"
+
+
+
