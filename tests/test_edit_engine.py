@@ -9,11 +9,9 @@ import textwrap
 
 import pytest
 
-from ddpify.codemods.base import Transform
-from ddpify.codemods.options import Options
+from ddpify.codemods.base import Edits, Options, Transform
 from ddpify.codemods.pipeline import Status, run_pipeline
 from ddpify.convert import convert_source
-from ddpify.edits.engine import Edits
 
 
 class _NoteBeforeY(Transform):

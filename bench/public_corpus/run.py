@@ -13,7 +13,6 @@ fresh copy of its own:
   verify    where convert exits 0: `ddpify verify SCRIPT --to ddp --json -- ARGV`, its verdict
 
 Entries of kind "distributed" (already DDP) are converted only: "nothing to do" is the right answer.
-Single-GPU entries with "runs": false (hard-coded CUDA, or too slow for a CPU) are converted only too.
 Every process sees the shims first on PYTHONPATH (a made-up-data torchvision, and the patches of
 shims/ddpify_corpus_site.py), MPLBACKEND=Agg, and the entry's env.
 
@@ -66,7 +65,6 @@ class Row:
     verify: str = "-"
     verify_detail: str = ""
     capped: bool = False
-    runs: bool = True  # false: converted only (the script cannot run here)
     seconds: float = 0.0
 
 
@@ -104,13 +102,13 @@ def summary(report: str) -> str:
 
 
 def measure(entry: dict, work: Path, with_verify: bool, timeout: float) -> Row:
-    row = Row(entry["name"], entry.get("kind", "single"), capped="DDPIFY_CORPUS_MAX_STEPS" in entry.get("env", {}), runs=entry.get("runs", True))
+    row = Row(entry["name"], entry.get("kind", "single"), capped="DDPIFY_CORPUS_MAX_STEPS" in entry.get("env", {}))
     started = time.perf_counter()
     limit = float(entry.get("timeout", timeout))
     argv = entry.get("argv", [])
     single = row.kind == "single"
 
-    if single and row.runs:
+    if single:
         folder, script = copy(entry, work / "original")
         done = run_real([sys.executable, script, *argv], folder, environment(entry), limit)
         if done is None:
@@ -131,7 +129,7 @@ def measure(entry: dict, work: Path, with_verify: bool, timeout: float) -> Row:
     row.convert_exit = done.returncode
     row.convert, changed = conversion_status(done.returncode, before, sources(folder), "ddp")
     row.convert_line = summary(done.stdout + done.stderr)
-    if not single or not row.runs or done.returncode != 0 or not changed:
+    if not single or done.returncode != 0 or not changed:
         return finish(row, started)
 
     bootstrap, stacks = work / "bootstrap", work / "stacks"
@@ -183,7 +181,6 @@ def totals(rows: list[Row]) -> dict[str, int]:
     ran = [r for r in single if r.torchrun != "-"]
     return {
         "single-GPU entries": len(single),
-        "  of which converted only (cannot run here)": sum(not r.runs for r in single),
         "original runs (exit 0)": sum(r.original == "ok" for r in single),
         "converted, exit 0": sum(r.convert_exit == 0 for r in single),
         "  of which converted (wrap and sampler)": sum(r.convert == "converted" for r in single),
@@ -205,7 +202,7 @@ def totals(rows: list[Row]) -> dict[str, int]:
 def table(rows: list[Row]) -> str:
     lines = ["| entry | original | convert (exit) | torchrun 2 ranks | verify |", "|---|---|---|---|---|"]
     for r in rows:
-        kind = " (already distributed)" if r.kind != "single" else "" if r.runs else " (convert only)"
+        kind = " (already distributed)" if r.kind != "single" else ""
         cap = " (capped)" if r.capped and r.torchrun == "finished" else ""
         lines.append(f"| `{r.name}`{kind} | {r.original} | {r.convert} ({r.convert_exit}) | {r.torchrun}{cap} | {r.verify} |")
     return "\n".join(lines)

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ddpify.anatomy.distributed.values import callers
-from ddpify.anatomy.script import Anatomy
-from ddpify.anatomy.tree import Function, walk_body
-from ddpify.anatomy.values import ROLE_CRITERION, ROLE_MODEL
+from ddpify.anatomy.analyzer import ROLE_CRITERION, ROLE_MODEL, Anatomy, Function
+from ddpify.anatomy.analyzer import walk_body  # every node of a body, not nested defs
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.facts import ReplicaFacts, ScatterHazard
 from ddpify.anatomy.sites import MODULE_SCOPE, ModelSite, Ref

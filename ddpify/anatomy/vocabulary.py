@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ddpify.anatomy.tree import ScriptTree
+    from ddpify.anatomy.analyzer import Anatomy
 
 # ----- wrappers ----------------------------------------------------------------------------------
 DDP_WRAPPER = "torch.nn.parallel.DistributedDataParallel"
@@ -139,8 +139,6 @@ AUTOCAST = "torch.autocast"  # also torch.cuda.amp.autocast and torch.amp.autoca
 GRAD_SCALER = "torch.amp.GradScaler"  # also torch.cuda.amp.GradScaler
 HALF_DTYPES = frozenset({"torch.float16", "torch.half"})  # autocast's dtype=: fp16, which needs loss scaling
 BFLOAT16 = "torch.bfloat16"
-GRAD_SCALER_STEPS = frozenset({"step", "update", "unscale_"})  # what Accelerate's backward and optimizer do for it
-CLIP_GRAD_NORM = "torch.nn.utils.clip_grad_norm_"  # Accelerate's clip_grad_norm_ unscales fp16 gradients first
 
 
 # ----- optimizers --------------------------------------------------------------------------------
@@ -192,7 +190,7 @@ PURE_METHODS = frozenset({
 })
 
 
-def is_pure_call(a: ScriptTree, call: ast.AST) -> bool:
+def is_pure_call(a: Anatomy, call: ast.AST) -> bool:
     """Does `call` only format, read or measure (`len(x)`, `loss.item()`, `"{:.4f}".format(v)`,
     `math.exp(l)`, `time.time()`), so rank 0 may make it alone? A module's function counts only when
     named here: a method name alone says nothing about `requests.get(url)`."""
@@ -205,7 +203,7 @@ def is_pure_call(a: ScriptTree, call: ast.AST) -> bool:
     return isinstance(func, ast.Attribute) and func.attr in PURE_METHODS and not _names_a_module(a, func.value)
 
 
-def _names_a_module(a: ScriptTree, expr: ast.AST) -> bool:
+def _names_a_module(a: Anatomy, expr: ast.AST) -> bool:
     """`np` in `np.get`, `os.path` in `os.path.get`: the name an import binds, not a value."""
     while isinstance(expr, ast.Attribute):
         expr = expr.value
@@ -228,7 +226,7 @@ OPEN_CALLS = frozenset({"open", "io.open"})
 _WRITE_MODES = frozenset("wax+")
 
 
-def opens_for_writing(a: ScriptTree, call: ast.AST) -> bool:
+def opens_for_writing(a: Anatomy, call: ast.AST) -> bool:
     """`open(path, "w")` (or "a", "x", "+")."""
     if not (isinstance(call, ast.Call) and a.qualname(call.func) in OPEN_CALLS):
         return False
@@ -236,10 +234,8 @@ def opens_for_writing(a: ScriptTree, call: ast.AST) -> bool:
     return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and bool(_WRITE_MODES & set(mode.value))
 
 # Libraries that launch and distribute training themselves: scripts built on them are left alone.
-ACCELERATOR = "accelerate.Accelerator"
-DDP_KWARGS = "accelerate.DistributedDataParallelKwargs"  # the DDP wrap's options, for Accelerator(kwargs_handlers=...)
 DISTRIBUTING_FRAMEWORKS = {
-    ACCELERATOR: "Accelerate",
+    "accelerate.Accelerator": "Accelerate",
     "lightning.Trainer": "Lightning", "lightning.pytorch.Trainer": "Lightning", "pytorch_lightning.Trainer": "Lightning",
     "lightning.Fabric": "Lightning Fabric", "lightning.fabric.Fabric": "Lightning Fabric",
     "transformers.Trainer": "the Hugging Face Trainer", "transformers.Seq2SeqTrainer": "the Hugging Face Trainer",

@@ -29,11 +29,12 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from ddpify.anatomy import MODULE_SCOPE, ROLE_PBAR, ROLE_WRITER, CallSite
-from ddpify.anatomy.tree import walk_body
-from ddpify.anatomy.distributed.every_rank_work import joins_every_rank, log_level, values_to_compute_first
+from ddpify.anatomy.distributed.every_rank_work import joins_every_rank, log_level, must_run_on_every_rank, values_to_compute_first
 from ddpify.anatomy.distributed.ranks import runs_on_every_rank
 from ddpify.anatomy.distributed.values import calls_running, reaching_values
 from ddpify.anatomy.distributed.wrappers import is_wrapper
+from ddpify.anatomy.analyzer import walk_body
+from ddpify.anatomy.syntax import identifier
 from ddpify.anatomy.vocabulary import (
     DIRECTORY_CREATORS,
     FILE_WRITE_CALLS,
@@ -42,10 +43,10 @@ from ddpify.anatomy.vocabulary import (
     WRITER_CONSTRUCTORS,
     opens_for_writing,
 )
-from ddpify.codemods.base import Transform
+from ddpify.codemods.base import Transform, add_keyword, guard, parse_expr
 from ddpify.codemods.ddp.runtime import ADDED_FUNCTIONS, IS_RANK_ZERO, RANK_DEVICE
-from ddpify.edits.expressions import add_keyword, module_of, parse_expr
-from ddpify.edits.hoist import hoisted_names, hoisted_then_guarded
+from ddpify.codemods.ddp.samplers import fresh_name
+from ddpify.codemods.module_access import module_of
 
 # The helpers the other ranks' stand-in for a rank-0-only object needs (added after setup's).
 STAND_IN = "RankZeroStandIn"
@@ -93,11 +94,6 @@ class RankZeroDuties(Transform):
     """Print, log, save and write files on rank 0 only; load checkpoints onto this rank's device."""
 
     NAME = "rank0"
-    # The code the duties are written in (the Accelerate target names its own, ddpify.codemods.accelerate)
-    ON_RANK_ZERO = IS_RANK_ZERO  # holds on rank 0 only
-    OFF_RANK_ZERO = "RANK != 0"  # a progress bar's disable=
-    RANK_DEVICE = RANK_DEVICE  # where torch.load maps tensors
-    BARRIER = "dist.barrier()"
     # Not the samplers' (names of their own, a `set_epoch` at an epoch loop's top) nor `.module`
     # access's (expression rewrites inside statements it guards; an overlap re-plans, Edits.interferes_with).
     SEES_EDITS_OF = ("setup", "device", "dataparallel", "wrap", "shard", "split", "checkpoint", "state_dict",
@@ -168,13 +164,9 @@ class RankZeroDuties(Transform):
         if self._needs_every_rank(stmt):
             return self._hoist_then_guard(stmt, kind)
         self._unwrap_for_rank_zero(stmt)
-        self.keep_on_rank_zero(stmt, kind)
-        return True
-
-    def keep_on_rank_zero(self, stmt: ast.stmt, kind: str) -> None:
-        """Put an output statement that every rank runs under `if <ON_RANK_ZERO>:`."""
-        self.guard_statement(stmt, self.ON_RANK_ZERO)  # a line it shares (`if ok: print(x)`, `a; print(a)`) is spread first
+        self.guard_statement(stmt, IS_RANK_ZERO)  # a line it shares (`if ok: print(x)`, `a; print(a)`) is spread first
         self.changed(stmt.lineno, f"{kind} on rank 0 only")
+        return True
 
     def _hoist_then_guard(self, stmt: ast.stmt, kind: str) -> bool:
         """`print(f"acc {evaluate(model):.4f}")` where the evaluation may join every rank: it runs on
@@ -187,7 +179,7 @@ class RankZeroDuties(Transform):
         values: dict[ast.expr, cst.CSTNode] = {}
         for value in hoisted:
             self.rewrite_expression(value, lambda node, value=value: values.setdefault(value, node))
-        self.rewrite_statement(stmt, lambda s: _hoist_found(s, hoisted, names, values, self.ON_RANK_ZERO))
+        self.rewrite_statement(stmt, lambda s: _hoist_found(s, hoisted, names, values))
         self._unwrap_for_rank_zero(stmt, keep=hoisted)
         self.changed(stmt.lineno, f"{kind} on rank 0 only, after computing {', '.join(names)} on every rank (work every rank must run)")
         return True
@@ -231,7 +223,7 @@ class RankZeroDuties(Transform):
             if not call.args:  # type: ignore[attr-defined]
                 self.advise(block.lineno, "a file written by every rank around training: write it on rank 0 only by hand")
                 continue
-            self.rewrite_node(call, cst.Call, lambda node: _path_on_rank_zero(node, self.ON_RANK_ZERO))
+            self.rewrite_node(call, cst.Call, _path_on_rank_zero)
             self.add_import("os")
             self.changed(block.lineno, "file written on rank 0 only (the block also trains: other ranks run it writing to os.devnull)")
 
@@ -247,8 +239,8 @@ class RankZeroDuties(Transform):
         self.changed(call.line, "os.makedirs(..., exist_ok=True): every rank makes the directory, none fails because another did first")
 
     def _disable_on_other_ranks(self, call: CallSite) -> None:
-        self.rewrite_node(call.node, cst.Call, lambda node: _with_disable(node, self.OFF_RANK_ZERO))
-        self.changed(call.line, f"progress bar shown on rank 0 only (disable={self.OFF_RANK_ZERO})")
+        self.rewrite_node(call.node, cst.Call, _with_disable)
+        self.changed(call.line, "progress bar shown on rank 0 only (disable=RANK != 0)")
 
     def _build_on_rank_zero(self, call: CallSite) -> None:
         """`writer = SummaryWriter(...)` / `run = wandb.init(...)`: built on rank 0 only. The other
@@ -259,13 +251,13 @@ class RankZeroDuties(Transform):
         name = call.qualname.rsplit(".", 1)[-1]
         shared = _attributes_read(self.anatomy, call)
         if not self._add_stand_in(shared):
-            self.rewrite_node(call.node, cst.Call, lambda node: _only_on_rank_zero(node, self.ON_RANK_ZERO))
+            self.rewrite_node(call.node, cst.Call, _only_on_rank_zero)
             self.changed(call.line, f"{name} created on rank 0 only (None elsewhere; its calls are guarded)")
             if shared:
                 self.advise(call.line, f"other ranks hold None for this {name} but read {', '.join(shared)} of it: "
                                        "compute those on every rank by hand")
             return
-        self.rewrite_node(call.node, cst.Call, lambda node: _with_stand_in(node, shared, self.ON_RANK_ZERO))
+        self.rewrite_node(call.node, cst.Call, lambda node: _with_stand_in(node, shared))
         reads = f"; its {', '.join(shared)} broadcast from rank 0" if shared else ""
         self.changed(call.line, f"{name} created on rank 0 only (a stand-in elsewhere, whose calls do nothing{reads})")
 
@@ -291,8 +283,8 @@ class RankZeroDuties(Transform):
         node: ast.Call = call.node  # type: ignore[assignment]
         if len(node.args) >= 2 or any(kw.arg == "map_location" for kw in node.keywords):
             return
-        self.rewrite_node(node, cst.Call, lambda c: add_keyword(c, "map_location", self.RANK_DEVICE))
-        self.changed(call.line, f"torch.load(..., map_location={self.RANK_DEVICE}): tensors land on this rank's device")
+        self.rewrite_node(node, cst.Call, lambda c: add_keyword(c, "map_location", RANK_DEVICE))
+        self.changed(call.line, f"torch.load(..., map_location={RANK_DEVICE}): tensors land on this rank's device")
 
     def _guard_file_handle(self, assign: ast.Assign) -> None:
         """`f = open(path, "a")`: open, write and close on rank 0 only. A handle kept on an object
@@ -300,7 +292,7 @@ class RankZeroDuties(Transform):
         other ranks' write to os.devnull."""
         handle = self.anatomy.ref(assign.targets[0])
         if handle is not None and handle.name.startswith("self.") and assign.value.args:  # type: ignore[attr-defined]
-            self.rewrite_node(assign.value, cst.Call, lambda node: _path_on_rank_zero(node, self.ON_RANK_ZERO))
+            self.rewrite_node(assign.value, cst.Call, _path_on_rank_zero)
             self.add_import("os")
             self.changed(assign.lineno, "file opened on every rank, written on rank 0 only (os.devnull elsewhere)")
             return
@@ -339,19 +331,54 @@ class RankZeroDuties(Transform):
             return
         self._barriers.add(anchor)
         if _shares_its_line(self.anatomy, anchor) or not runs_on_every_rank(self.anatomy, anchor):
-            self.advise(line, f"other ranks read this checkpoint later: add {self.BARRIER} after {what} by hand")
+            self.advise(line, f"other ranks read this checkpoint later: add dist.barrier() after {what} by hand")
             return
-        self.insert_after(anchor, f"{self.BARRIER}  # the file rank 0 saved is read below\n")
+        self.insert_after(anchor, "dist.barrier()  # the file rank 0 saved is read below\n")
         self.changed(line, f"barrier after {what}: other ranks read that checkpoint later")
 
 
-def _hoist_found(stmt: cst.BaseStatement, hoisted: list[ast.expr], names: list[str], values: dict[ast.expr, cst.CSTNode],
-                 condition: str) -> list[cst.BaseStatement]:
+def hoisted_names(anatomy, values: Sequence[ast.expr], taken: set[str]) -> list[str]:
+    """A fresh variable for each hoisted value, after the first call in it that must run on every
+    rank: `evaluate(...)` -> `evaluate_result`, `[round(evaluate(m), 2) for m in ms]` -> `evaluate_results`."""
+    return [fresh_name(anatomy, _hoisted_name(anatomy, value), taken) for value in values]
+
+
+def _hoisted_name(anatomy, value: ast.expr) -> str:
+    calls = [n for n in ast.walk(value) if isinstance(n, ast.Call)]
+    call = next((c for c in calls if must_run_on_every_rank(anatomy, c)), calls[0] if calls else None)
+    stem = identifier(call.func) if call is not None else None
+    plural = isinstance(value, (ast.ListComp, ast.SetComp, ast.DictComp))
+    return f"{stem or 'value'}_result{'s' if plural else ''}"
+
+
+def _hoist_found(stmt: cst.BaseStatement, hoisted: list[ast.expr], names: list[str], values: dict[ast.expr, cst.CSTNode]) -> list[cst.BaseStatement]:
     """`hoisted_then_guarded` with the CST values found; the statement as it was where one wasn't
     (its ast position off, as inside some f-strings): lint then reports the print as left undone."""
     if any(value not in values for value in hoisted):
         return [stmt]
-    return hoisted_then_guarded(stmt, [(values[value], name) for value, name in zip(hoisted, names)], condition)
+    return hoisted_then_guarded(stmt, [(values[value], name) for value, name in zip(hoisted, names)], IS_RANK_ZERO)
+
+
+def hoisted_then_guarded(stmt: cst.BaseStatement, hoists: list[tuple[cst.CSTNode, str]], condition: str) -> list[cst.BaseStatement]:
+    """`print(f"{evaluate(m):.4f}")` -> `evaluate_result = evaluate(m)`, then the statement under
+    `if <condition>:` reading `evaluate_result`; its comments stay above the first assignment."""
+    assigns: list[cst.BaseStatement] = [
+        cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], value)]) for value, name in hoists  # type: ignore[arg-type]
+    ]
+    stmt = stmt.visit(_ReplaceNodes({id(value): cst.Name(name) for value, name in hoists}))  # type: ignore[assignment]
+    assigns[0] = assigns[0].with_changes(leading_lines=getattr(stmt, "leading_lines", ()))
+    return [*assigns, guard([stmt.with_changes(leading_lines=())], condition)]
+
+
+class _ReplaceNodes(cst.CSTTransformer):
+    """Replaces nodes (by identity) in one pass: `deep_replace` copies the nodes around the one it replaces."""
+
+    def __init__(self, new_by_id: dict[int, cst.CSTNode]) -> None:
+        super().__init__()
+        self.new_by_id = new_by_id
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
+        return self.new_by_id.get(id(original_node), updated_node)
 
 
 def _walk_outside(root: ast.AST, skipped: Sequence[ast.AST]) -> Iterator[ast.AST]:
@@ -378,17 +405,17 @@ def _shares_its_line(anatomy, stmt: ast.stmt) -> bool:
                for other in anatomy.block_of(stmt))
 
 
-def _only_on_rank_zero(node: cst.CSTNode, condition: str, elsewhere: str = "None") -> cst.CSTNode:
-    return cst.IfExp(test=parse_expr(condition), body=node, orelse=parse_expr(elsewhere))  # type: ignore[arg-type]
+def _only_on_rank_zero(node: cst.CSTNode, elsewhere: str = "None") -> cst.CSTNode:
+    return cst.IfExp(test=parse_expr(IS_RANK_ZERO), body=node, orelse=parse_expr(elsewhere))  # type: ignore[arg-type]
 
 
-def _with_stand_in(node: cst.CSTNode, shared: Sequence[str], condition: str) -> cst.CSTNode:
+def _with_stand_in(node: cst.CSTNode, shared: Sequence[str]) -> cst.CSTNode:
     """`SummaryWriter()` -> `SummaryWriter() if RANK == 0 else RankZeroStandIn()`, or with attributes
     read: `shared_from_rank_zero(SummaryWriter() if RANK == 0 else None, "log_dir")`."""
     if not shared:
-        return _only_on_rank_zero(node, condition, f"{STAND_IN}()")
+        return _only_on_rank_zero(node, f"{STAND_IN}()")
     names = [cst.Arg(cst.SimpleString(f'"{name}"')) for name in shared]
-    return cst.Call(cst.Name(SHARED_FROM_RANK_ZERO), [cst.Arg(_only_on_rank_zero(node, condition)), *names])  # type: ignore[arg-type]
+    return cst.Call(cst.Name(SHARED_FROM_RANK_ZERO), [cst.Arg(_only_on_rank_zero(node)), *names])  # type: ignore[arg-type]
 
 
 def _attributes_read(anatomy, built: CallSite) -> list[str]:
@@ -418,11 +445,11 @@ def _writers_reaching(anatomy, expr: ast.AST, depth: int = 0) -> set[ast.AST]:
     return {c for value in reaching_values(anatomy, expr) for c in _writers_reaching(anatomy, value, depth + 1)}
 
 
-def _path_on_rank_zero(node: cst.CSTNode, condition: str) -> cst.CSTNode:
+def _path_on_rank_zero(node: cst.CSTNode) -> cst.CSTNode:
     """`open(path, ...)` -> `open(path if RANK == 0 else os.devnull, ...)`."""
     assert isinstance(node, cst.Call)
     first = node.args[0]
-    path = cst.IfExp(test=parse_expr(condition), body=first.value, orelse=parse_expr("os.devnull"))
+    path = cst.IfExp(test=parse_expr(IS_RANK_ZERO), body=first.value, orelse=parse_expr("os.devnull"))
     return node.with_changes(args=[first.with_changes(value=path), *node.args[1:]])
 
 
@@ -432,10 +459,10 @@ def _makedirs_exist_ok(node: cst.CSTNode) -> cst.CSTNode:
     return add_keyword(node.with_changes(func=node.func.with_changes(attr=cst.Name("makedirs"))), "exist_ok", "True")
 
 
-def _with_disable(node: cst.CSTNode, off_rank_zero: str) -> cst.CSTNode:
+def _with_disable(node: cst.CSTNode) -> cst.CSTNode:
     assert isinstance(node, cst.Call)
     for i, arg in enumerate(node.args):
         if arg.keyword and arg.keyword.value == "disable":
-            combined = parse_expr(f"({cst.Module([]).code_for_node(arg.value)}) or {off_rank_zero}")
+            combined = parse_expr(f"({cst.Module([]).code_for_node(arg.value)}) or RANK != 0")
             return node.with_changes(args=[*node.args[:i], arg.with_changes(value=combined), *node.args[i + 1:]])
-    return add_keyword(node, "disable", off_rank_zero)
+    return add_keyword(node, "disable", "RANK != 0")

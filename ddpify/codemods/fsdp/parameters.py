@@ -17,8 +17,7 @@ from ddpify.anatomy.distributed.fsdp import after_shard
 from ddpify.anatomy.distributed.names import FULLY_SHARD
 from ddpify.anatomy.distributed.ranks import rank_guarded
 from ddpify.anatomy.vocabulary import PARAMETER_METHODS
-from ddpify.codemods.base import Transform
-from ddpify.edits.expressions import parse_expr
+from ddpify.codemods.base import Transform, parse_expr
 
 LAYER_PARAMETERS = frozenset({"weight", "bias"})  # what torch.nn layers name their parameters
 RANK_ZERO_CALLS = ("print", "torch.save")
