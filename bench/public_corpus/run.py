@@ -5,7 +5,8 @@ fresh copy of its own:
 
   original  the script itself: python, 1 process, the manifest's argv, bounded by a timeout
   convert   `ddpify convert SCRIPT --to ddp --in-place`: exit code, status (as bench/real_corpus.py
-            judges it) and ddpify's summary line
+            judges it) and ddpify's summary line (or the traceback's last line); for a change, whether
+            every changed file compiles and what `ddpify lint` finds in them
   torchrun  where convert exits 0 and wrote a change: `torchrun --standalone --nproc_per_node=2`
             with OMP_NUM_THREADS=1 and the same argv, every process killed at the timeout;
             finished / crashed (the first failed rank's exception line) / hung (each rank's line),
@@ -13,6 +14,7 @@ fresh copy of its own:
   verify    where convert exits 0: `ddpify verify SCRIPT --to ddp --json -- ARGV`, its verdict
 
 Entries of kind "distributed" (already DDP) are converted only: "nothing to do" is the right answer.
+Single-GPU entries with "runs": false (hard-coded CUDA, or too slow for a CPU) are converted only too.
 Every process sees the shims first on PYTHONPATH (a made-up-data torchvision, and the patches of
 shims/ddpify_corpus_site.py), MPLBACKEND=Agg, and the entry's env.
 
@@ -40,7 +42,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import rebuild  # noqa: E402
-from real_corpus import conversion_status, sources  # noqa: E402
+from real_corpus import conversion_status, lint_findings, sources  # noqa: E402
 from run_converted import BOOTSTRAP, DUMP_AFTER_VARIABLE, DUMP_AT, NPROC, STACK_DIR_VARIABLE, crash, hung_ranks, run_real  # noqa: E402
 
 from ddpify.verify.diagnose import exception_line  # noqa: E402
@@ -60,11 +62,15 @@ class Row:
     convert_exit: int | None = None
     convert: str = ""  # converted | incomplete | nothing | error | incomplete, exit 0 | exit N
     convert_line: str = ""
+    traceback: bool = False  # ddpify itself raised (a Python traceback in its output)
+    compiles: str = "-"  # yes | the files that do not | - (nothing written)
+    lint: str = "-"  # clean | the rule codes found | - (nothing written)
     torchrun: str = "-"  # finished | crashed | hung | - (not run)
     torchrun_detail: str = ""
     verify: str = "-"
     verify_detail: str = ""
     capped: bool = False
+    runs: bool = True  # false: converted only (the script cannot run here)
     seconds: float = 0.0
 
 
@@ -102,13 +108,13 @@ def summary(report: str) -> str:
 
 
 def measure(entry: dict, work: Path, with_verify: bool, timeout: float) -> Row:
-    row = Row(entry["name"], entry.get("kind", "single"), capped="DDPIFY_CORPUS_MAX_STEPS" in entry.get("env", {}))
+    row = Row(entry["name"], entry.get("kind", "single"), capped="DDPIFY_CORPUS_MAX_STEPS" in entry.get("env", {}), runs=entry.get("runs", True))
     started = time.perf_counter()
     limit = float(entry.get("timeout", timeout))
     argv = entry.get("argv", [])
     single = row.kind == "single"
 
-    if single:
+    if single and row.runs:
         folder, script = copy(entry, work / "original")
         done = run_real([sys.executable, script, *argv], folder, environment(entry), limit)
         if done is None:
@@ -129,7 +135,12 @@ def measure(entry: dict, work: Path, with_verify: bool, timeout: float) -> Row:
     row.convert_exit = done.returncode
     row.convert, changed = conversion_status(done.returncode, before, sources(folder), "ddp")
     row.convert_line = summary(done.stdout + done.stderr)
-    if not single or done.returncode != 0 or not changed:
+    row.traceback = "Traceback (most recent call last)" in done.stdout + done.stderr
+    if row.traceback:
+        row.convert_line = exception_line(done.stderr or done.stdout)
+    if changed:
+        row.compiles, row.lint = output_checks(folder, changed)
+    if not single or not row.runs or done.returncode != 0 or not changed:
         return finish(row, started)
 
     bootstrap, stacks = work / "bootstrap", work / "stacks"
@@ -170,6 +181,19 @@ def measure(entry: dict, work: Path, with_verify: bool, timeout: float) -> Row:
     return finish(row, started)
 
 
+def output_checks(folder: Path, changed: list[str]) -> tuple[str, str]:
+    """(compiles, lint) of the files convert wrote: "yes" or the files that do not compile; "clean" or
+    the rule codes `ddpify lint` finds in them."""
+    broken = []
+    for name in changed:
+        try:
+            compile((folder / name).read_text(), name, "exec")
+        except SyntaxError:
+            broken.append(name)
+    found = lint_findings(folder, changed)
+    return (", ".join(broken) or "yes"), (", ".join(sorted(set(found))) or "clean")
+
+
 def finish(row: Row, started: float) -> Row:
     row.seconds = round(time.perf_counter() - started, 1)
     return row
@@ -181,6 +205,7 @@ def totals(rows: list[Row]) -> dict[str, int]:
     ran = [r for r in single if r.torchrun != "-"]
     return {
         "single-GPU entries": len(single),
+        "  of which converted only (cannot run here)": sum(not r.runs for r in single),
         "original runs (exit 0)": sum(r.original == "ok" for r in single),
         "converted, exit 0": sum(r.convert_exit == 0 for r in single),
         "  of which converted (wrap and sampler)": sum(r.convert == "converted" for r in single),
@@ -188,6 +213,10 @@ def totals(rows: list[Row]) -> dict[str, int]:
         "  of which changed without wrap and sampler": sum(r.convert == "incomplete, exit 0" for r in single),
         "incomplete, exit 3": sum(r.convert_exit == 3 for r in single),
         "other convert exits": sum(r.convert_exit not in (0, 3) for r in single),
+        "  of which with a ddpify traceback": sum(r.traceback for r in single),
+        "outputs written": sum(r.compiles != "-" for r in single),
+        "  compile": sum(r.compiles == "yes" for r in single),
+        "  lint clean": sum(r.lint == "clean" for r in single),
         "torchrun runs": len(ran),
         "  finished": sum(r.torchrun == "finished" for r in ran),
         "  crashed": sum(r.torchrun == "crashed" for r in ran),
@@ -200,11 +229,11 @@ def totals(rows: list[Row]) -> dict[str, int]:
 
 
 def table(rows: list[Row]) -> str:
-    lines = ["| entry | original | convert (exit) | torchrun 2 ranks | verify |", "|---|---|---|---|---|"]
+    lines = ["| entry | original | convert (exit) | compiles | lint | torchrun 2 ranks | verify |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        kind = " (already distributed)" if r.kind != "single" else ""
+        kind = " (already distributed)" if r.kind != "single" else "" if r.runs else " (convert only)"
         cap = " (capped)" if r.capped and r.torchrun == "finished" else ""
-        lines.append(f"| `{r.name}`{kind} | {r.original} | {r.convert} ({r.convert_exit}) | {r.torchrun}{cap} | {r.verify} |")
+        lines.append(f"| `{r.name}`{kind} | {r.original} | {r.convert} ({r.convert_exit}) | {r.compiles} | {r.lint} | {r.torchrun}{cap} | {r.verify} |")
     return "\n".join(lines)
 
 
@@ -213,6 +242,7 @@ def details(rows: list[Row]) -> str:
     for r in rows:
         parts = [f"original: {r.original_detail}" if r.original_detail else "",
                  f"convert: {r.convert_line}" if r.convert not in ("converted", "nothing") else "",
+                 f"lint: {r.lint}" if r.lint not in ("-", "clean") else "",
                  f"torchrun: {r.torchrun_detail}" if r.torchrun_detail else "",
                  f"verify: {r.verify_detail}" if r.verify not in ("-", "equivalent") else ""]
         parts = [p for p in parts if p]
