@@ -13,7 +13,7 @@ from ddpify.anatomy.facts import NO_FACTS, ProjectFacts
 from ddpify.codemods.base import Missing, Options
 from ddpify.codemods.pipeline import ConversionResult, run_pipeline
 
-TARGETS = ("ddp", "dp", "fsdp")
+TARGETS = ("ddp", "dp", "fsdp", "accelerate")
 NO_TRAINING = "no training found"
 ALREADY_DISTRIBUTED = "already distributed"
 
@@ -99,5 +99,9 @@ def _transforms(target: str, library: bool):
 
         return FSDP_LIBRARY_TRANSFORMS if library else FSDP_TRANSFORMS
     from ddpify.codemods.dp import DP_TRANSFORMS
+    if target == "accelerate":
+        from ddpify.codemods.accelerate import ACCELERATE_TRANSFORMS
+
+        return ACCELERATE_TRANSFORMS
 
     return DP_TRANSFORMS

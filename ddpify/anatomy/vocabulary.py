@@ -142,6 +142,8 @@ BFLOAT16 = "torch.bfloat16"
 
 
 # ----- optimizers --------------------------------------------------------------------------------
+GRAD_SCALER_STEPS = frozenset({"step", "update", "unscale_"})  # what Accelerate's backward and optimizer do for it
+CLIP_GRAD_NORM = "torch.nn.utils.clip_grad_norm_"  # Accelerate's clip_grad_norm_ unscales fp16 gradients first
 def is_optimizer_constructor(qualname: str) -> bool:
     """`torch.optim.SGD`, `torch.optim.AdamW` (not `torch.optim.lr_scheduler.StepLR`)."""
     return qualname.startswith("torch.optim.") and qualname.count(".") == 2
@@ -235,13 +237,15 @@ def opens_for_writing(a: Anatomy, call: ast.AST) -> bool:
 
 # Libraries that launch and distribute training themselves: scripts built on them are left alone.
 DISTRIBUTING_FRAMEWORKS = {
-    "accelerate.Accelerator": "Accelerate",
+    ACCELERATOR: "Accelerate",
     "lightning.Trainer": "Lightning", "lightning.pytorch.Trainer": "Lightning", "pytorch_lightning.Trainer": "Lightning",
     "lightning.Fabric": "Lightning Fabric", "lightning.fabric.Fabric": "Lightning Fabric",
     "transformers.Trainer": "the Hugging Face Trainer", "transformers.Seq2SeqTrainer": "the Hugging Face Trainer",
     "trl.SFTTrainer": "the Hugging Face Trainer",
     "deepspeed.initialize": "DeepSpeed",
 }
+ACCELERATOR = "accelerate.Accelerator"
+DDP_KWARGS = "accelerate.DistributedDataParallelKwargs"  # the DDP wrap's options, for Accelerator(kwargs_handlers=...)
 
 # Optimizers that scale each step by running gradient statistics: a larger batch calls for about
 # sqrt(k) times their learning rate, where SGD's linear scaling rule asks for k times.

@@ -36,7 +36,7 @@ class ModuleAccess(Transform):
         return any(_reads_through_module(anatomy, lambda expr: may_become_wrapper(anatomy, expr, cls.WRAPPER)))
 
     def plan(self) -> None:
-        if not self.anatomy.calls_to(self.WRAPPER) and not self.anatomy.wrapped_elsewhere:
+        if not self.wraps_here() and not self.anatomy.wrapped_elsewhere:
             return
         for node, whole in _reads_through_module(self.anatomy, self._on_wrapper):
             if whole is not None:
@@ -55,19 +55,31 @@ class ModuleAccess(Transform):
             return True
         return is_wrapper(self.anatomy, expr, self.WRAPPER)
 
+    def wraps_here(self) -> bool:
+        """Does this file wrap a model in the wrapper?"""
+        return bool(self.anatomy.calls_to(self.WRAPPER))
+
+    def inner(self, wrapper: cst.CSTNode) -> cst.CSTNode:
+        """The model inside `wrapper`."""
+        return module_of(wrapper)
+
+    def inner_code(self, name: str) -> str:
+        """How the model inside the wrapper `name` is spelled (in the report)."""
+        return f"{name}.module"
+
     def _unwrap(self, expr: ast.expr) -> None:
-        self.rewrite_expression(expr, module_of)
+        self.rewrite_expression(expr, self.inner)
 
     def _index_module(self, node: ast.Subscript) -> None:
         """`net[0]`: a wrapper has no items (`nn.Sequential`, `nn.ModuleList`), its module has."""
         self._unwrap(node.value)
         name = ast.unparse(node.value)
-        self.changed(node.lineno, f"{name}[...] -> {name}.module[...]")
+        self.changed(node.lineno, f"{name}[...] -> {self.inner_code(name)}[...]")
 
     def _insert_module(self, node: ast.Attribute) -> None:
-        target = node.value
-        self.rewrite_node(node, cst.Attribute, _through_module)
-        self.changed(node.lineno, f"{ast.unparse(target)}.{node.attr} -> {ast.unparse(target)}.module.{node.attr}")
+        target = ast.unparse(node.value)
+        self.rewrite_node(node, cst.Attribute, lambda attr: attr.with_changes(value=self.inner(attr.value)))  # type: ignore[attr-defined]
+        self.changed(node.lineno, f"{target}.{node.attr} -> {self.inner_code(target)}.{node.attr}")
 
 
 def _reads_through_module(a: Anatomy, on_wrapper: Callable[[ast.AST], bool]) -> Iterator[tuple]:
@@ -89,7 +101,3 @@ def module_of(node: cst.CSTNode) -> cst.CSTNode:
     """`model` -> `model.module`: the model inside its wrapper."""
     return cst.Attribute(value=node, attr=cst.Name("module"))  # type: ignore[arg-type]
 
-
-def _through_module(attr: cst.CSTNode) -> cst.CSTNode:
-    assert isinstance(attr, cst.Attribute)
-    return attr.with_changes(value=cst.Attribute(value=attr.value, attr=cst.Name("module")))

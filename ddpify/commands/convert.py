@@ -27,6 +27,7 @@ LAUNCH = {
     "ddp": "torchrun --standalone --nproc_per_node=<GPUS> {path}",
     "dp": "python {path}",
     "fsdp": "torchrun --standalone --nproc_per_node=<GPUS> {path}",
+    "accelerate": "accelerate launch --num_processes=<GPUS> {path}  (or torchrun --standalone --nproc_per_node=<GPUS> {path})",
 }
 
 
@@ -74,8 +75,8 @@ def summary_line(outcomes: Sequence[Outcome]) -> str:
 
 @click.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path, readable=False))
-@click.option("--to", "target", type=click.Choice(["ddp", "dp", "fsdp"]), required=True,
-              help="DistributedDataParallel (torchrun), nn.DataParallel, or FSDP2 fully_shard (torchrun).")
+@click.option("--to", "target", type=click.Choice(["ddp", "dp", "fsdp", "accelerate"]), required=True,
+              help="DistributedDataParallel (torchrun), nn.DataParallel, FSDP2 fully_shard (torchrun), or Hugging Face Accelerate.")
 @click.option("-o", "--output", type=str, default=None, help="Write here instead of <name>_<to>.py ('-' for stdout). One input only.")
 @click.option("--in-place", is_flag=True, help="Overwrite the input files (atomically).")
 @click.option("--diff", "show_diff", is_flag=True, help="Print a unified diff; write nothing.")
@@ -253,6 +254,10 @@ def _emit(item, source, result, job: _Job, launched: bool = True) -> Outcome:
         return _fail(f"{item}: changed on disk while being converted; not overwritten (run again)")
     destination = _destination(item, job)
     launch = LAUNCH[job.target].format(path=destination) if launched else ""
+    if launch and job.target == "accelerate":
+        from ddpify.codemods.accelerate.runtime import install_note
+
+        launch += install_note()
     return _write(destination, lambda: source.encode(result.output), source.mode, job.quiet, launch)
 
 

@@ -16,7 +16,7 @@ from ddpify.verify.runner import Request, verify as verify_pair
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
-@click.option("--to", "target", type=click.Choice(["ddp", "dp", "fsdp"]), required=True,
+@click.option("--to", "target", type=click.Choice(["ddp", "dp", "fsdp", "accelerate"]), required=True,
               help="What the candidate is: DDP (N ranks, torchrun-style) or DataParallel (one process).")
 @click.option("--against", type=click.Path(exists=True, dir_okay=False),
               help="Check this multi-GPU script (e.g. a hand-written port) instead of converting SCRIPT.")

@@ -44,11 +44,15 @@ class NoSyncAccumulation(Transform):
 
     def skip_sync(self, loop: LoopSite, statements: list[ast.stmt], model: str, condition: ast.expr) -> None:
         """Run the forward-to-backward statements without gradient sync unless the condition holds."""
-        context = f"{model}.no_sync() if not ({ast.unparse(condition)}) else contextlib.nullcontext()"
+        context = f"{self.no_sync(model)} if not ({ast.unparse(condition)}) else contextlib.nullcontext()"
         self.add_import("contextlib")
         for stmt in statements:
             self.group_statement(stmt, ("no_sync", loop.line), lambda run: enclose(run, f"with {context}:\n    pass\n"))
-        self.changed(statements[0].lineno, f"accumulation micro-steps run under {model}.no_sync() (one all-reduce per optimizer step)")
+        self.changed(statements[0].lineno, f"accumulation micro-steps run under {self.no_sync(model)} (one all-reduce per optimizer step)")
+
+    def no_sync(self, model: str) -> str:
+        """The context in which `model`'s backward skips the gradient all-reduce."""
+        return f"{model}.no_sync()"
 
     def _step_condition(self, body: list[ast.stmt]) -> ast.expr | None:
         """The test of the `if` (directly in the loop body) that holds `optimizer.step()`."""

@@ -94,6 +94,11 @@ class RankZeroDuties(Transform):
     """Print, log, save and write files on rank 0 only; load checkpoints onto this rank's device."""
 
     NAME = "rank0"
+    # The code the duties are written in (the Accelerate target names its own, ddpify.codemods.accelerate)
+    ON_RANK_ZERO = IS_RANK_ZERO  # holds on rank 0 only
+    OFF_RANK_ZERO = "RANK != 0"  # a progress bar's disable=
+    RANK_DEVICE = RANK_DEVICE  # where torch.load maps tensors
+    BARRIER = "dist.barrier()"
     # Not the samplers' (names of their own, a `set_epoch` at an epoch loop's top) nor `.module`
     # access's (expression rewrites inside statements it guards; an overlap re-plans, Edits.interferes_with).
     SEES_EDITS_OF = ("setup", "device", "dataparallel", "wrap", "shard", "split", "checkpoint", "state_dict",
@@ -164,9 +169,13 @@ class RankZeroDuties(Transform):
         if self._needs_every_rank(stmt):
             return self._hoist_then_guard(stmt, kind)
         self._unwrap_for_rank_zero(stmt)
-        self.guard_statement(stmt, IS_RANK_ZERO)  # a line it shares (`if ok: print(x)`, `a; print(a)`) is spread first
-        self.changed(stmt.lineno, f"{kind} on rank 0 only")
+        self.keep_on_rank_zero(stmt, kind)
         return True
+
+    def keep_on_rank_zero(self, stmt: ast.stmt, kind: str) -> None:
+        """Put an output statement that every rank runs under `if <ON_RANK_ZERO>:`."""
+        self.guard_statement(stmt, self.ON_RANK_ZERO)  # a line it shares (`if ok: print(x)`, `a; print(a)`) is spread first
+        self.changed(stmt.lineno, f"{kind} on rank 0 only")
 
     def _hoist_then_guard(self, stmt: ast.stmt, kind: str) -> bool:
         """`print(f"acc {evaluate(model):.4f}")` where the evaluation may join every rank: it runs on
@@ -179,7 +188,7 @@ class RankZeroDuties(Transform):
         values: dict[ast.expr, cst.CSTNode] = {}
         for value in hoisted:
             self.rewrite_expression(value, lambda node, value=value: values.setdefault(value, node))
-        self.rewrite_statement(stmt, lambda s: _hoist_found(s, hoisted, names, values))
+        self.rewrite_statement(stmt, lambda s: _hoist_found(s, hoisted, names, values, self.ON_RANK_ZERO))
         self._unwrap_for_rank_zero(stmt, keep=hoisted)
         self.changed(stmt.lineno, f"{kind} on rank 0 only, after computing {', '.join(names)} on every rank (work every rank must run)")
         return True
@@ -223,7 +232,7 @@ class RankZeroDuties(Transform):
             if not call.args:  # type: ignore[attr-defined]
                 self.advise(block.lineno, "a file written by every rank around training: write it on rank 0 only by hand")
                 continue
-            self.rewrite_node(call, cst.Call, _path_on_rank_zero)
+            self.rewrite_node(call, cst.Call, lambda node: _path_on_rank_zero(node, self.ON_RANK_ZERO))
             self.add_import("os")
             self.changed(block.lineno, "file written on rank 0 only (the block also trains: other ranks run it writing to os.devnull)")
 
@@ -239,8 +248,8 @@ class RankZeroDuties(Transform):
         self.changed(call.line, "os.makedirs(..., exist_ok=True): every rank makes the directory, none fails because another did first")
 
     def _disable_on_other_ranks(self, call: CallSite) -> None:
-        self.rewrite_node(call.node, cst.Call, _with_disable)
-        self.changed(call.line, "progress bar shown on rank 0 only (disable=RANK != 0)")
+        self.rewrite_node(call.node, cst.Call, lambda node: _with_disable(node, self.OFF_RANK_ZERO))
+        self.changed(call.line, f"progress bar shown on rank 0 only (disable={self.OFF_RANK_ZERO})")
 
     def _build_on_rank_zero(self, call: CallSite) -> None:
         """`writer = SummaryWriter(...)` / `run = wandb.init(...)`: built on rank 0 only. The other
@@ -251,13 +260,13 @@ class RankZeroDuties(Transform):
         name = call.qualname.rsplit(".", 1)[-1]
         shared = _attributes_read(self.anatomy, call)
         if not self._add_stand_in(shared):
-            self.rewrite_node(call.node, cst.Call, _only_on_rank_zero)
+            self.rewrite_node(call.node, cst.Call, lambda node: _only_on_rank_zero(node, self.ON_RANK_ZERO))
             self.changed(call.line, f"{name} created on rank 0 only (None elsewhere; its calls are guarded)")
             if shared:
                 self.advise(call.line, f"other ranks hold None for this {name} but read {', '.join(shared)} of it: "
                                        "compute those on every rank by hand")
             return
-        self.rewrite_node(call.node, cst.Call, lambda node: _with_stand_in(node, shared))
+        self.rewrite_node(call.node, cst.Call, lambda node: _with_stand_in(node, shared, self.ON_RANK_ZERO))
         reads = f"; its {', '.join(shared)} broadcast from rank 0" if shared else ""
         self.changed(call.line, f"{name} created on rank 0 only (a stand-in elsewhere, whose calls do nothing{reads})")
 
@@ -283,8 +292,8 @@ class RankZeroDuties(Transform):
         node: ast.Call = call.node  # type: ignore[assignment]
         if len(node.args) >= 2 or any(kw.arg == "map_location" for kw in node.keywords):
             return
-        self.rewrite_node(node, cst.Call, lambda c: add_keyword(c, "map_location", RANK_DEVICE))
-        self.changed(call.line, f"torch.load(..., map_location={RANK_DEVICE}): tensors land on this rank's device")
+        self.rewrite_node(node, cst.Call, lambda c: add_keyword(c, "map_location", self.RANK_DEVICE))
+        self.changed(call.line, f"torch.load(..., map_location={self.RANK_DEVICE}): tensors land on this rank's device")
 
     def _guard_file_handle(self, assign: ast.Assign) -> None:
         """`f = open(path, "a")`: open, write and close on rank 0 only. A handle kept on an object
@@ -292,7 +301,7 @@ class RankZeroDuties(Transform):
         other ranks' write to os.devnull."""
         handle = self.anatomy.ref(assign.targets[0])
         if handle is not None and handle.name.startswith("self.") and assign.value.args:  # type: ignore[attr-defined]
-            self.rewrite_node(assign.value, cst.Call, _path_on_rank_zero)
+            self.rewrite_node(assign.value, cst.Call, lambda node: _path_on_rank_zero(node, self.ON_RANK_ZERO))
             self.add_import("os")
             self.changed(assign.lineno, "file opened on every rank, written on rank 0 only (os.devnull elsewhere)")
             return
@@ -331,9 +340,9 @@ class RankZeroDuties(Transform):
             return
         self._barriers.add(anchor)
         if _shares_its_line(self.anatomy, anchor) or not runs_on_every_rank(self.anatomy, anchor):
-            self.advise(line, f"other ranks read this checkpoint later: add dist.barrier() after {what} by hand")
+            self.advise(line, f"other ranks read this checkpoint later: add {self.BARRIER} after {what} by hand")
             return
-        self.insert_after(anchor, "dist.barrier()  # the file rank 0 saved is read below\n")
+        self.insert_after(anchor, f"{self.BARRIER}  # the file rank 0 saved is read below\n")
         self.changed(line, f"barrier after {what}: other ranks read that checkpoint later")
 
 
@@ -351,12 +360,13 @@ def _hoisted_name(anatomy, value: ast.expr) -> str:
     return f"{stem or 'value'}_result{'s' if plural else ''}"
 
 
-def _hoist_found(stmt: cst.BaseStatement, hoisted: list[ast.expr], names: list[str], values: dict[ast.expr, cst.CSTNode]) -> list[cst.BaseStatement]:
+def _hoist_found(stmt: cst.BaseStatement, hoisted: list[ast.expr], names: list[str], values: dict[ast.expr, cst.CSTNode],
+                 condition: str) -> list[cst.BaseStatement]:
     """`hoisted_then_guarded` with the CST values found; the statement as it was where one wasn't
     (its ast position off, as inside some f-strings): lint then reports the print as left undone."""
     if any(value not in values for value in hoisted):
         return [stmt]
-    return hoisted_then_guarded(stmt, [(values[value], name) for value, name in zip(hoisted, names)], IS_RANK_ZERO)
+    return hoisted_then_guarded(stmt, [(values[value], name) for value, name in zip(hoisted, names)], condition)
 
 
 def hoisted_then_guarded(stmt: cst.BaseStatement, hoists: list[tuple[cst.CSTNode, str]], condition: str) -> list[cst.BaseStatement]:
@@ -405,17 +415,17 @@ def _shares_its_line(anatomy, stmt: ast.stmt) -> bool:
                for other in anatomy.block_of(stmt))
 
 
-def _only_on_rank_zero(node: cst.CSTNode, elsewhere: str = "None") -> cst.CSTNode:
-    return cst.IfExp(test=parse_expr(IS_RANK_ZERO), body=node, orelse=parse_expr(elsewhere))  # type: ignore[arg-type]
+def _only_on_rank_zero(node: cst.CSTNode, condition: str, elsewhere: str = "None") -> cst.CSTNode:
+    return cst.IfExp(test=parse_expr(condition), body=node, orelse=parse_expr(elsewhere))  # type: ignore[arg-type]
 
 
-def _with_stand_in(node: cst.CSTNode, shared: Sequence[str]) -> cst.CSTNode:
+def _with_stand_in(node: cst.CSTNode, shared: Sequence[str], condition: str) -> cst.CSTNode:
     """`SummaryWriter()` -> `SummaryWriter() if RANK == 0 else RankZeroStandIn()`, or with attributes
     read: `shared_from_rank_zero(SummaryWriter() if RANK == 0 else None, "log_dir")`."""
     if not shared:
-        return _only_on_rank_zero(node, f"{STAND_IN}()")
+        return _only_on_rank_zero(node, condition, f"{STAND_IN}()")
     names = [cst.Arg(cst.SimpleString(f'"{name}"')) for name in shared]
-    return cst.Call(cst.Name(SHARED_FROM_RANK_ZERO), [cst.Arg(_only_on_rank_zero(node)), *names])  # type: ignore[arg-type]
+    return cst.Call(cst.Name(SHARED_FROM_RANK_ZERO), [cst.Arg(_only_on_rank_zero(node, condition)), *names])  # type: ignore[arg-type]
 
 
 def _attributes_read(anatomy, built: CallSite) -> list[str]:
@@ -445,11 +455,11 @@ def _writers_reaching(anatomy, expr: ast.AST, depth: int = 0) -> set[ast.AST]:
     return {c for value in reaching_values(anatomy, expr) for c in _writers_reaching(anatomy, value, depth + 1)}
 
 
-def _path_on_rank_zero(node: cst.CSTNode) -> cst.CSTNode:
+def _path_on_rank_zero(node: cst.CSTNode, condition: str) -> cst.CSTNode:
     """`open(path, ...)` -> `open(path if RANK == 0 else os.devnull, ...)`."""
     assert isinstance(node, cst.Call)
     first = node.args[0]
-    path = cst.IfExp(test=parse_expr(IS_RANK_ZERO), body=first.value, orelse=parse_expr("os.devnull"))
+    path = cst.IfExp(test=parse_expr(condition), body=first.value, orelse=parse_expr("os.devnull"))
     return node.with_changes(args=[first.with_changes(value=path), *node.args[1:]])
 
 
@@ -459,10 +469,10 @@ def _makedirs_exist_ok(node: cst.CSTNode) -> cst.CSTNode:
     return add_keyword(node.with_changes(func=node.func.with_changes(attr=cst.Name("makedirs"))), "exist_ok", "True")
 
 
-def _with_disable(node: cst.CSTNode) -> cst.CSTNode:
+def _with_disable(node: cst.CSTNode, off_rank_zero: str) -> cst.CSTNode:
     assert isinstance(node, cst.Call)
     for i, arg in enumerate(node.args):
         if arg.keyword and arg.keyword.value == "disable":
-            combined = parse_expr(f"({cst.Module([]).code_for_node(arg.value)}) or RANK != 0")
+            combined = parse_expr(f"({cst.Module([]).code_for_node(arg.value)}) or {off_rank_zero}")
             return node.with_changes(args=[*node.args[:i], arg.with_changes(value=combined), *node.args[i + 1:]])
-    return add_keyword(node, "disable", "RANK != 0")
+    return add_keyword(node, "disable", off_rank_zero)

@@ -25,6 +25,7 @@ class SumLossScaling(Transform):
     NAME = "sum_loss"
     SEES_EDITS_OF = ()
 
+    WORLD_SIZE = WORLD_SIZE  # how the script spells the number of processes
     def plan(self) -> None:
         for site in self.anatomy.training_calls:
             call: ast.Call = site.node  # type: ignore[assignment]
@@ -43,12 +44,12 @@ class SumLossScaling(Transform):
         if tokens:
             self.advise(line, f"{tokens}: ranks average their gradients, so a rank with fewer tokens weighs each of them "
                               f"more than one process would (the mean of the ranks' means is not the mean over all tokens); "
-                              f"for the exact token mean, back-propagate this rank's token sum * {WORLD_SIZE} / (the token "
+                              f"for the exact token mean, back-propagate this rank's token sum * {self.WORLD_SIZE} / (the token "
                               f"count all_reduce'd over the ranks)")
         terms = loss_terms(self.anatomy, loss)
         reductions = [sums_over_batch(self.anatomy, t) for t in terms]
         if None in reductions:
-            self.advise(line, f"the loss's reduction is chosen at run time: if it is 'sum', back-propagate loss * {WORLD_SIZE} "
+            self.advise(line, f"the loss's reduction is chosen at run time: if it is 'sum', back-propagate loss * {self.WORLD_SIZE} "
                               f"(ranks average gradients)")
             return
         summed = [t for t, sums in zip(terms, reductions) if sums]
@@ -56,9 +57,9 @@ class SumLossScaling(Transform):
             return
         if len(summed) < len(terms) or cst_type_of(loss) is None:
             self.advise(line, f"the loss adds terms summed over the batch (reduction='sum') to averaged ones: ranks average "
-                              f"gradients, so multiply only the summed terms by {WORLD_SIZE}")
+                              f"gradients, so multiply only the summed terms by {self.WORLD_SIZE}")
             return
         code = ast.unparse(loss)
-        self.rewrite_expression(loss, lambda _: cst.parse_expression(f"({code} * {WORLD_SIZE})"))
+        self.rewrite_expression(loss, lambda _: cst.parse_expression(f"({code} * {self.WORLD_SIZE})"))
         self.changed(line, f"the loss sums over the batch (reduction='sum') and ranks average gradients: backward on "
-                           f"{code} * {WORLD_SIZE} keeps the single-process sum")
+                           f"{code} * {self.WORLD_SIZE} keeps the single-process sum")

@@ -1,0 +1,23 @@
+"""The Accelerate codemod: a single-GPU script made a Hugging Face Accelerate one, in order.
+
+One Accelerator after the imports (process group, device, the script's mixed precision), the
+device it picks, `accelerator.prepare` for the trained models, their optimizers and the training
+loaders, `accelerator.backward`, `accelerator.unwrap_model` for a prepared model's own methods and
+state, and the DDP target's judgements (rank-0 output, accumulation, summed losses, the same
+random_split on every process) written with the Accelerator's calls.
+"""
+
+from ddpify.codemods.accelerate.backward import AcceleratorBackward
+from ddpify.codemods.accelerate.devices import AcceleratorDevice
+from ddpify.codemods.accelerate.gradients import AcceleratorNoSync, AcceleratorSumLoss
+from ddpify.codemods.accelerate.module_access import UnwrapModelAccess
+from ddpify.codemods.accelerate.prepare import PrepareForAccelerator
+from ddpify.codemods.accelerate.rank_zero import AcceleratorRankZero
+from ddpify.codemods.accelerate.setup import AcceleratorSetup
+from ddpify.codemods.ddp.random_split import SameSplitOnEveryRank
+from ddpify.codemods.ddp.wrap import RemoveDataParallel
+
+ACCELERATE_TRANSFORMS = (
+    AcceleratorSetup, AcceleratorDevice, RemoveDataParallel, PrepareForAccelerator, UnwrapModelAccess, SameSplitOnEveryRank,
+    AcceleratorRankZero, AcceleratorNoSync, AcceleratorSumLoss, AcceleratorBackward,
+)

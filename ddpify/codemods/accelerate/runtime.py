@@ -1,0 +1,33 @@
+"""The names an Accelerate conversion writes into a script: one `Accelerator` and what it offers."""
+
+import importlib.util
+
+ACCELERATOR = "accelerator"
+ON_MAIN_PROCESS = f"{ACCELERATOR}.is_main_process"
+OFF_MAIN_PROCESS = f"not {ACCELERATOR}.is_local_main_process"  # a progress bar's disable=: one per machine
+DEVICE = f"{ACCELERATOR}.device"
+WORLD_SIZE = f"{ACCELERATOR}.num_processes"
+BARRIER = f"{ACCELERATOR}.wait_for_everyone()"
+PREPARE = f"{ACCELERATOR}.prepare"
+BACKWARD = f"{ACCELERATOR}.backward"
+CLIP_GRAD_NORM = f"{ACCELERATOR}.clip_grad_norm_"
+UNWRAP_MODEL = f"{ACCELERATOR}.unwrap_model"
+PRINT = f"{ACCELERATOR}.print"
+SAVE = f"{ACCELERATOR}.save"
+NO_SYNC = f"{ACCELERATOR}.no_sync"
+# The script's AMP (autocast, GradScaler) runs on CUDA; Accelerate's fp16 needs a GPU.
+MIXED_PRECISION = '"{dtype}" if torch.cuda.is_available() else "no"'
+INSTALL = 'pip install "ddpify[accelerate]"  (or: pip install "accelerate>=1.0")'
+
+
+def accelerate_installed() -> bool:
+    """Can this Python import accelerate? (Found without importing it: that imports torch.)"""
+    try:
+        return importlib.util.find_spec("accelerate") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def install_note() -> str:
+    """What `convert` says after writing an Accelerate script where accelerate is not installed."""
+    return "" if accelerate_installed() else f"\nnote: running it needs accelerate, which is not installed here: {INSTALL}"

@@ -1,0 +1,68 @@
+"""One `Accelerator`, built once after the imports: it joins the process group torchrun (or
+`accelerate launch`) describes, picks this process's device, and takes the script's AMP.
+
+Mixed precision follows the script's own: a GradScaler or an fp16 autocast gives "fp16", a bf16
+autocast "bf16", only where CUDA is available (as the scripts' AMP is; Accelerate's fp16 needs a
+GPU). A model whose backward may leave parameters without a gradient gets the DDP wrap's
+find_unused_parameters=True through DistributedDataParallelKwargs.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from ddpify.anatomy import Anatomy
+from ddpify.anatomy.syntax import keyword
+from ddpify.anatomy.unused_parameters import may_leave_parameters_unused
+from ddpify.anatomy.vocabulary import ACCELERATOR as ACCELERATOR_CLASS, AUTOCAST, BFLOAT16, DDP_KWARGS, GRAD_SCALER, HALF_DTYPES
+from ddpify.codemods.accelerate.runtime import ACCELERATOR, MIXED_PRECISION
+from ddpify.codemods.base import Transform
+from ddpify.codemods.ddp.setup import _last_leading_import as last_leading_import
+
+
+class AcceleratorSetup(Transform):
+    """Build `accelerator = Accelerator(...)` once, after the script's imports."""
+
+    NAME = "accelerator"
+    SEES_EDITS_OF = ()
+
+    def plan(self) -> None:
+        anchor = last_leading_import(self.anatomy.tree)
+        if anchor is None:
+            self.missing(1, "no Accelerator is built (no top-level `import torch` to put it after)",
+                         "add `accelerator = Accelerator()` after the imports by hand")
+            return
+        module, name = ACCELERATOR_CLASS.rsplit(".", 1)
+        self.add_import("torch")
+        self.add_import(module, name)
+        options = [*self._mixed_precision(), *self._ddp_options()]
+        self.insert_after(anchor, f"\n{ACCELERATOR} = {name}({', '.join(options)})\n")
+        self.changed(anchor.lineno, f"{ACCELERATOR} = {name}({', '.join(options)}): the process group, this process's "
+                                    "device and mixed precision, set up once")
+
+    def _mixed_precision(self) -> list[str]:
+        dtype = amp_dtype(self.anatomy)
+        return [f"mixed_precision={MIXED_PRECISION.format(dtype=dtype)}"] if dtype else []
+
+    def _ddp_options(self) -> list[str]:
+        """find_unused_parameters=True where a backward may leave a model's parameters without a gradient."""
+        if not any(may_leave_parameters_unused(self.anatomy, model) for model in self.anatomy.trained_models):
+            return []
+        module, name = DDP_KWARGS.rsplit(".", 1)
+        self.add_import(module, name)
+        return [f"kwargs_handlers=[{name}(find_unused_parameters=True)]"]
+
+
+def amp_dtype(anatomy: Anatomy) -> str | None:
+    """"fp16" where the script scales its loss or autocasts to fp16, "bf16" where it autocasts to bf16, else None."""
+    if anatomy.calls_to(GRAD_SCALER):
+        return "fp16"
+    dtypes = set()
+    for autocast in anatomy.calls_to(AUTOCAST):
+        given = keyword(autocast.node, "dtype")  # type: ignore[arg-type]
+        dtypes.add(anatomy.qualname(given.value) if given is not None else None)
+    if dtypes & HALF_DTYPES:
+        return "fp16"
+    if BFLOAT16 in dtypes:
+        return "bf16"
+    return "fp16" if dtypes else None  # autocast's default on CUDA is fp16
