@@ -8,25 +8,252 @@ launch, as tests/test_converted_runs.py makes them). A few are verified equivale
 
 from __future__ import annotations
 
-import importlib.util
+import re
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import FIXTURES_DIR  # noqa: E402
 from test_converted_runs import bench, launcher  # noqa: E402
 
+from ddpify.cli import cli  # noqa: E402
+from ddpify.codemods.accelerate import runtime  # noqa: E402
 from ddpify.codemods.pipeline import Status  # noqa: E402
 from ddpify.convert import convert_source  # noqa: E402
 
 TOP_LEVEL = [entry for entry in bench.entries() if "/" not in entry.name]
 
 
-def convert(code: str):
-    return convert_source(textwrap.dedent(code), "accelerate", path="train.py")
+def convert(code: str, **options):
+    return convert_source(textwrap.dedent(code), "accelerate", path="train.py", **options)
+
+
+def flat(code: str) -> str:
+    """The code without its layout (spaces, line breaks, trailing commas): width fitting may lay a statement out again."""
+    return re.sub(r",(?=[)\]])", "", re.sub(r"\s+", "", code))
+
+
+HEAD = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+"""
+DATA = """\
+    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    loader = DataLoader(data, batch_size=8, shuffle=True)
+"""
+
+
+# ===== the shape of the output =================================================================
+def test_a_plain_script_gets_one_accelerator_prepare_and_backward():
+    result = convert(HEAD + """
+def main():
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+""" + DATA + """\
+    model = nn.Linear(8, 2).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+        print(f"epoch {epoch} loss {loss.item():.4f}")
+""")
+    assert result.status is Status.CONVERTED, result.missing
+    assert result.output == HEAD.replace("TensorDataset\n", "TensorDataset\nfrom accelerate import Accelerator, DataLoaderConfiguration\n") + """
+accelerator = Accelerator(
+    cpu=not torch.cuda.is_available(),
+    dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+)
+
+def main():
+    device = accelerator.device
+""" + DATA + """\
+    model = nn.Linear(8, 2).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for epoch in range(2):
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+        accelerator.print(f"epoch {epoch} loss {loss.item():.4f}")
+"""
+
+
+AMP = HEAD + """
+def main():
+    device = "cuda"
+""" + DATA + """\
+    model = nn.Linear(8, 2).to(device)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scaler = torch.cuda.amp.GradScaler()
+    for x, y in loader:
+        optimizer.zero_grad()
+        with torch.autocast(device_type="cuda", dtype=torch.float16):
+            loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+"""
+
+
+def test_a_grad_scaler_becomes_accelerates_fp16():
+    result = convert(AMP)
+    assert result.status is Status.CONVERTED, result.missing
+    out = result.output
+    assert 'mixed_precision="fp16" if torch.cuda.is_available() else "no"' in out
+    assert "scaler" not in out  # built, scaled, unscaled, stepped and updated: all Accelerate's now
+    assert "accelerator.backward(loss)\n        accelerator.clip_grad_norm_(model.parameters(), 1.0)\n        optimizer.step()\n" in out
+    assert 'with torch.autocast(device_type="cuda", dtype=torch.float16):' in out  # the same precision as Accelerate's
+
+
+def test_a_bf16_autocast_gives_bf16():
+    result = convert(AMP.replace("torch.float16", "torch.bfloat16").replace("    scaler = torch.cuda.amp.GradScaler()\n", "")
+                     .replace("scaler.scale(loss).backward()", "loss.backward()").replace("        scaler.unscale_(optimizer)\n", "")
+                     .replace("scaler.step(optimizer)", "optimizer.step()").replace("        scaler.update()\n", ""))
+    assert 'mixed_precision="bf16" if torch.cuda.is_available() else "no"' in result.output
+
+
+def test_a_scaler_saved_in_a_checkpoint_is_left_to_the_user():
+    result = convert(AMP + '    torch.save({"scaler": scaler.state_dict()}, "amp.pt")\n')
+    assert result.status is Status.INCOMPLETE
+    assert any("GradScaler is read elsewhere" in m.what for m in result.missing)
+
+
+def test_accumulation_micro_steps_skip_the_all_reduce():
+    result = convert(HEAD + """
+def main():
+""" + DATA + """\
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(loader):
+        loss = nn.functional.cross_entropy(model(x), y) / 4
+        loss.backward()
+        if (i + 1) % 4 == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+""")
+    assert result.status is Status.CONVERTED, result.missing
+    assert ("        with (\n            accelerator.no_sync(model)\n            if not ((i + 1) % 4 == 0)\n"
+            "            else contextlib.nullcontext()\n        ):\n"
+            "            loss = nn.functional.cross_entropy(model(x), y) / 4\n"
+            "            accelerator.backward(loss)\n") in result.output
+
+
+def test_checkpoints_hold_the_unwrapped_model_and_load_onto_this_device():
+    result = convert(HEAD + """
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+
+    def score(self, x):
+        return self(x).sum()
+
+
+def main():
+""" + DATA + """\
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    torch.save(model.state_dict(), "net.pt")
+    model.load_state_dict(torch.load("net.pt"))
+    print(model.score(x))
+""")
+    assert result.status is Status.CONVERTED, result.missing
+    out = result.output
+    assert 'accelerator.save(accelerator.unwrap_model(model).state_dict(), "net.pt")\n' in out
+    assert "accelerator.wait_for_everyone()  # the file rank 0 saved is read below\n" in out
+    assert flat('accelerator.unwrap_model(model).load_state_dict(torch.load("net.pt", map_location=accelerator.device))') in flat(out)
+    assert "accelerator.print(accelerator.unwrap_model(model).score(x))" in out
+
+
+def test_other_output_runs_on_the_main_process():
+    result = convert(HEAD + """import logging
+from tqdm import tqdm
+
+
+def main():
+""" + DATA + """\
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in tqdm(loader):
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        logging.info("loss %f", loss.item())
+""")
+    assert "tqdm(loader, disable=not accelerator.is_local_main_process)" in result.output
+    assert '        if accelerator.is_main_process:\n            logging.info("loss %f", loss.item())\n' in result.output
+
+
+def test_global_batch_splits_each_batch_over_the_processes():
+    result = convert(HEAD + """
+def main():
+""" + DATA + """\
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+""", batch_size="global")
+    assert flat("DataLoaderConfiguration(use_seedable_sampler=True, split_batches=True)") in flat(result.output)
+
+
+def test_a_loader_without_a_name_is_incomplete():
+    result = convert(HEAD + """
+def main():
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in DataLoader(TensorDataset(torch.randn(8, 8), torch.randint(0, 2, (8,))), batch_size=4):
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+""")
+    assert result.status is Status.INCOMPLETE
+    assert [m.what for m in result.missing] == [
+        "training loader not prepared (it is not bound to a name): every process trains on all of its data"]
+
+
+def test_converting_the_output_again_changes_nothing():
+    once = convert((FIXTURES_DIR / "basic_main.py").read_text())
+    again = convert(once.output)
+    assert again.status is Status.NOTHING_TO_DO and again.output == once.output
+    assert "already distributed by Accelerate" in again.note
+
+
+def test_convert_writes_the_script_and_says_how_to_install_accelerate(tmp_path, monkeypatch):
+    script = tmp_path / "train.py"
+    script.write_text((FIXTURES_DIR / "basic_main.py").read_text())
+    monkeypatch.setattr(runtime, "accelerate_installed", lambda: False)
+    result = CliRunner().invoke(cli, ["convert", str(script), "--to", "accelerate"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "train_accelerate.py").read_text() == convert(script.read_text()).output
+    assert 'note: running it needs accelerate, which is not installed here: pip install "ddpify[accelerate]"' in result.output
+
+
+def test_convert_says_nothing_of_installing_where_accelerate_is(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text((FIXTURES_DIR / "basic_main.py").read_text())
+    result = CliRunner().invoke(cli, ["convert", str(script), "--to", "accelerate"], catch_exceptions=False)
+    assert "launch: accelerate launch --num_processes=<GPUS>" in result.output and "note:" not in result.output
 
 
 # ===== execution ===============================================================================

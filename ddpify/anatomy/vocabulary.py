@@ -246,6 +246,9 @@ DISTRIBUTING_FRAMEWORKS = {
 }
 ACCELERATOR = "accelerate.Accelerator"
 DDP_KWARGS = "accelerate.DistributedDataParallelKwargs"  # the DDP wrap's options, for Accelerator(kwargs_handlers=...)
+LOADER_CONFIG = "accelerate.DataLoaderConfiguration"  # how prepared loaders shuffle and batch, for Accelerator(dataloader_config=...)
+ACCELERATOR = "accelerate.Accelerator"
+DDP_KWARGS = "accelerate.DistributedDataParallelKwargs"  # the DDP wrap's options, for Accelerator(kwargs_handlers=...)
 
 # Optimizers that scale each step by running gradient statistics: a larger batch calls for about
 # sqrt(k) times their learning rate, where SGD's linear scaling rule asks for k times.

@@ -11,7 +11,13 @@ counted per call site so that a loader rebuilt every epoch keeps counting; a pas
 epoch loops keeps the epoch last set, and with no epoch loop known each pass is one more epoch.
 Evaluation loaders are left alone.
 
-Imports torch and the standard library only.
+An Accelerate candidate's prepared loader deals the script's own batches to the ranks instead
+(Accelerate's BatchSamplerShard: batch i to rank i % N, the last ones filled from the start),
+shuffled by use_seedable_sampler's generator (torch's initial seed plus the epoch, which is the
+number of passes the loader completed): AcceleratedBatchSampler rebuilds those with Accelerate's
+own classes, and step k joins every rank's k-th batch.
+
+Imports torch and the standard library only (and accelerate, for an Accelerate candidate).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import sys
 from typing import Callable, Collection
 
+import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
@@ -149,6 +156,41 @@ class AlignedBatchSampler:
             yield [index for indices in slices for index in indices[k * b:(k + 1) * b]]
 
 
+class AcceleratedBatchSampler(AlignedBatchSampler):
+    """Batch sampler of one reference loader of an Accelerate candidate (see the module's docstring);
+    `split`: Accelerator(split_batches=True), which splits each batch over the ranks."""
+
+    def __init__(self, *args, split: bool, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.split = split
+        self.initial_seed = torch.initial_seed()  # what SeedableRandomSampler reads when the loader is prepared
+        self.passes = 0
+
+    def _shards(self, order) -> list:
+        from accelerate.data_loader import BatchSamplerShard
+
+        batches = BatchSampler(order, self.batch_size, self.drop_last)
+        return [BatchSamplerShard(batches, self.world, rank, split_batches=self.split) for rank in range(self.world)]
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.size))
+        generator = torch.Generator()
+        generator.manual_seed(self.initial_seed + self.passes)
+        return torch.randperm(self.size, generator=generator).tolist()
+
+    def _aligned_len(self) -> int:
+        return len(self._shards(range(self.size))[0])
+
+    def __iter__(self):
+        if not self._is_training():
+            yield from self._own_batches()
+            return
+        for step in zip(*self._shards(self._order())):
+            yield [index for batch in step for index in batch]
+        self.passes += 1  # a prepared loader counts its epochs by the passes it completes
+
+
 def _lines_running(path: str) -> set[int]:
     """The lines of file `path` that the stack is running (the loop iterating a loader, and its callers)."""
     lines, frame = set(), sys._getframe(1)
@@ -180,12 +222,14 @@ def _shuffles(arguments: dict) -> bool | None:
 
 
 def align_training_loaders(world: int, batch_mode: str, static_sites: set[tuple[str, int]], recorder,
-                           epoch_loops: dict[tuple[str, int], list[tuple[int, int, int]]] | None = None) -> None:
+                           epoch_loops: dict[tuple[str, int], list[tuple[int, int, int]]] | None = None,
+                           accelerate: bool = False) -> None:
     """Patch DataLoader construction so the reference's training loaders match `world` ranks.
 
     `batch_mode` is "per-gpu" (each rank keeps the script's batch) or "global" (the ranks
     split it); `static_sites` are the (realpath, line) of DataLoader calls known to train, and
-    `epoch_loops` the epoch loops around each one (see LoaderCensus).
+    `epoch_loops` the epoch loops around each one (see LoaderCensus); `accelerate`: the candidate's
+    loaders are Accelerate's (AcceleratedBatchSampler).
     `recorder` receives notes and flags (see harness.Recorder).
     """
     census = LoaderCensus(static_sites, epoch_loops)
@@ -195,7 +239,7 @@ def align_training_loaders(world: int, batch_mode: str, static_sites: set[tuple[
 
     def aligned_init(self, *args, **kwargs):
         arguments = signature.bind(self, *args, **kwargs).arguments
-        sampler = _aligned_sampler(arguments, _call_site(), world, batch_mode, census, recorder)
+        sampler = _aligned_sampler(arguments, _call_site(), world, batch_mode, census, recorder, accelerate)
         if sampler is not None:
             for name in ("batch_size", "shuffle", "sampler", "drop_last"):
                 arguments.pop(name, None)
@@ -206,7 +250,7 @@ def align_training_loaders(world: int, batch_mode: str, static_sites: set[tuple[
 
 
 def _aligned_sampler(arguments: dict, site: tuple[str, int], world: int, batch_mode: str,
-                     census: LoaderCensus, recorder) -> AlignedBatchSampler | None:
+                     census: LoaderCensus, recorder, accelerate: bool) -> AlignedBatchSampler | None:
     """The batch sampler replacing this loader's batching, or None to leave the loader alone."""
     dataset = arguments["dataset"]
     batch_size = arguments.get("batch_size", 1)
@@ -227,11 +271,16 @@ def _aligned_sampler(arguments: dict, site: tuple[str, int], world: int, batch_m
         order = "shuffled" if sampler.shuffle else "in order"
         recorder.flag(RECUT_FLAG, f"{world} ranks x batch {per_rank_batch} = {world * per_rank_batch} samples a step "
                                   f"from the loader at {_where(site)}")
-        recorder.note(f"training loader at {_where(site)}: reference step = {world} ranks x batch {per_rank_batch}, "
-                      f"{order} as DistributedSampler(seed={DISTRIBUTED_SAMPLER_SEED}) with set_epoch per pass")
+        dealt = ("as Accelerate's prepared loader deals the batches (seedable sampler, an epoch per completed pass)" if accelerate
+                 else f"as DistributedSampler(seed={DISTRIBUTED_SAMPLER_SEED}) with set_epoch per pass")
+        recorder.note(f"training loader at {_where(site)}: reference step = {world} ranks x batch {per_rank_batch}, {order} {dealt}")
+        if accelerate:
+            return
         if sampler.size % world:
             recorder.note(f"{sampler.size} samples are not divisible by {world} ranks: DistributedSampler "
                           f"repeats {world - sampler.size % world} of them each epoch (the reference too)")
 
-    return AlignedBatchSampler(site, len(dataset), batch_size, per_rank_batch, bool(arguments.get("drop_last")),
-                               shuffle, world, census, describe)
+    sampler_args = (site, len(dataset), batch_size, per_rank_batch, bool(arguments.get("drop_last")), shuffle, world, census, describe)
+    if accelerate:
+        return AcceleratedBatchSampler(*sampler_args, split=batch_mode == "global")
+    return AlignedBatchSampler(*sampler_args)

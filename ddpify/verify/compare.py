@@ -206,7 +206,8 @@ def _moved_after_wrap_message(detail: str) -> str:
 
 def _not_converted_message(plan: Plan) -> str:
     """The verdict for a candidate whose steps were recorded but never ran a forward through its wrapper."""
-    wrapper = {"dp": "nn.DataParallel", "ddp": "DistributedDataParallel", "fsdp": "a module sharded by fully_shard (or FSDP)"}
+    wrapper = {"dp": "nn.DataParallel", "ddp": "DistributedDataParallel", "fsdp": "a module sharded by fully_shard (or FSDP)",
+               "accelerate": "the DistributedDataParallel that accelerator.prepare wraps it in"}
     return (f"not converted: the candidate never ran a forward through {wrapper[plan.target]}, so it trains as the single "
             f"process does and nothing multi-GPU was exercised, whatever its steps show (wrap the model that "
             f"training calls)")

@@ -475,7 +475,7 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
         epoch_loops: dict = {}
         for line, *loop in plan.reference_epoch_loops:
             epoch_loops.setdefault((script, line), []).append(tuple(loop))
-        align_training_loaders(plan.nproc, plan.batch_mode, static_sites, recorder, epoch_loops)
+        align_training_loaders(plan.nproc, plan.batch_mode, static_sites, recorder, epoch_loops, accelerate=plan.target == "accelerate")
     if role == CANDIDATE:
         watch_wrapper_forwards(recorder, fsdp=plan.target == "fsdp")
         watch_moves_after_wrap(recorder.flag)

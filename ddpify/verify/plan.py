@@ -78,7 +78,7 @@ class Plan:
     @property
     def distributed(self) -> bool:
         """One process per rank under torchrun (DDP, FSDP), as opposed to DataParallel's one process."""
-        return self.target in ("ddp", "fsdp")
+        return self.target in ("ddp", "fsdp", "accelerate")
 
     def splits_batches(self) -> bool:
         """Each batch split over several ranks or replicas: where plain BatchNorm and reduced precision stop matching."""

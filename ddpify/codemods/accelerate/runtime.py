@@ -15,6 +15,9 @@ UNWRAP_MODEL = f"{ACCELERATOR}.unwrap_model"
 PRINT = f"{ACCELERATOR}.print"
 SAVE = f"{ACCELERATOR}.save"
 NO_SYNC = f"{ACCELERATOR}.no_sync"
+# Without a GPU, Accelerate joins torchrun's processes (gloo) only when told to run on the CPU;
+# otherwise each process would train alone, on all of the data.
+ON_CPU = "cpu=not torch.cuda.is_available()"
 # The script's AMP (autocast, GradScaler) runs on CUDA; Accelerate's fp16 needs a GPU.
 MIXED_PRECISION = '"{dtype}" if torch.cuda.is_available() else "no"'
 INSTALL = 'pip install "ddpify[accelerate]"  (or: pip install "accelerate>=1.0")'

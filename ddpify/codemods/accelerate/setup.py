@@ -1,21 +1,24 @@
 """One `Accelerator`, built once after the imports: it joins the process group torchrun (or
 `accelerate launch`) describes, picks this process's device, and takes the script's AMP.
+Without a GPU it is told to run on the CPU (cpu=True), where it joins torchrun's processes over
+gloo; left to itself, each process would train alone on all of the data.
 
 Mixed precision follows the script's own: a GradScaler or an fp16 autocast gives "fp16", a bf16
 autocast "bf16", only where CUDA is available (as the scripts' AMP is; Accelerate's fp16 needs a
 GPU). A model whose backward may leave parameters without a gradient gets the DDP wrap's
-find_unused_parameters=True through DistributedDataParallelKwargs.
+find_unused_parameters=True through DistributedDataParallelKwargs. A shuffled training loader is
+shuffled by use_seedable_sampler's generator (torch's initial seed plus the epoch, the same on
+every process and in every run, so verify can mirror it), and `--batch-size global` splits each
+batch over the processes (split_batches=True).
 """
 
 from __future__ import annotations
 
-import ast
-
 from ddpify.anatomy import Anatomy
 from ddpify.anatomy.syntax import keyword
 from ddpify.anatomy.unused_parameters import may_leave_parameters_unused
-from ddpify.anatomy.vocabulary import ACCELERATOR as ACCELERATOR_CLASS, AUTOCAST, BFLOAT16, DDP_KWARGS, GRAD_SCALER, HALF_DTYPES
-from ddpify.codemods.accelerate.runtime import ACCELERATOR, MIXED_PRECISION
+from ddpify.anatomy.vocabulary import ACCELERATOR as ACCELERATOR_CLASS, AUTOCAST, BFLOAT16, DDP_KWARGS, GRAD_SCALER, HALF_DTYPES, LOADER_CONFIG
+from ddpify.codemods.accelerate.runtime import ACCELERATOR, MIXED_PRECISION, ON_CPU
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.setup import _last_leading_import as last_leading_import
 
@@ -35,7 +38,7 @@ class AcceleratorSetup(Transform):
         module, name = ACCELERATOR_CLASS.rsplit(".", 1)
         self.add_import("torch")
         self.add_import(module, name)
-        options = [*self._mixed_precision(), *self._ddp_options()]
+        options = [ON_CPU, *self._mixed_precision(), *self._loader_options(), *self._ddp_options()]
         self.insert_after(anchor, f"\n{ACCELERATOR} = {name}({', '.join(options)})\n")
         self.changed(anchor.lineno, f"{ACCELERATOR} = {name}({', '.join(options)}): the process group, this process's "
                                     "device and mixed precision, set up once")
@@ -43,6 +46,16 @@ class AcceleratorSetup(Transform):
     def _mixed_precision(self) -> list[str]:
         dtype = amp_dtype(self.anatomy)
         return [f"mixed_precision={MIXED_PRECISION.format(dtype=dtype)}"] if dtype else []
+
+    def _loader_options(self) -> list[str]:
+        """Prepared loaders shuffle by a seeded generator, and split the global batch with --batch-size global."""
+        options = ["use_seedable_sampler=True"] if any(self.anatomy.loader_shuffles(ld) for ld in self.anatomy.train_loaders) else []
+        options += ["split_batches=True"] if self.options.batch_size == "global" else []
+        if not options:
+            return []
+        module, name = LOADER_CONFIG.rsplit(".", 1)
+        self.add_import(module, name)
+        return [f"dataloader_config={name}({', '.join(options)})"]
 
     def _ddp_options(self) -> list[str]:
         """find_unused_parameters=True where a backward may leave a model's parameters without a gradient."""
