@@ -139,11 +139,11 @@ AUTOCAST = "torch.autocast"  # also torch.cuda.amp.autocast and torch.amp.autoca
 GRAD_SCALER = "torch.amp.GradScaler"  # also torch.cuda.amp.GradScaler
 HALF_DTYPES = frozenset({"torch.float16", "torch.half"})  # autocast's dtype=: fp16, which needs loss scaling
 BFLOAT16 = "torch.bfloat16"
+GRAD_SCALER_STEPS = frozenset({"step", "update", "unscale_"})  # what Accelerate's backward and optimizer do for it
+CLIP_GRAD_NORM = "torch.nn.utils.clip_grad_norm_"  # Accelerate's clip_grad_norm_ unscales fp16 gradients first
 
 
 # ----- optimizers --------------------------------------------------------------------------------
-GRAD_SCALER_STEPS = frozenset({"step", "update", "unscale_"})  # what Accelerate's backward and optimizer do for it
-CLIP_GRAD_NORM = "torch.nn.utils.clip_grad_norm_"  # Accelerate's clip_grad_norm_ unscales fp16 gradients first
 def is_optimizer_constructor(qualname: str) -> bool:
     """`torch.optim.SGD`, `torch.optim.AdamW` (not `torch.optim.lr_scheduler.StepLR`)."""
     return qualname.startswith("torch.optim.") and qualname.count(".") == 2
@@ -236,6 +236,9 @@ def opens_for_writing(a: Anatomy, call: ast.AST) -> bool:
     return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and bool(_WRITE_MODES & set(mode.value))
 
 # Libraries that launch and distribute training themselves: scripts built on them are left alone.
+ACCELERATOR = "accelerate.Accelerator"
+DDP_KWARGS = "accelerate.DistributedDataParallelKwargs"  # the DDP wrap's options, for Accelerator(kwargs_handlers=...)
+LOADER_CONFIG = "accelerate.DataLoaderConfiguration"  # how prepared loaders shuffle and batch, for Accelerator(dataloader_config=...)
 DISTRIBUTING_FRAMEWORKS = {
     ACCELERATOR: "Accelerate",
     "lightning.Trainer": "Lightning", "lightning.pytorch.Trainer": "Lightning", "pytorch_lightning.Trainer": "Lightning",
@@ -244,11 +247,6 @@ DISTRIBUTING_FRAMEWORKS = {
     "trl.SFTTrainer": "the Hugging Face Trainer",
     "deepspeed.initialize": "DeepSpeed",
 }
-ACCELERATOR = "accelerate.Accelerator"
-DDP_KWARGS = "accelerate.DistributedDataParallelKwargs"  # the DDP wrap's options, for Accelerator(kwargs_handlers=...)
-LOADER_CONFIG = "accelerate.DataLoaderConfiguration"  # how prepared loaders shuffle and batch, for Accelerator(dataloader_config=...)
-ACCELERATOR = "accelerate.Accelerator"
-DDP_KWARGS = "accelerate.DistributedDataParallelKwargs"  # the DDP wrap's options, for Accelerator(kwargs_handlers=...)
 
 # Optimizers that scale each step by running gradient statistics: a larger batch calls for about
 # sqrt(k) times their learning rate, where SGD's linear scaling rule asks for k times.
