@@ -64,6 +64,7 @@ class WrapModel(Transform):
     NAME = "wrap"
     SEES_EDITS_OF = ("dataparallel",)  # DataParallel calls gone, models rebound
     DUTY = wrap_duty("DistributedDataParallel", "on its device", "model = DDP(model, device_ids=[local_rank])")
+    PLACES_THE_MODEL = False  # does the wrap move the model to this rank's device itself?
 
     def plan(self) -> None:
         models = self.models_to_wrap("DistributedDataParallel")
@@ -94,7 +95,7 @@ class WrapModel(Transform):
         if self.finds_unused(model):
             self.changed(anchor.lineno, f"find_unused_parameters=True: a backward may leave some of {name}'s parameters without a "
                                         "gradient (a branch of its forward, or outputs a step drops)")
-        if not self.anatomy.moved_where_bound(model):
+        if not self.PLACES_THE_MODEL and not self.anatomy.moved_where_bound(model):
             self.advise(model.line, f"{name} is never moved to a GPU; the DDP script will train it on CPU (gloo)")
 
     def _sync_batchnorm(self, model: ModelSite, name: str, line: int) -> str:
