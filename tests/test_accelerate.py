@@ -218,18 +218,42 @@ def main():
     assert flat("DataLoaderConfiguration(use_seedable_sampler=True, split_batches=True)") in flat(result.output)
 
 
-def test_a_loader_without_a_name_is_incomplete():
+def test_a_loader_built_in_an_expression_is_prepared_where_it_is_built():
     result = convert(HEAD + """
+def make_loader(n):
+    return DataLoader(TensorDataset(torch.randn(n, 8), torch.randint(0, 2, (n,))), batch_size=4)
+
+
 def main():
     model = nn.Linear(8, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x, y in DataLoader(TensorDataset(torch.randn(8, 8), torch.randint(0, 2, (8,))), batch_size=4):
+    for x, y in make_loader(16):
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
 """)
+    assert result.status is Status.CONVERTED, result.missing
+    assert flat("return accelerator.prepare(DataLoader(TensorDataset(torch.randn(n, 8), torch.randint(0, 2, (n,))), batch_size=4))") \
+        in flat(result.output)
+
+
+def test_a_loader_call_that_builds_evaluation_loaders_too_is_incomplete():
+    result = convert(HEAD + """
+def make_loader(n):
+    return DataLoader(TensorDataset(torch.randn(n, 8), torch.randint(0, 2, (n,))), batch_size=4)
+
+
+def main():
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in make_loader(16):
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    with torch.no_grad():
+        for x, y in make_loader(8):
+            print(model(x).sum())
+""")
     assert result.status is Status.INCOMPLETE
-    assert [m.what for m in result.missing] == [
-        "training loader not prepared (it is not bound to a name): every process trains on all of its data"]
+    assert [m.what for m in result.missing] == ["training loader not prepared: this DataLoader call builds evaluation loaders too"]
 
 
 def test_converting_the_output_again_changes_nothing():

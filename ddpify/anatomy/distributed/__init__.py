@@ -11,6 +11,8 @@ One module a question, each importing only those above it:
 - `every_rank_work`: collectives and training that every rank must join, told apart from rank-0 output.
 - `samplers`, `randomness`, `launch`: DistributedSamplers; seeding and random draws; environment
   writes, `--local_rank` arguments, the backend, GPU indices and per-node downloads.
+- `seeding`: which global RNGs (torch's, numpy's, Python's) a script seeds, and what each unseeded one
+  costs it: wrong results (FSDP shards, hand-averaged gradients, splits per rank) or reproducibility.
 
 Every function takes an `Anatomy`; whole-script results are cached on it (`per_anatomy`), so rules
 that ask the same question share one answer. Values are followed the way `Anatomy.roles` follows them,

@@ -4,7 +4,7 @@ seeding, spawning and per-node downloads, each a qualified name or a set of them
 
 from __future__ import annotations
 
-from ddpify.anatomy.vocabulary import LEGACY_FSDP
+from ddpify.anatomy.vocabulary import LEGACY_FSDP, RANDOM_FILLS
 
 DIST = "torch.distributed"
 COLLECTIVES = frozenset(
@@ -42,11 +42,35 @@ DOWNLOADERS = frozenset({
 DISTRIBUTED_SAMPLER = "torch.utils.data.DistributedSampler"
 SYNC_BATCHNORM_CONVERT = "torch.nn.SyncBatchNorm.convert_sync_batchnorm"
 SPAWN_CALLS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
-SEED_CALLS = frozenset({
-    "torch.manual_seed", "torch.random.manual_seed", "lightning.seed_everything", "pytorch_lightning.seed_everything",
-    "lightning.pytorch.seed_everything", "transformers.set_seed", "accelerate.utils.set_seed",
-})
 RANDOM_SPLIT = "torch.utils.data.random_split"
-
-
-
+# ----- seeding: the global RNGs, their seeds, their draws -------------------------------------
+TORCH, NUMPY, PYTHON = "torch", "numpy", "random"
+EVERY_RNG = frozenset({TORCH, NUMPY, PYTHON})
+RNG_SEEDERS = {
+    "torch.manual_seed": TORCH, "torch.random.manual_seed": TORCH, "numpy.random.seed": NUMPY, "random.seed": PYTHON,
+}
+SEED_EVERYTHING = frozenset({
+    "lightning.seed_everything", "pytorch_lightning.seed_everything", "lightning.pytorch.seed_everything",
+    "transformers.set_seed", "accelerate.utils.set_seed",
+})
+# numpy.random's names that build or seed a generator instead of drawing from the global one.
+NUMPY_RANDOM = "numpy.random."
+NUMPY_NON_DRAWS = frozenset({
+    "seed", "default_rng", "RandomState", "Generator", "SeedSequence", "get_state", "set_state", "BitGenerator",
+    "PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64",
+})
+PYTHON_DRAWS = frozenset(f"random.{name}" for name in (
+    "random", "randint", "randrange", "choice", "choices", "shuffle", "sample", "uniform", "gauss", "normalvariate",
+    "betavariate", "expovariate", "triangular", "getrandbits", "lognormvariate", "gammavariate",
+))
+# Shuffles whose result, cut in two, splits a data set: the RNG each draws from.
+INDEX_SHUFFLES = {"random.shuffle": PYTHON, "numpy.random.shuffle": NUMPY, "numpy.random.permutation": NUMPY, "torch.randperm": TORCH}
+TRAIN_TEST_SPLIT = "sklearn.model_selection.train_test_split"  # numpy's global RNG unless random_state=
+WEIGHT_INIT = "torch.nn.init."
+RESETS = frozenset({"reset_parameters", "init_weights"}) | RANDOM_FILLS
+# What a script sets when it cares that runs repeat: cudnn's deterministic switch, torch's.
+DETERMINISTIC_FLAG = "torch.backends.cudnn.deterministic"
+DETERMINISTIC_ALGORITHMS = "torch.use_deterministic_algorithms"
+SEED_OPTION = "seed"  # `--seed`, `args.seed`, `config.seed`: a documented switch
+SYNC_MODULE_STATES = "sync_module_states"  # legacy FSDP's broadcast of rank 0's weights
+SEED_CALLS = frozenset(q for q, rng in RNG_SEEDERS.items() if rng == TORCH) | SEED_EVERYTHING  # what seeds torch

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import ast
 
+import libcst as cst
+
 from ddpify.anatomy import LoaderSite, ModelSite
 from ddpify.codemods.accelerate.runtime import PREPARE
 from ddpify.codemods.ddp.wrap import WrapModel
 from ddpify.codemods.duties import data_line, wrap_duty
+from ddpify.edits.expressions import parse_expr
 
 NOT_SHARDED = "the training data is not sharded (found no training DataLoader to prepare): every process trains on all of it"
 
@@ -65,14 +68,19 @@ class PrepareForAccelerator(WrapModel):
         self._add(stmt, ast.unparse(stmt.targets[0]))
 
     def _prepare_loader(self, loader: LoaderSite) -> bool:
+        """A loader bound to a name joins its block's prepare call; one built in an expression (a helper's
+        `return DataLoader(...)`, `for x in DataLoader(...)`) is prepared where it is built."""
         if loader.built_elsewhere or loader.handled_elsewhere or loader.call is None:
             return False
         name = loader.target.name if loader.target is not None else None
-        if name is None or not isinstance(loader.stmt, ast.Assign) or ast.unparse(loader.stmt.targets[0]) != name:
-            self.missing(loader.line, "training loader not prepared (it is not bound to a name): every process trains on all of its data",
-                         f"bind it to a variable and hand it to {PREPARE}(...) by hand")
+        if name is not None and isinstance(loader.stmt, ast.Assign) and ast.unparse(loader.stmt.targets[0]) == name:
+            self._add(loader.stmt, name)
+        elif any(not loop.trains and loader in loop.loaders for loop in self.anatomy.step_loops):
+            self.missing(loader.line, "training loader not prepared: this DataLoader call builds evaluation loaders too",
+                         f"hand only the training loader to {PREPARE}(...) by hand")
             return False
-        self._add(loader.stmt, name)
+        else:
+            self.rewrite_node(loader.call, cst.Call, lambda call: cst.Call(func=parse_expr(PREPARE), args=[cst.Arg(call)]))
         self.changed(loader.line, "training loader prepared: each process draws its own share of the batches, on its device")
         return True
 
