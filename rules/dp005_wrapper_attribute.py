@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.forward import forward_aliases_of, training_method_call
+from ddpify.anatomy.scatter_gather import forward_aliases_of, training_method_call
 from ddpify.anatomy.vocabulary import DP_WRAPPER, wrapper_lacks
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit

@@ -22,7 +22,7 @@ from pathlib import Path
 from ddpify.anatomy.analyzer import ROLE_LOADER, ROLE_MODEL, Anatomy, analyze, any_batchnorm
 from ddpify.anatomy.distributed.every_rank_work import may_do_work_off_rank_zero
 from ddpify.anatomy.facts import EPOCHS, EVALUATES, NO_FACTS, STEPS, Exported, Incoming, ProjectFacts
-from ddpify.anatomy.forward import replica_facts
+from ddpify.anatomy.scatter_gather import replica_facts
 from ddpify.anatomy.search_path import editable_root, extra_roots, installed
 from ddpify.anatomy.sites import CallSite, LoaderSite, ModelSite
 

@@ -8,7 +8,7 @@ batch size is written (`batch_size=4`, `BATCH_SIZE = 4`, or a DataLoader without
 from __future__ import annotations
 
 from ddpify.anatomy import LoaderSite
-from ddpify.anatomy.forward import literal
+from ddpify.anatomy.literals import literal
 from ddpify.codemods.base import Transform
 
 FEW_SAMPLES = 8  # GPUs in a typical multi-GPU machine

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.forward import LossAccess, is_reduced, model_losses, reads_after
+from ddpify.anatomy.forward_losses import LossAccess, is_reduced, model_losses, reads_after
 from ddpify.codemods.base import Transform
 from ddpify.codemods.dp._edits import mean_of
 

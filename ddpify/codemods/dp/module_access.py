@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import DP_WRAPPER
-from ddpify.anatomy.forward import forward_aliases_of, training_method_call
+from ddpify.anatomy.scatter_gather import forward_aliases_of, training_method_call
 from ddpify.codemods.module_access import ModuleAccess
 
 

@@ -7,7 +7,7 @@ steps of the whole batch, not its part of the batch. `pad_packed_sequence` pads 
 output to the longest sequence of its own part, so the outputs differ in length and cannot be
 joined. Neither has a rewrite that is right in general: the conversion is incomplete, with the
 line and what to change by hand. A state that only ever comes out of a wrapped model's earlier call
-(`out, hidden = decoder(x, hidden)`) is left alone (ddpify.anatomy.forward.scatter_misuses).
+(`out, hidden = decoder(x, hidden)`) is left alone (ddpify.anatomy.scatter_gather.scatter_misuses).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import ROLE_MODEL, Anatomy, Ref
-from ddpify.anatomy.forward import ScatterMisuse, model_calls, scatter_misuses
+from ddpify.anatomy.forward_losses import model_calls
+from ddpify.anatomy.scatter_gather import ScatterMisuse, scatter_misuses
 from ddpify.codemods.base import Transform
 
 SCATTER_TODO = ("let forward take it batch-first and transpose it itself (`{0}.transpose(0, 1)`; a hidden state "

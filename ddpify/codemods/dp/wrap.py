@@ -17,7 +17,7 @@ import ast
 from ddpify.anatomy import Anatomy, ModelSite, Ref
 from ddpify.anatomy.analyzer import walk_body
 from ddpify.anatomy.distributed.launch import env_writes
-from ddpify.anatomy.forward import model_gpu_index, model_moves
+from ddpify.anatomy.literals import model_gpu_index, model_moves
 from ddpify.codemods.base import Transform, wrap_duty
 from ddpify.codemods.containers import wrap_each
 
