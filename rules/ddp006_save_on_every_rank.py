@@ -6,16 +6,18 @@ import ast
 
 from ddpify.anatomy.distributed.ranks import runs_on_every_rank
 from ddpify.anatomy import syntax
-from ddpify.anatomy.vocabulary import OPEN_CALLS, SAVE_CALLS, opens_for_writing
+from ddpify.anatomy.output import FILE_WRITTEN, output_kind
+from ddpify.anatomy.vocabulary import OPEN_CALLS, TORCH_SAVE, opens_for_writing
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._cases import guarded_case
 from ddpify.rules._ddp import per_rank_target, rank_zero_guard_fix
 
 class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="error"):
     """## What it does
-    Flags `torch.save(...)`, `numpy.save(...)`, `.save_pretrained(...)` and `open(..., "w")` that
-    run on every rank: not under a rank-0 test, not after an early return of the other ranks, and
-    not in a function only called from such places. Writes to a path that contains the rank
+    Flags `torch.save(...)`, `open(..., "w")` and the other file writers (`numpy.save(...)`,
+    `pickle.dump(...)`, `.savefig(...)`, `.save_pretrained(...)`, ...) that run on every rank: not
+    under a rank-0 test, not after an early return of the other ranks, and not in a function only
+    called from such places. Writes to a path that contains the rank
     (`f"ckpt_{rank}.pt"`) are per-rank on purpose and not reported.
 
     ## Why is this bad?
@@ -54,14 +56,12 @@ class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="
 
 
 def _writes_file(a, site) -> bool:
-    if site.qualname in SAVE_CALLS or syntax.method_name(site.node) == "save_pretrained":
-        return True
-    return opens_for_writing(a, site.node)
+    return output_kind(a, site.node) in (TORCH_SAVE, FILE_WRITTEN) or opens_for_writing(a, site.node)
 
 
 def _path(a, site) -> ast.AST | None:
     """The file (or directory) argument: `torch.save(obj, f)`, `open(file)`, `np.save(file, arr)`, `.save_pretrained(dir)`."""
-    if site.qualname == "torch.save":
+    if site.qualname == TORCH_SAVE:
         return syntax.argument(site.node, 1, "f")
     return syntax.argument(site.node, 0, "file") or syntax.argument(site.node, 0, "save_directory")
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.distributed.every_rank_work import log_level, values_to_compute_first
+from ddpify.anatomy.distributed.every_rank_work import values_to_compute_first
 from ddpify.anatomy.distributed.ranks import rank_guarded, runs_on_every_rank
+from ddpify.anatomy.output import LOG, PROGRESS_BAR, WRITER, is_print, output_kind, rank_zero_object
 from ddpify.anatomy import syntax
-from ddpify.anatomy.vocabulary import INFO_LOG_METHODS, TQDM_CONSTRUCTORS, WRITER_CONSTRUCTORS, is_pure_call
+from ddpify.anatomy.vocabulary import BUILTIN_PRINT, PRINT, is_pure_call
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._cases import guarded_case
 from ddpify.rules._ddp import call_arguments, per_rank_target, rank_zero_guard_fix
@@ -18,7 +19,7 @@ _LOGGER_SETUP_METHODS = frozenset({"setLevel", "addHandler"})
 
 class LogOnEveryRank(Rule, code="DDP007", name="log-on-every-rank", severity="warning"):
     """## What it does
-    Flags `print(...)`, `logging.info(...)`/`logger.info(...)` (debug/info levels),
+    Flags `print(...)` (and a progress bar's `write`), `logging.info(...)`/`logger.info(...)` (debug/info levels),
     `SummaryWriter(...)`, `wandb.init(...)` and `tqdm(...)` without `disable=` that run on every
     rank. Output that names the rank (`print(f"[rank {rank}] ...")`) is per-rank on purpose; a
     logging setup whose level depends on the rank, or that runs on rank 0 only, already silences
@@ -61,7 +62,7 @@ class LogOnEveryRank(Rule, code="DDP007", name="log-on-every-rank", severity="wa
         for site in a.calls:
             call: ast.Call = site.node  # type: ignore[assignment]
             what = _output_kind(a, site, silenced)
-            if what == "print" and print_replaced:
+            if what == PRINT and print_replaced:
                 continue
             if what is None or per_rank_target(a, *call_arguments(call), through_variables=False) or not runs_on_every_rank(a, call):
                 continue
@@ -69,16 +70,18 @@ class LogOnEveryRank(Rule, code="DDP007", name="log-on-every-rank", severity="wa
 
 
 def _output_kind(a, site, logging_silenced: bool) -> str | None:
+    """What rank-0 output (ddpify.anatomy.output) the call makes that this rule reports: a print (a
+    progress bar's write too), a log record, a writer built or a progress bar shown; a writer's and
+    a wandb run's calls are reported where the writer is built, files written by DDP006."""
     call = site.node
-    if site.qualname == "print":
-        return "print"
-    if site.qualname in WRITER_CONSTRUCTORS:
+    kind, keeper = output_kind(a, call), rank_zero_object(a, call)
+    if is_print(kind):
+        return PRINT
+    if keeper == WRITER:
         return site.qualname.rpartition(".")[2]
-    if site.qualname in TQDM_CONSTRUCTORS and syntax.keyword(call, "disable") is None:
-        return "progress bar"
-    if logging_silenced:
-        return None
-    return "log record" if log_level(a, call) in INFO_LOG_METHODS else None
+    if keeper == PROGRESS_BAR and syntax.keyword(call, "disable") is None:
+        return PROGRESS_BAR
+    return "log record" if kind == LOG and not logging_silenced else None
 
 
 def _logging_depends_on_rank(a) -> bool:
@@ -94,15 +97,15 @@ def _logging_depends_on_rank(a) -> bool:
 def _replaces_builtin_print(a) -> bool:
     """`builtins.print = rank_zero_print`: the DETR/DeiT `setup_for_distributed` idiom."""
     return any(
-        isinstance(node, ast.Attribute) and node.attr == "print" and isinstance(node.ctx, ast.Store)
-        and a.qualname(node) == "builtins.print"
+        isinstance(node, ast.Attribute) and node.attr == PRINT and isinstance(node.ctx, ast.Store)
+        and a.qualname(node) == BUILTIN_PRINT
         for node in a.nodes
     )
 
 
 def _fix(a, site, what: str):
     stmt = site.stmt
-    if what not in ("print", "log record") or not (isinstance(stmt, ast.Expr) and stmt.value is site.node):
+    if what not in (PRINT, "log record") or not (isinstance(stmt, ast.Expr) and stmt.value is site.node):
         return None
     hoisted, blocked = values_to_compute_first(a, stmt)
     if blocked:

@@ -958,7 +958,8 @@ class TestRankZero:
                         print("step", step)
                         print("loss", loss.item())
                         logger.info("loss %f", loss.item())
-                        logging.warning("careful")
+                    logging.warning("careful")
+                    if RANK == 0:
                         writer.add_scalar("loss", loss.item(), step)
                     loss.backward()
                 bar = tqdm(range(3), disable=(not verbose) or RANK != 0)

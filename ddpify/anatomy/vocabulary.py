@@ -86,10 +86,13 @@ STATE_DICT_METHODS = frozenset({"state_dict", "load_state_dict"})  # a model's (
 PARAMETER_ATTRIBUTES = frozenset({"weight", "bias"})
 
 
+TORCH_SAVE = "torch.save"
+TORCH_LOAD = "torch.load"
+
 # Calls whose first argument means the model itself: handed a wrapper, they would pickle it (it does
 # not unpickle without a process group) or copy it (a second wrapper, its state_dict keys `module.`).
 WHOLE_MODEL_CALLS = {
-    "torch.save": "saves {}.module (the wrapper does not unpickle without a process group)",
+    TORCH_SAVE: "saves {}.module (the wrapper does not unpickle without a process group)",
     "copy.deepcopy": "copies {}.module (a copy of the wrapper is a second wrapper, its state_dict keys prefixed `module.`)",
 }
 
@@ -157,8 +160,13 @@ def is_scheduler_constructor(qualname: str) -> bool:
 TQDM_CONSTRUCTORS = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm"})
 # Calls that iterate their first argument: `for i, batch in enumerate(tqdm(loader))` iterates `loader`.
 ITERATION_WRAPPERS = frozenset({"enumerate", "iter", "zip", "tqdm"}) | TQDM_CONSTRUCTORS
+PRINT = "print"
+BUILTIN_PRINT = "builtins.print"
+TQDM_WRITE = "tqdm.write"  # a progress bar's print, as a class method (`tqdm.write(...)`) or on a bar
 LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "log"})
 INFO_LOG_METHODS = frozenset({"debug", "info", "log"})  # below WARNING: progress that one rank can report
+WANDB = "wandb."
+WANDB_MEDIA = frozenset({"Table", "Image", "Histogram"})  # wandb.<these>(...) build values to log, not output
 WRITER_CONSTRUCTORS = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter", "wandb.init"})
 
 # ----- rank-0-only output ------------------------------------------------------------------------
@@ -213,7 +221,7 @@ def _names_a_module(a: Anatomy, expr: ast.AST) -> bool:
 
 
 # ----- files -------------------------------------------------------------------------------------
-SAVE_CALLS = frozenset({"torch.save", "numpy.save", "numpy.savez", "numpy.savetxt"})
+SAVE_CALLS = frozenset({TORCH_SAVE, "numpy.save", "numpy.savez", "numpy.savetxt"})
 # Calls that write a file named by an argument: a rank-0 duty under DDP, like `open(path, "w")`.
 FILE_WRITE_CALLS = SAVE_CALLS | frozenset({
     "numpy.savez_compressed", "pickle.dump", "torchvision.utils.save_image", "matplotlib.pyplot.savefig",

@@ -15,19 +15,31 @@ import click
 from ddpify.exit_codes import EXIT_ERROR, EXIT_OK
 from ddpify.sources import Source, SourceError, check_syntax, read_source
 
-# Call qualnames grouped into the side effects a multi-GPU run has to care about.
-_EFFECTS = {
-    "print": lambda q: q == "print",
-    "logging": lambda q: q.startswith("logging.") or q.split(".")[-1] in ("basicConfig", "getLogger") and "logging" in q,
-    "tensorboard": lambda q: "tensorboard" in q or q.startswith("wandb."),
-    "save": lambda q: q == "torch.save",
-    "load": lambda q: q == "torch.load",
-}
+
+def _side_effects(a) -> dict[str, list[int]]:
+    """The lines of the side effects a multi-GPU run has to care about, judged as convert and lint
+    judge output (ddpify.anatomy.output)."""
+    from ddpify.anatomy.output import WANDB_CALL, WRITER, WRITER_CALL, log_level, output_kind, rank_zero_object
+    from ddpify.anatomy.vocabulary import PRINT, TORCH_LOAD, TORCH_SAVE
+
+    effects: dict[str, set[int]] = {"print": set(), "logging": set(), "tensorboard": set(), "save": set(), "load": set()}
+    for call in a.calls:
+        kind = output_kind(a, call.node)
+        found = {
+            "print": kind == PRINT,
+            "logging": log_level(a, call.node) is not None,
+            "tensorboard": kind in (WANDB_CALL, WRITER_CALL) or rank_zero_object(a, call.node) == WRITER,
+            "save": kind == TORCH_SAVE,
+            "load": call.qualname == TORCH_LOAD,
+        }
+        for name in (name for name, yes in found.items() if yes):
+            effects[name].add(call.line)
+    return {name: sorted(lines) for name, lines in effects.items()}
 
 
 def explain_source(text: str, path: str = "<string>", target: str = "ddp") -> dict:
     """The anatomy of `text` as plain data (JSON-ready), plus the changes `--to target` would make."""
-    from ddpify.anatomy import ROLE_LOGGER, ROLE_OPTIMIZER, ROLE_WRITER, analyze
+    from ddpify.anatomy import ROLE_OPTIMIZER, analyze
     from ddpify.anatomy.vocabulary import is_optimizer_constructor
     from ddpify.convert import convert_source
 
@@ -68,11 +80,7 @@ def explain_source(text: str, path: str = "<string>", target: str = "ddp") -> di
     def lines(calls) -> list[int]:
         return sorted({c.line for c in calls})
 
-    effects = {name: lines(c for c in a.calls if test(c.qualname)) for name, test in _EFFECTS.items()}
-    logger_calls = lines(a.calls_on(ROLE_LOGGER))
-    writer_calls = lines(a.calls_on(ROLE_WRITER))
-    effects["logging"] = sorted(set(effects["logging"]) | set(logger_calls))
-    effects["tensorboard"] = sorted(set(effects["tensorboard"]) | set(writer_calls))
+    effects = _side_effects(a)
     backward = lines(c for c in a.calls if c.qualname.endswith(".backward") or c.qualname == "torch.autograd.backward")
     steps = lines(a.calls_on(ROLE_OPTIMIZER, "step"))
     try:

@@ -8,23 +8,15 @@ from __future__ import annotations
 import ast
 from typing import Iterable
 
-from ddpify.anatomy.analyzer import ROLE_LOGGER, ROLE_MODEL, ROLE_WRITER, Anatomy, walk_body
+from ddpify.anatomy.analyzer import ROLE_MODEL, Anatomy, walk_body
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.fsdp import after_shard, is_sharded_model, sharded_origins
 from ddpify.anatomy.distributed.names import COLLECTIVES
 from ddpify.anatomy.distributed.wrappers import is_wrapper
 from ddpify.anatomy.sites import CallSite
-from ddpify.anatomy.syntax import ancestors, argument, contains, method_name
-from ddpify.anatomy.vocabulary import FILE_WRITE_CALLS, FILE_WRITE_METHODS, LOG_METHODS, OPEN_CALLS, is_pure_call
-
-
-def log_level(a: Anatomy, call: ast.AST) -> str | None:
-    """The level of a log call (`logging.info(...)`, `logger.warning(...)`, `logging.getLogger().log(...)`)."""
-    method = method_name(call)
-    if method not in LOG_METHODS:
-        return None
-    func = call.func  # type: ignore[attr-defined]
-    return method if (a.qualname(func) or "").startswith("logging.") or a.has_role(func.value, ROLE_LOGGER) else None
+from ddpify.anatomy.output import is_output_call
+from ddpify.anatomy.syntax import ancestors, argument, contains
+from ddpify.anatomy.vocabulary import is_pure_call
 
 
 @per_anatomy
@@ -73,15 +65,6 @@ def may_do_work_off_rank_zero(a: Anatomy, scope: str) -> bool:
     (or what it calls) make a call that must run on every rank, or call a model, which another file
     can't unwrap? Another file's view of this file's function (`Exported.rank_zero_safe`)."""
     return a.function_contains(scope, lambda n: isinstance(n, ast.Call) and (must_run_on_every_rank(a, n) or calls_model(a, n)))
-
-
-def is_output_call(a: Anatomy, call: ast.Call) -> bool:
-    """`print(...)`, a log record, a TensorBoard writer's or a wandb run's call, a file opened or
-    written: output, not work (opened on every rank, a file for writing would be truncated by each)."""
-    func, qualname = call.func, a.qualname(call.func)
-    if qualname == "print" or qualname in OPEN_CALLS or qualname in FILE_WRITE_CALLS or log_level(a, call) is not None:
-        return True
-    return isinstance(func, ast.Attribute) and (func.attr in FILE_WRITE_METHODS or a.has_role(func.value, ROLE_WRITER))
 
 
 def calls_model(a: Anatomy, call: ast.Call) -> bool:

@@ -1,9 +1,10 @@
 """Transform 8: rank-0 duties. Logs, prints, saves and file writes happen once, not once per GPU.
 
-Statement-level `print`, `logging`/logger calls, SummaryWriter and wandb calls, `tqdm.write`,
-`torch.save` and other file writers (`np.save`, `pickle.dump`, `savefig`, ...), and `with open(...,
-"w")` blocks go under `if RANK == 0:` (a line it shares, `if ok: print(x)` or `a; print(a)`, is put
-one statement a line first); a `with open(..., "w")` block that also trains stays on every
+Statement-level rank-0 output, as ddpify.anatomy.output judges it for lint too (`print`, log
+records below WARNING, SummaryWriter and wandb calls, `tqdm.write`, `torch.save` and other file
+writers: `np.save`, `pickle.dump`, `savefig`, ...), and `with open(..., "w")` blocks go under
+`if RANK == 0:` (a line it shares, `if ok: print(x)` or `a; print(a)`, is put one statement a
+line first); a `with open(..., "w")` block that also trains stays on every
 rank, the others writing to os.devnull; progress bars get `disable=RANK != 0`; a SummaryWriter or
 a wandb run is built on rank 0 only, the other ranks holding a stand-in whose calls do nothing and
 whose attributes the script reads (`writer.log_dir`) are rank 0's; directories are made with
@@ -28,18 +29,18 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from ddpify.anatomy import MODULE_SCOPE, ROLE_PBAR, ROLE_WRITER, CallSite
-from ddpify.anatomy.distributed.every_rank_work import joins_every_rank, log_level, must_run_on_every_rank, values_to_compute_first
+from ddpify.anatomy import MODULE_SCOPE, ROLE_WRITER, CallSite
+from ddpify.anatomy.distributed.every_rank_work import joins_every_rank, must_run_on_every_rank, values_to_compute_first
 from ddpify.anatomy.distributed.ranks import runs_on_every_rank
+from ddpify.anatomy.output import PROGRESS_BAR, WRITER, output_kind, rank_zero_object
 from ddpify.anatomy.distributed.values import calls_running, reaching_values
 from ddpify.anatomy.distributed.wrappers import is_wrapper
 from ddpify.anatomy.analyzer import walk_body
 from ddpify.anatomy.syntax import identifier
 from ddpify.anatomy.vocabulary import (
     DIRECTORY_CREATORS,
-    FILE_WRITE_CALLS,
-    FILE_WRITE_METHODS,
-    TQDM_CONSTRUCTORS,
+    TORCH_LOAD,
+    TORCH_SAVE,
     WRITER_CONSTRUCTORS,
     opens_for_writing,
 )
@@ -110,14 +111,14 @@ class RankZeroDuties(Transform):
         self._stand_in_added = False
         saves = []
         for call in self.anatomy.calls:
-            kind = self._rank_zero_kind(call)
-            if kind and self._guard_call(call, kind) and kind == "torch.save":
+            kind, keeper = output_kind(self.anatomy, call.node), rank_zero_object(self.anatomy, call.node)
+            if kind and self._guard_call(call, kind) and kind == TORCH_SAVE:
                 saves.append(call)
-            elif call.qualname in TQDM_CONSTRUCTORS:
+            elif keeper == PROGRESS_BAR:
                 self._disable_on_other_ranks(call)
-            elif call.qualname in WRITER_CONSTRUCTORS and isinstance(self.anatomy.parents.get(call.node), ast.Assign):
+            elif keeper == WRITER and isinstance(self.anatomy.parents.get(call.node), ast.Assign):
                 self._build_on_rank_zero(call)
-            elif call.qualname == "torch.load":
+            elif call.qualname == TORCH_LOAD:
                 self._map_to_rank_device(call)
             elif call.qualname in DIRECTORY_CREATORS:
                 self._tolerate_existing_directory(call)
@@ -133,27 +134,6 @@ class RankZeroDuties(Transform):
                 self._guard(stmt, "file written")
         for save in saves:
             self._barrier_before_reads(save)
-
-    def _rank_zero_kind(self, call: CallSite) -> str | None:
-        """Why this call is a rank-0 duty: 'print', 'logging', 'tensorboard', 'wandb', 'torch.save'."""
-        q = call.qualname
-        func = call.node.func  # type: ignore[attr-defined]
-        method = func.attr if isinstance(func, ast.Attribute) else None
-        if q in ("print", "torch.save") or q.endswith("tqdm.write"):
-            return q
-        if q in FILE_WRITE_CALLS or method in FILE_WRITE_METHODS:
-            return "file written"
-        if log_level(self.anatomy, call.node):
-            return "logging"
-        if q.startswith("wandb.") and method not in ("Table", "Image", "Histogram"):
-            return "wandb"
-        if method is None:
-            return None
-        if self.anatomy.has_role(func.value, ROLE_WRITER):
-            return "tensorboard/wandb"
-        if method == "write" and self.anatomy.has_role(func.value, ROLE_PBAR):
-            return "print"
-        return None
 
     def _guard_call(self, call: CallSite, kind: str) -> bool:
         stmt = call.stmt
@@ -403,7 +383,7 @@ def _walk_outside(root: ast.AST, skipped: Sequence[ast.AST]) -> Iterator[ast.AST
 
 
 def _loads(anatomy, node: ast.AST) -> bool:
-    return isinstance(node, ast.Call) and anatomy.qualname(node.func) == "torch.load"
+    return isinstance(node, ast.Call) and anatomy.qualname(node.func) == TORCH_LOAD
 
 
 def _shares_its_line(anatomy, stmt: ast.stmt) -> bool:

@@ -2,8 +2,8 @@
 `fully_shard`; the whole value is `model.weight.full_tensor()`.
 
 Gathering is a collective, so it is only written where every rank runs the read (an assignment,
-an expression statement that no rank-0 duty will guard); a read inside a print, a log call or a
-save is reported instead, to be hoisted by hand.
+an expression statement that no rank-0 duty will guard); a read inside rank-0 output (a print, a
+log record, a save: ddpify.anatomy.output) is reported instead, to be hoisted by hand.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from ddpify.anatomy import ROLE_MODEL
 from ddpify.anatomy.distributed.fsdp import after_shard
 from ddpify.anatomy.distributed.names import FULLY_SHARD
 from ddpify.anatomy.distributed.ranks import rank_guarded
+from ddpify.anatomy.output import output_kind
 from ddpify.anatomy.vocabulary import PARAMETER_METHODS
 from ddpify.codemods.base import Transform, parse_expr
 
 LAYER_PARAMETERS = frozenset({"weight", "bias"})  # what torch.nn layers name their parameters
-RANK_ZERO_CALLS = ("print", "torch.save")
 VALUE_READS = frozenset({"tolist", "cpu", "numpy", "item", "flatten", "view", "reshape"})
 
 
@@ -70,7 +70,7 @@ class FullParameters(Transform):
 
     def _gather(self, node: ast.Attribute) -> None:
         stmt = self.anatomy.stmt_of.get(node)
-        if rank_guarded(self.anatomy, node) or any(c.stmt is stmt for c in self.anatomy.calls_to(*RANK_ZERO_CALLS)):
+        if rank_guarded(self.anatomy, node) or any(c.stmt is stmt and output_kind(self.anatomy, c.node) for c in self.anatomy.calls):
             self.advise(node.lineno, f"{ast.unparse(node)} is this rank's shard after fully_shard: assign "
                                      f"{ast.unparse(node)}.full_tensor() on every rank before rank 0 uses it")
             return

@@ -1,0 +1,97 @@
+"""What a script outputs, and which of it rank 0 alone makes under DDP: the one judgement that the
+rank-0 transform (codemods/ddp/rank_zero.py), the lint rules DDP006 and DDP007, the FSDP
+transforms and `ddpify explain` all ask, so that convert guards exactly what lint reports.
+
+Rank-0 output is a print (and a progress bar's `write`), a log record below WARNING (a warning or
+an error tells what one rank saw: each rank keeps its own), a wandb call or a TensorBoard writer's,
+and a file written (`torch.save`, `np.save`, `pickle.dump`, `.savefig`, ...). Writers and progress
+bars are objects rank 0 alone keeps (`rank_zero_object`): built on rank 0 only, or shown there.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING
+
+from ddpify.anatomy.syntax import method_name
+from ddpify.anatomy import ROLE_LOGGER, ROLE_PBAR, ROLE_WRITER
+from ddpify.anatomy.vocabulary import (
+    FILE_WRITE_CALLS,
+    FILE_WRITE_METHODS,
+    INFO_LOG_METHODS,
+    LOG_METHODS,
+    OPEN_CALLS,
+    PRINT,
+    TORCH_SAVE,
+    TQDM_CONSTRUCTORS,
+    TQDM_WRITE,
+    WANDB,
+    WANDB_MEDIA,
+    WRITER_CONSTRUCTORS,
+)
+
+if TYPE_CHECKING:
+    from ddpify.anatomy import Anatomy
+
+# The kinds of rank-0 output (`output_kind`); a progress bar's class-level write is named by its
+# qualname (`tqdm.tqdm.write`), and a bar's own `write` is a print.
+LOG = "logging"
+WANDB_CALL = "wandb"
+WRITER_CALL = "tensorboard/wandb"
+FILE_WRITTEN = "file written"
+# The kinds of objects rank 0 alone keeps (`rank_zero_object`).
+WRITER = "writer"
+PROGRESS_BAR = "progress bar"
+
+
+def log_level(a: Anatomy, call: ast.AST) -> str | None:
+    """The level of a log call (`logging.info(...)`, `logger.warning(...)`, `logging.getLogger().log(...)`)."""
+    method = method_name(call)
+    if method not in LOG_METHODS:
+        return None
+    func = call.func  # type: ignore[attr-defined]
+    return method if (a.qualname(func) or "").startswith("logging.") or a.has_role(func.value, ROLE_LOGGER) else None
+
+
+def output_kind(a: Anatomy, call: ast.AST) -> str | None:
+    """Is `call` output that rank 0 alone makes under DDP, and which: PRINT, TORCH_SAVE, a
+    `tqdm.write`'s qualname, FILE_WRITTEN, LOG, WANDB_CALL or WRITER_CALL; None when it is not (a
+    warning or an error logged, a wandb.Image built, work)."""
+    if not isinstance(call, ast.Call):
+        return None
+    q = a.qualname(call.func) or ""
+    method = method_name(call)
+    if q in (PRINT, TORCH_SAVE) or q.endswith(TQDM_WRITE):
+        return q
+    if q in FILE_WRITE_CALLS or method in FILE_WRITE_METHODS:
+        return FILE_WRITTEN
+    level = log_level(a, call)
+    if level is not None:
+        return LOG if level in INFO_LOG_METHODS else None
+    if q.startswith(WANDB) and method not in WANDB_MEDIA:
+        return WANDB_CALL
+    if method is None:
+        return None
+    if a.has_role(call.func.value, ROLE_WRITER):  # type: ignore[attr-defined]
+        return WRITER_CALL
+    return PRINT if method == "write" and a.has_role(call.func.value, ROLE_PBAR) else None  # type: ignore[attr-defined]
+
+
+def is_print(kind: str | None) -> bool:
+    """Is this output kind a print: `print(...)`, a progress bar's `write`?"""
+    return kind is not None and (kind == PRINT or kind.endswith(TQDM_WRITE))
+
+
+def rank_zero_object(a: Anatomy, call: ast.AST) -> str | None:
+    """Does `call` build an object whose output rank 0 alone makes: WRITER (`SummaryWriter(...)`,
+    `wandb.init(...)`) or PROGRESS_BAR (`tqdm(...)`)?"""
+    q = a.qualname(call.func) if isinstance(call, ast.Call) else None
+    if q in WRITER_CONSTRUCTORS:
+        return WRITER
+    return PROGRESS_BAR if q in TQDM_CONSTRUCTORS else None
+
+
+def is_output_call(a: Anatomy, call: ast.Call) -> bool:
+    """Output, not work: rank-0 output, a log record at any level, a file opened (opened on every
+    rank, a file for writing would be truncated by each)."""
+    return output_kind(a, call) is not None or log_level(a, call) is not None or a.qualname(call.func) in OPEN_CALLS
