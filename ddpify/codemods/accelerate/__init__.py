@@ -10,6 +10,7 @@ random_split on every process) written with the Accelerator's calls.
 from ddpify.codemods.accelerate.backward import AcceleratorBackward
 from ddpify.codemods.accelerate.devices import AcceleratorDevice
 from ddpify.codemods.accelerate.gradients import AcceleratorNoSync, AcceleratorSumLoss
+from ddpify.codemods.accelerate.library import ModuleWithoutAccelerator
 from ddpify.codemods.accelerate.module_access import UnwrapModelAccess
 from ddpify.codemods.accelerate.prepare import PrepareForAccelerator
 from ddpify.codemods.accelerate.rank_zero import AcceleratorRankZero
@@ -21,3 +22,5 @@ ACCELERATE_TRANSFORMS = (
     AcceleratorSetup, AcceleratorDevice, RemoveDataParallel, PrepareForAccelerator, UnwrapModelAccess, SameSplitOnEveryRank,
     AcceleratorRankZero, AcceleratorNoSync, AcceleratorSumLoss, AcceleratorBackward,
 )
+# A module the entry imports: no Accelerator of its own (ddpify.codemods.accelerate.library).
+ACCELERATE_LIBRARY_TRANSFORMS = tuple(t for t in ACCELERATE_TRANSFORMS if t is not AcceleratorSetup) + (ModuleWithoutAccelerator,)
