@@ -104,6 +104,23 @@ def nanogpt_char(folder: Path) -> None:
         pickle.dump({"vocab_size": len(vocabulary), "itos": dict(enumerate(vocabulary)), "stoi": stoi}, f)
 
 
+def images(folder: Path, step: dict, seed: int) -> None:
+    """step["count"] seeded random images of step["size"] (width, height) in `folder`, named
+    0000{tail}.{suffix}, ...: RGB, or with "mask" two-valued (0/255) greyscale segmentation masks."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    width, height = step["size"]
+    for index in range(step["count"]):
+        if step.get("mask"):
+            image = Image.fromarray((rng.random((height, width)) < 0.5).astype(np.uint8) * 255, mode="L")
+        else:
+            image = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+        image.save(folder / f"{index:04d}{step.get('tail', '')}.{step.get('suffix', 'jpg')}")
+
+
 def make(step: dict, target: Path, seed: int) -> None:
     if "dir" in step:
         (target / step["dir"]).mkdir(parents=True, exist_ok=True)
@@ -111,6 +128,8 @@ def make(step: dict, target: Path, seed: int) -> None:
         path = target / (step.get("words") or step["chars"])
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(words(step["count"], seed) if "words" in step else chars(step["count"], seed))
+    elif "images" in step:
+        images(target / step["images"], step, seed)
     elif "nanogpt_char" in step:
         nanogpt_char(target / step["nanogpt_char"])
     elif "cora" in step:  # the made-up Cora the shim serves for cora.tgz downloads, unpacked
