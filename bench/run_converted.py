@@ -1,6 +1,6 @@
 """Run every fixture's converted output to the end: DDP and FSDP on 2 ranks under torchrun, DP as python.
 
-    python bench/run_converted.py [--targets ddp fsdp dp] [--only NAME ...] [--jobs N] [--timeout S]
+    python bench/run_converted.py [--targets ddp fsdp dp accelerate] [--only NAME ...] [--jobs N] [--timeout S]
 
 Every fixture (fixtures/*.py, fixtures/fsdp/, fixtures/real/ scripts and project folders,
 fixtures/projects/) is converted with each target by ddpify.project_conversion.convert_entry (the entry and
@@ -46,6 +46,7 @@ FIXTURES = ROOT / "fixtures"
 RANK_PREFIX = re.compile(r"^\[rank(\d+)\]: ?")
 MAIN_BLOCK = re.compile(r"^if __name__ == [\"']__main__[\"']", re.M)
 TARGETS = ("ddp", "fsdp", "dp")
+ON_REQUEST = ("accelerate",)  # run with --targets only (tests/test_accelerate.py runs the top-level fixtures)
 NPROC = 2
 TIMEOUT_S = 120.0
 DUMP_AT = 0.6  # the stacks are dumped at this part of the timeout after a process starts (it starts late)
@@ -237,7 +238,7 @@ def line(outcome: Outcome) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
+    parser.add_argument("--targets", nargs="+", choices=TARGETS + ON_REQUEST, default=list(TARGETS))
     parser.add_argument("--only", nargs="+", metavar="NAME", help="fixtures to run (basic_main, real/vae, projects/classic, ...)")
     parser.add_argument("--jobs", type=int, default=1, help="launches at once")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds before a launch counts as hung")
