@@ -58,7 +58,7 @@ from ddpify.convert import TARGETS, convert_source, lint_leftovers  # noqa: E402
 
 BREAKDOWN = {  # what the profile reports: label -> (file suffix, function name), cumulative seconds
     "analyze (anatomy)": ("ddpify/anatomy/analyzer.py", "analyze"),
-    "CST passes": ("ddpify/codemods/base.py", "apply"),
+    "CST passes": ("ddpify/edits/engine.py", "apply"),
     "  of which positions": ("libcst/metadata/wrapper.py", "resolve"),
     "codegen (.code)": ("libcst/_nodes/module.py", "code"),
     "imports added": ("ddpify/codemods/imports.py", "add_imports"),

@@ -10,8 +10,9 @@ import os
 
 from ddpify.anatomy import Anatomy, ScriptKind, analyze
 from ddpify.anatomy.facts import NO_FACTS, ProjectFacts
-from ddpify.codemods.base import Missing, Options
+from ddpify.codemods.options import Options
 from ddpify.codemods.pipeline import ConversionResult, run_pipeline
+from ddpify.codemods.report import Missing
 
 TARGETS = ("ddp", "dp", "fsdp", "accelerate")
 NO_TRAINING = "no training found"

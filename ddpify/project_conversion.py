@@ -26,8 +26,8 @@ from typing import Iterable
 
 from ddpify.anatomy import analyze
 from ddpify.anatomy.project import Project, import_roots, is_entry_point, within
-from ddpify.codemods.base import Missing
 from ddpify.codemods.pipeline import ConversionResult, Status
+from ddpify.codemods.report import Missing
 from ddpify.convert import ALREADY_DISTRIBUTED, NO_TRAINING
 from ddpify.sources import Source, SourceError, check_syntax, iter_python_files, mentions_torch, read_source, write_atomic
 

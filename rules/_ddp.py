@@ -10,14 +10,13 @@ from __future__ import annotations
 import ast
 from typing import Sequence
 
-from ddpify.anatomy import Anatomy, Pos
+from ddpify.anatomy import Anatomy, Pos, syntax
+from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.ranks import is_rank_zero_test, mentions_rank, spawn_workers
 from ddpify.anatomy.distributed.values import assignments
-from ddpify.anatomy import syntax
-from ddpify.anatomy.cache import per_anatomy
-from ddpify.codemods.base import first_in_body, guard, parse_statements, remove_keyword
-from ddpify.codemods.ddp.rank_zero import hoisted_names, hoisted_then_guarded
-from ddpify.codemods.module_access import module_of
+from ddpify.edits.expressions import module_of, remove_keyword
+from ddpify.edits.hoist import hoisted_names, hoisted_then_guarded
+from ddpify.edits.statements import first_in_body, guard, parse_statements
 from ddpify.lint import Edit, Fix
 from ddpify.lint.cst_fixes import expression_edit, statement_edit, statement_edit_with
 

@@ -6,7 +6,7 @@ import ast
 from typing import Iterable
 
 from ddpify.anatomy import MODULE_SCOPE, Anatomy, CallSite
-from ddpify.codemods.base import add_keyword
+from ddpify.edits.expressions import add_keyword
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit
 

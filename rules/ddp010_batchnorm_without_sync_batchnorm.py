@@ -5,11 +5,10 @@ from __future__ import annotations
 import ast
 import re
 
-from ddpify.anatomy import ROLE_MODEL
+from ddpify.anatomy import ROLE_MODEL, syntax
 from ddpify.anatomy.distributed.names import SYNC_BATCHNORM_CONVERT
 from ddpify.anatomy.distributed.wrappers import model_origins, wrap_calls, wrapped_module
-from ddpify.anatomy import syntax
-from ddpify.codemods.ddp.wrap import sync_batchnorm_of
+from ddpify.edits.expressions import sync_batchnorm_of
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit
 

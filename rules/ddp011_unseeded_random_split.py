@@ -6,7 +6,7 @@ import ast
 
 from ddpify.anatomy import syntax
 from ddpify.anatomy.distributed.randomness import unseeded_random_splits
-from ddpify.codemods.ddp.random_split import with_seeded_generator
+from ddpify.edits.expressions import with_seeded_generator
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ast
 
+from ddpify.anatomy import syntax
 from ddpify.anatomy.distributed.ranks import conditions_on, is_rank_test, rank_guarded
 from ddpify.anatomy.distributed.values import assignments, reaching_values
-from ddpify.anatomy import syntax
-from ddpify.codemods.base import guard
+from ddpify.edits.statements import guard
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import statement_edit
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from ddpify.anatomy.forward import DeviceUse, hardcoded_devices, input_name
-from ddpify.codemods.base import parse_expr
-from ddpify.codemods.dp.devices import cuda_to
+from ddpify.edits.expressions import cuda_to, parse_expr
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit, statement_edit
 from ddpify.rules._dp import HEAD, dp_replica_forwards

@@ -6,7 +6,7 @@ import ast
 from typing import Iterator
 
 from ddpify.anatomy.forward_losses import LossAccess, is_reduced, model_losses, reads_after
-from ddpify.codemods.dp._edits import mean_of
+from ddpify.edits.expressions import mean_of
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit
 from ddpify.rules._dp import is_dp_wrapper

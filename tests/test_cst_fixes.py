@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ddpify.anatomy import analyze
-from ddpify.codemods.base import guard
+from ddpify.edits.statements import guard
 from ddpify.lint import engine
 from ddpify.lint.cst_fixes import statement_edit
 from ddpify.lint.engine import Options, check_text, fix_text

@@ -22,11 +22,11 @@ from click.testing import CliRunner
 
 from ddpify.anatomy import ScriptKind, analyze
 from ddpify.cli import cli
-from ddpify.codemods.base import Options
 from ddpify.codemods.ddp import DistributedSetup, RankDevices, RemoveDataParallel, WrapModel
+from ddpify.codemods.ddp.runtime import RELEASE_COMMENT
+from ddpify.codemods.options import Options
 from ddpify.codemods.pipeline import run_pipeline
 from ddpify.convert import convert_source
-from ddpify.codemods.ddp.runtime import RELEASE_COMMENT
 
 try:
     from helpers import FIXTURES_DIR, REPO_ROOT, failure_report, run_ddpify, run_script

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddpify.anatomy import analyze
-from ddpify.codemods.base import Options
+from ddpify.codemods.options import Options
 from ddpify.codemods.ddp import (
     DDP_TRANSFORMS,
     DDPModuleAccess,

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpify.codemods.base import Options
 from ddpify.codemods.dp import DP_TRANSFORMS, MeanLoss
+from ddpify.codemods.options import Options
 from ddpify.codemods.pipeline import run_pipeline
 from ddpify.convert import convert_source
 

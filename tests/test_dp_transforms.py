@@ -6,7 +6,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext, CodemodTest
 
 from ddpify.anatomy import analyze
-from ddpify.codemods.base import Options
+from ddpify.codemods.options import Options
 from ddpify.codemods.dp import (
     DP_TRANSFORMS,
     BatchSizeAdvice,

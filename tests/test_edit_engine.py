@@ -1,4 +1,4 @@
-"""The edit pass (codemods/base.py `Edits`, `_EditApplier`) on statements it used to skip: bodies on
+"""The edit pass (edits/engine.py `Edits`, `_EditApplier`) on statements it used to skip: bodies on
 their compound statement's line are spread one statement a line, and an edit the pass still cannot
 make is a missing item of the conversion, never silently dropped."""
 
@@ -9,9 +9,11 @@ import textwrap
 
 import pytest
 
-from ddpify.codemods.base import Edits, Options, Transform
+from ddpify.codemods.base import Transform
+from ddpify.codemods.options import Options
 from ddpify.codemods.pipeline import Status, run_pipeline
 from ddpify.convert import convert_source
+from ddpify.edits.engine import Edits
 
 
 class _NoteBeforeY(Transform):

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from ddpify.codemods.base import Advice, Change, Missing
 from ddpify.codemods.pipeline import ConversionResult
+from ddpify.codemods.report import Advice, Change, Missing
 from ddpify.convert import convert_source
 from ddpify.review import markdown_summary
 

@@ -15,7 +15,7 @@ from typing import Sequence
 import libcst as cst
 from libcst.helpers import get_absolute_module_from_package_for_import
 
-from ddpify.codemods.base import Import
+from ddpify.codemods.report import Import
 
 
 @dataclass

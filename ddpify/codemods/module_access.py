@@ -17,7 +17,9 @@ import libcst as cst
 from ddpify.anatomy import ROLE_MODEL, Anatomy
 from ddpify.anatomy.distributed.wrappers import is_wrapper, may_become_wrapper
 from ddpify.anatomy.vocabulary import WHOLE_MODEL_CALLS, reads_through_module
-from ddpify.codemods.base import Options, Transform
+from ddpify.codemods.base import Transform
+from ddpify.codemods.options import Options
+from ddpify.edits.expressions import module_of
 
 
 class ModuleAccess(Transform):
@@ -95,9 +97,3 @@ def _reads_through_module(a: Anatomy, on_wrapper: Callable[[ast.AST], bool]) -> 
         whole = call.node.args[0] if call.node.args else None  # type: ignore[attr-defined]
         if isinstance(whole, (ast.Name, ast.Attribute)) and on_wrapper(whole):
             yield call, whole
-
-
-def module_of(node: cst.CSTNode) -> cst.CSTNode:
-    """`model` -> `model.module`: the model inside its wrapper."""
-    return cst.Attribute(value=node, attr=cst.Name("module"))  # type: ignore[arg-type]
-

@@ -22,10 +22,14 @@ import libcst as cst
 
 from ddpify.anatomy import Anatomy, analyze
 from ddpify.anatomy.facts import NO_FACTS, ProjectFacts
-from ddpify.codemods.base import Advice, Change, Duty, Edits, Import, Missing, Options, Report, Transform
+from ddpify.codemods.base import Transform
 from ddpify.codemods.codegen import Renderer
+from ddpify.codemods.duties import Duty
 from ddpify.codemods.imports import add_imports
+from ddpify.codemods.options import Options
+from ddpify.codemods.report import Advice, Change, Import, Missing, Report
 from ddpify.codemods.width import fit_to_width, width_limit
+from ddpify.edits.engine import Edits
 
 
 class Status(enum.Enum):

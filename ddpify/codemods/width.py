@@ -25,7 +25,7 @@ from typing import Iterator, Mapping, Sequence
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from ddpify.codemods.base import one_statement_a_line
+from ddpify.edits.statements import one_statement_a_line
 
 PEP8_WIDTH = 79
 _MAX_OPENED = 8  # calls opened per statement at the most

@@ -22,8 +22,9 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpify.anatomy import Anatomy, Pos
 from ddpify.anatomy.cache import per_anatomy
-from ddpify.codemods.base import (Key, Span, StatementRewrite, compound_bodies, keep_leading_lines, one_statement_a_line,
-                                  parse_expr, spans_in_place)
+from ddpify.edits.expressions import parse_expr
+from ddpify.edits.positions import Key, Span, spans_in_place
+from ddpify.edits.statements import StatementRewrite, compound_bodies, keep_leading_lines, one_statement_a_line
 from ddpify.lint.fixes import LineIndex
 from ddpify.lint.rule import Edit
 

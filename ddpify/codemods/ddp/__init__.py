@@ -3,15 +3,15 @@
 from ddpify.codemods.ddp.devices import RankDevices
 from ddpify.codemods.ddp.evaluation import EvaluationSharding, ReducedLossPrints
 from ddpify.codemods.ddp.library import LibraryRuntime
+from ddpify.codemods.ddp.module_access import DDPModuleAccess
+from ddpify.codemods.ddp.no_sync import NoSyncAccumulation
+from ddpify.codemods.ddp.noise import NoiseOfEachRank
+from ddpify.codemods.ddp.per_node import PerNodeDownloads
 from ddpify.codemods.ddp.random_split import SameSplitOnEveryRank
 from ddpify.codemods.ddp.rank_zero import RankZeroDuties
 from ddpify.codemods.ddp.samplers import DistributedSamplers
 from ddpify.codemods.ddp.setup import DistributedSetup
 from ddpify.codemods.ddp.sum_loss import SumLossScaling
-from ddpify.codemods.ddp.module_access import DDPModuleAccess
-from ddpify.codemods.ddp.no_sync import NoSyncAccumulation
-from ddpify.codemods.ddp.noise import NoiseOfEachRank
-from ddpify.codemods.ddp.per_node import PerNodeDownloads
 from ddpify.codemods.ddp.wrap import RemoveDataParallel, WrapModel
 
 DDP_TRANSFORMS = (

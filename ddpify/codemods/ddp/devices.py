@@ -15,8 +15,9 @@ import re
 import libcst as cst
 
 from ddpify.anatomy.distributed.launch import holds_integer
-from ddpify.codemods.base import Transform, parse_expr
+from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import LOCAL_RANK
+from ddpify.edits.expressions import parse_expr
 
 _INDEXED_CUDA = re.compile(r"^cuda:\d+$")
 

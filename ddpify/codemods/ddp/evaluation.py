@@ -33,7 +33,8 @@ from ddpify.codemods.ddp.runtime import (
     SHARD_CALL,
     SUMS_CALL,
 )
-from ddpify.codemods.ddp.samplers import SamplerTransform, fresh_name
+from ddpify.codemods.ddp.samplers import SamplerTransform
+from ddpify.edits.hoist import fresh_name
 
 _WHOLE = "evaluation left on the whole set on every rank (same metric as one GPU, no speed-up)"
 

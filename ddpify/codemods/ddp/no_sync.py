@@ -11,7 +11,8 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import LoopSite
-from ddpify.codemods.base import Transform, enclose
+from ddpify.codemods.base import Transform
+from ddpify.edits.statements import enclose
 
 
 class NoSyncAccumulation(Transform):

@@ -18,8 +18,9 @@ from ddpify.anatomy import MODULE_SCOPE, Anatomy, CallSite
 from ddpify.anatomy.distributed.randomness import draws_alike_on_every_rank, seed_calls
 from ddpify.anatomy.distributed.wrappers import wrap_calls
 from ddpify.anatomy.syntax import enclosing_function
-from ddpify.codemods.base import Options, Transform
+from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import RANK
+from ddpify.codemods.options import Options
 
 _WHY = ("# ddpify: each rank draws its own noise from here on (the DDP wrap has\n"
         "# broadcast rank 0's weights, so the models stay identical).\n")

@@ -13,8 +13,9 @@ import ast
 from ddpify.anatomy import MODULE_SCOPE, Anatomy
 from ddpify.anatomy.distributed.launch import downloads
 from ddpify.anatomy.distributed.ranks import rank_guarded
-from ddpify.codemods.base import Options, Transform
+from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import LOCAL_RANK, SETUP_CALL
+from ddpify.codemods.options import Options
 
 WAIT = f"if {LOCAL_RANK} != 0:\n    dist.barrier()  # local rank 0 downloads first, once per node\n"
 RELEASE = f"if {LOCAL_RANK} == 0:\n    dist.barrier()  # the node's other ranks now find the files\n"

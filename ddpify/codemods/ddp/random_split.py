@@ -11,15 +11,8 @@ import libcst as cst
 
 from ddpify.anatomy import syntax
 from ddpify.anatomy.distributed.randomness import unseeded_random_splits
-from ddpify.codemods.base import Transform, add_keyword
-
-SEEDED_GENERATOR = "Generator().manual_seed(0)"
-
-
-def with_seeded_generator(call: cst.Call, torch: str) -> cst.Call:
-    """`random_split(...)` with `generator=<torch>.Generator().manual_seed(0)`, keeping the call's layout."""
-    return add_keyword(call, "generator", f"{torch}.{SEEDED_GENERATOR}")  # type: ignore[return-value]
-
+from ddpify.codemods.base import Transform
+from ddpify.edits.expressions import SEEDED_GENERATOR, with_seeded_generator
 
 class SameSplitOnEveryRank(Transform):
     """Give random_split a seeded generator, so that every rank draws the same split."""

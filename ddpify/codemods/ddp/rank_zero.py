@@ -30,13 +30,12 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from ddpify.anatomy import MODULE_SCOPE, ROLE_WRITER, CallSite
-from ddpify.anatomy.distributed.every_rank_work import joins_every_rank, must_run_on_every_rank, values_to_compute_first
+from ddpify.anatomy.analyzer import walk_body
+from ddpify.anatomy.distributed.every_rank_work import joins_every_rank, values_to_compute_first
 from ddpify.anatomy.distributed.ranks import runs_on_every_rank
-from ddpify.anatomy.output import PROGRESS_BAR, WRITER, output_kind, rank_zero_object
 from ddpify.anatomy.distributed.values import calls_running, reaching_values
 from ddpify.anatomy.distributed.wrappers import is_wrapper
-from ddpify.anatomy.analyzer import walk_body
-from ddpify.anatomy.syntax import identifier
+from ddpify.anatomy.output import PROGRESS_BAR, WRITER, output_kind, rank_zero_object
 from ddpify.anatomy.vocabulary import (
     DIRECTORY_CREATORS,
     TORCH_LOAD,
@@ -44,10 +43,10 @@ from ddpify.anatomy.vocabulary import (
     WRITER_CONSTRUCTORS,
     opens_for_writing,
 )
-from ddpify.codemods.base import Transform, add_keyword, guard, parse_expr
+from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import ADDED_FUNCTIONS, IS_RANK_ZERO, RANK_DEVICE
-from ddpify.codemods.ddp.samplers import fresh_name
-from ddpify.codemods.module_access import module_of
+from ddpify.edits.expressions import add_keyword, module_of, parse_expr
+from ddpify.edits.hoist import hoisted_names, hoisted_then_guarded
 
 # The helpers the other ranks' stand-in for a rank-0-only object needs (added after setup's).
 STAND_IN = "RankZeroStandIn"
@@ -326,20 +325,6 @@ class RankZeroDuties(Transform):
         self.changed(line, f"barrier after {what}: other ranks read that checkpoint later")
 
 
-def hoisted_names(anatomy, values: Sequence[ast.expr], taken: set[str]) -> list[str]:
-    """A fresh variable for each hoisted value, after the first call in it that must run on every
-    rank: `evaluate(...)` -> `evaluate_result`, `[round(evaluate(m), 2) for m in ms]` -> `evaluate_results`."""
-    return [fresh_name(anatomy, _hoisted_name(anatomy, value), taken) for value in values]
-
-
-def _hoisted_name(anatomy, value: ast.expr) -> str:
-    calls = [n for n in ast.walk(value) if isinstance(n, ast.Call)]
-    call = next((c for c in calls if must_run_on_every_rank(anatomy, c)), calls[0] if calls else None)
-    stem = identifier(call.func) if call is not None else None
-    plural = isinstance(value, (ast.ListComp, ast.SetComp, ast.DictComp))
-    return f"{stem or 'value'}_result{'s' if plural else ''}"
-
-
 def _hoist_found(stmt: cst.BaseStatement, hoisted: list[ast.expr], names: list[str], values: dict[ast.expr, cst.CSTNode],
                  condition: str) -> list[cst.BaseStatement]:
     """`hoisted_then_guarded` with the CST values found; the statement as it was where one wasn't
@@ -347,28 +332,6 @@ def _hoist_found(stmt: cst.BaseStatement, hoisted: list[ast.expr], names: list[s
     if any(value not in values for value in hoisted):
         return [stmt]
     return hoisted_then_guarded(stmt, [(values[value], name) for value, name in zip(hoisted, names)], condition)
-
-
-def hoisted_then_guarded(stmt: cst.BaseStatement, hoists: list[tuple[cst.CSTNode, str]], condition: str) -> list[cst.BaseStatement]:
-    """`print(f"{evaluate(m):.4f}")` -> `evaluate_result = evaluate(m)`, then the statement under
-    `if <condition>:` reading `evaluate_result`; its comments stay above the first assignment."""
-    assigns: list[cst.BaseStatement] = [
-        cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], value)]) for value, name in hoists  # type: ignore[arg-type]
-    ]
-    stmt = stmt.visit(_ReplaceNodes({id(value): cst.Name(name) for value, name in hoists}))  # type: ignore[assignment]
-    assigns[0] = assigns[0].with_changes(leading_lines=getattr(stmt, "leading_lines", ()))
-    return [*assigns, guard([stmt.with_changes(leading_lines=())], condition)]
-
-
-class _ReplaceNodes(cst.CSTTransformer):
-    """Replaces nodes (by identity) in one pass: `deep_replace` copies the nodes around the one it replaces."""
-
-    def __init__(self, new_by_id: dict[int, cst.CSTNode]) -> None:
-        super().__init__()
-        self.new_by_id = new_by_id
-
-    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
-        return self.new_by_id.get(id(original_node), updated_node)
 
 
 def _walk_outside(root: ast.AST, skipped: Sequence[ast.AST]) -> Iterator[ast.AST]:

@@ -15,12 +15,15 @@ import ast
 import libcst as cst
 
 from ddpify.anatomy import ADAPTIVE_OPTIMIZERS, ROLE_LOADER, ROLE_OPTIMIZER, ROLE_PBAR, LoaderSite, LoopSite
-from ddpify.anatomy.distributed.values import is_iterable_dataset
 from ddpify.anatomy.analyzer import walk_body
+from ddpify.anatomy.distributed.values import is_iterable_dataset
 from ddpify.anatomy.syntax import argument
 from ddpify.anatomy.vocabulary import ITERATION_WRAPPERS
-from ddpify.codemods.base import Duty, Transform, cst_type_of, data_line, parse_expr
+from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import WORLD_SIZE
+from ddpify.codemods.duties import Duty, data_line
+from ddpify.edits.expressions import cst_type_of, parse_expr
+from ddpify.edits.hoist import fresh_name
 
 _TIGHT_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 _PER_GPU_NOTE = f"# ddpify: batch_size per process; global = batch_size * {WORLD_SIZE}"
@@ -373,16 +376,7 @@ class DistributedSamplers(SamplerTransform):
         return ranked[0].name if ranked else None
 
 
-
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
-
-
-def fresh_name(anatomy, base: str, taken: set[str]) -> str:
-    """`base`, or `base1`, `base2`, ...: a name the script doesn't use yet (added to `taken`)."""
-    used = {n.id for n in anatomy.nodes if isinstance(n, ast.Name)} | taken
-    name = next(f"{base}{i or ''}" for i in range(len(used) + 1) if f"{base}{i or ''}" not in used)
-    taken.add(name)
-    return name
 
 
 def _bind(node: cst.CSTNode, name: str, parenthesize: bool) -> cst.CSTNode:
@@ -419,4 +413,3 @@ def _divided_batch(arg: cst.Arg) -> cst.Arg:
     if isinstance(value, (cst.BinaryOperation, cst.BooleanOperation, cst.IfExp)):
         value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     return arg.with_changes(value=cst.BinaryOperation(value, cst.FloorDivide(), cst.Name(WORLD_SIZE)))
-

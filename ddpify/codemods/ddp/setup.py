@@ -5,8 +5,9 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import MODULE_SCOPE, Anatomy
-from ddpify.codemods.base import Transform, enclose
+from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import CLEANUP_CALL, HELPERS, RELEASE_COMMENT, SETUP_CALL
+from ddpify.edits.statements import enclose
 
 
 class DistributedSetup(Transform):

@@ -14,8 +14,9 @@ import libcst as cst
 
 from ddpify.anatomy import ROLE_SCALER
 from ddpify.anatomy.losses import loss_terms, sums_over_batch, token_mean
-from ddpify.codemods.base import Transform, cst_type_of
+from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import WORLD_SIZE
+from ddpify.edits.expressions import cst_type_of
 
 
 

@@ -12,20 +12,15 @@ import ast
 
 import libcst as cst
 
-from ddpify.anatomy import DP_WRAPPER, ModelSite
-from ddpify.anatomy.vocabulary import MODEL_CONTAINERS
-from ddpify.anatomy import syntax
+from ddpify.anatomy import DP_WRAPPER, ModelSite, syntax
 from ddpify.anatomy.distributed.names import SYNC_BATCHNORM_CONVERT
 from ddpify.anatomy.unused_parameters import may_leave_parameters_unused
-from ddpify.codemods.base import Transform, parse_expr, wrap_duty
+from ddpify.anatomy.vocabulary import MODEL_CONTAINERS
+from ddpify.codemods.base import Transform
 from ddpify.codemods.containers import wrap_each
 from ddpify.codemods.ddp.runtime import LOCAL_RANK
-
-
-def sync_batchnorm_of(module: cst.BaseExpression, convert: str) -> cst.Call:
-    """`<convert>(module)`: the module with its BatchNorm layers made SyncBatchNorm (`convert`
-    spells `SyncBatchNorm.convert_sync_batchnorm`)."""
-    return cst.Call(func=parse_expr(convert), args=[cst.Arg(module)])
+from ddpify.codemods.duties import wrap_duty
+from ddpify.edits.expressions import parse_expr, sync_batchnorm_of
 
 
 class RemoveDataParallel(Transform):

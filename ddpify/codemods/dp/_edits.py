@@ -1,4 +1,4 @@
-"""Edits the DP transforms share: drop a statement but keep its comments, and the loss mean."""
+"""Edits the DP transforms share: drop a statement but keep its comments."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import ast
 import libcst as cst
 
 from ddpify.anatomy import Anatomy
-from ddpify.codemods.base import Transform, one_statement_a_line
+from ddpify.codemods.base import Transform
+from ddpify.edits.statements import one_statement_a_line
 
 def remove_statement(transform: Transform, anatomy: Anatomy, stmt: ast.stmt) -> None:
     """Drop `stmt`; the comments and blank lines above it move to the statement after it. The
@@ -41,8 +42,3 @@ def _sharing_its_line(block: list[ast.stmt], stmt: ast.stmt) -> list[ast.stmt]:
     while end + 1 < len(block) and block[end + 1].lineno == block[end].end_lineno:
         end += 1
     return block[start:end + 1]
-
-
-def mean_of(node: cst.CSTNode) -> cst.Call:
-    """`<node>.mean()`."""
-    return cst.Call(func=cst.Attribute(value=node, attr=cst.Name("mean")))  # type: ignore[arg-type]

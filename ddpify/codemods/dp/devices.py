@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import ast
 
-import libcst as cst
 
 from ddpify.anatomy.forward import DeviceUse, function_of, hardcoded_devices, input_name, replica_forward_methods
-from ddpify.codemods.base import Transform, parse_expr
+from ddpify.codemods.base import Transform
 from ddpify.codemods.dp._edits import remove_statement
+from ddpify.edits.expressions import cuda_to, parse_expr
 
 
 class ForwardDevices(Transform):
@@ -44,10 +44,3 @@ class ForwardDevices(Transform):
         else:
             self.rewrite_expression(use.node, lambda _: parse_expr(device))  # type: ignore[arg-type]
             self.changed(use.node.lineno, f"{spelled} -> {device} (the replica's GPU)")
-
-
-def cuda_to(call: cst.BaseExpression, device: str) -> cst.Call:
-    """`t.cuda(0, non_blocking=True)` -> `t.to(x.device, non_blocking=True)`."""
-    assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
-    keywords = [a for a in call.args if a.keyword is not None and a.keyword.value != "device"]
-    return call.with_changes(func=call.func.with_changes(attr=cst.Name("to")), args=[cst.Arg(parse_expr(device)), *keywords])

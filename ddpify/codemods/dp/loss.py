@@ -14,7 +14,7 @@ import ast
 
 from ddpify.anatomy.forward_losses import LossAccess, is_reduced, model_losses, reads_after
 from ddpify.codemods.base import Transform
-from ddpify.codemods.dp._edits import mean_of
+from ddpify.edits.expressions import mean_of
 
 _WHY = "DataParallel returns one loss per GPU"
 

@@ -18,8 +18,9 @@ from ddpify.anatomy import Anatomy, ModelSite, Ref
 from ddpify.anatomy.analyzer import walk_body
 from ddpify.anatomy.distributed.launch import env_writes
 from ddpify.anatomy.literals import model_gpu_index, model_moves
-from ddpify.codemods.base import Transform, wrap_duty
+from ddpify.codemods.base import Transform
 from ddpify.codemods.containers import wrap_each
+from ddpify.codemods.duties import wrap_duty
 
 _ENCLOSING_BLOCKS = (ast.If, ast.With, ast.Try)
 

@@ -18,7 +18,8 @@ from ddpify.anatomy.distributed.names import FULLY_SHARD
 from ddpify.anatomy.distributed.ranks import rank_guarded
 from ddpify.anatomy.output import output_kind
 from ddpify.anatomy.vocabulary import PARAMETER_METHODS
-from ddpify.codemods.base import Transform, parse_expr
+from ddpify.codemods.base import Transform
+from ddpify.edits.expressions import parse_expr
 
 LAYER_PARAMETERS = frozenset({"weight", "bias"})  # what torch.nn layers name their parameters
 VALUE_READS = frozenset({"tolist", "cpu", "numpy", "item", "flatten", "view", "reshape"})

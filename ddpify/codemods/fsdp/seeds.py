@@ -13,7 +13,8 @@ from ddpify.anatomy import Anatomy
 from ddpify.anatomy.distributed.names import NUMPY, PYTHON, TORCH
 from ddpify.anatomy.distributed.seeding import seeded_before
 from ddpify.anatomy.syntax import spelling
-from ddpify.codemods.base import Options, Transform
+from ddpify.codemods.base import Transform
+from ddpify.codemods.options import Options
 
 SEED_HELPER = "seed_everything"
 SEED_CALL = f"{SEED_HELPER}(0)\n"

@@ -34,8 +34,10 @@ from ddpify.anatomy.distributed.names import DCP_MODULE
 from ddpify.anatomy.distributed.ranks import rank_guarded
 from ddpify.anatomy.distributed.values import reaching_values
 from ddpify.anatomy.syntax import argument, contains, method_name
-from ddpify.codemods.base import Options, parse_expr, parse_statements
 from ddpify.codemods.fsdp.state_dicts import STATE_DICT_MODULE, CollectiveStateDicts
+from ddpify.codemods.options import Options
+from ddpify.edits.expressions import parse_expr
+from ddpify.edits.statements import parse_statements
 
 CONTAINER_NODES = (ast.Dict, ast.List, ast.Tuple, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
 CONTAINER_CALLS = frozenset({"dict", "list", "tuple", "set", "vars", "collections.OrderedDict"})

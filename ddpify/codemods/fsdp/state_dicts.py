@@ -19,7 +19,8 @@ from ddpify.anatomy import ROLE_MODEL, ROLE_OPTIMIZER, Ref
 from ddpify.anatomy.distributed.fsdp import after_shard
 from ddpify.anatomy.distributed.names import FULLY_SHARD
 from ddpify.anatomy.vocabulary import STATE_DICT_METHODS, opens_for_writing
-from ddpify.codemods.base import Transform, parse_expr
+from ddpify.codemods.base import Transform
+from ddpify.edits.expressions import parse_expr
 
 STATE_DICT_MODULE = "torch.distributed.checkpoint.state_dict"
 FULL_STATE = "StateDictOptions(full_state_dict=True, cpu_offload=True)"

@@ -1,0 +1,49 @@
+"""Where an edit lands: the (line, column) key of an ast statement, and the spans of CST nodes.
+
+The anatomy locates code by `ast` positions; LibCST nodes carry none of their own. A statement is
+found by the key of its first line and column; the nodes of one statement are given spans in the
+file by `spans_in_place`, which reads that statement alone (not the whole module) with LibCST's
+PositionProvider.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Sequence
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from ddpify.anatomy import Pos
+
+Key = tuple[int, int]
+Span = tuple[int, int, int, int]
+
+
+def key_of(node: ast.AST | Pos) -> Key:
+    """The (line, column) a CST node must start at to be the same node as this ast node/position."""
+    if isinstance(node, Pos):
+        return node.line, node.col
+    return node.lineno, node.col_offset
+
+
+def spans_in_place(stmt: cst.BaseStatement, first_line: int, indents: Sequence[str | None], module: cst.Module) -> dict[cst.CSTNode, Span]:
+    """The spans in the file of the nodes of a statement of a block (of a compound one, outside an
+    indented body that ends it), whose first line is `first_line`: read in a module of just that
+    statement, nested in stand-ins at its indentation (`indents`: of the blocks around it, innermost first)."""
+    alone = _without_indented_body(stmt)
+    nested: cst.CSTNode = alone
+    for indent in indents:
+        nested = cst.If(test=cst.Name("_"), body=cst.IndentedBlock(body=[nested], indent=indent))  # type: ignore[list-item]
+    alone_module = cst.Module(body=[nested], default_indent=module.default_indent, default_newline=module.default_newline)  # type: ignore[list-item]
+    positions = MetadataWrapper(alone_module, unsafe_skip_copy=True).resolve(PositionProvider)
+    shift = first_line - positions[alone].start.line
+    return {node: (where.start.line + shift, where.start.column, where.end.line + shift, where.end.column) for node, where in positions.items()}
+
+
+def _without_indented_body(stmt: cst.CSTNode) -> cst.CSTNode:
+    """A compound statement whose indented body ends it with `pass` for that body (others as they are)."""
+    ends = not any(getattr(stmt, part, None) for part in ("orelse", "handlers", "finalbody"))
+    if ends and isinstance(getattr(stmt, "body", None), cst.IndentedBlock):
+        return stmt.with_changes(body=cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Pass()])]))
+    return stmt
