@@ -29,7 +29,8 @@ from ddpify.anatomy.project import Project, import_roots, is_entry_point, within
 from ddpify.codemods.pipeline import ConversionResult, Status
 from ddpify.codemods.report import Missing
 from ddpify.convert import ALREADY_DISTRIBUTED, NO_TRAINING
-from ddpify.sources import Source, SourceError, check_syntax, iter_python_files, mentions_torch, read_source, write_atomic
+from ddpify.python_files import iter_python_files
+from ddpify.sources import Source, SourceError, check_syntax, mentions_torch, read_source, write_atomic
 
 
 class LayoutError(Exception):

@@ -1,9 +1,10 @@
-"""Reading, syntax-checking, writing and finding user source files.
+"""Reading, syntax-checking and writing user source files.
 
 Every file ddpify touches goes through here, so that one set of rules holds
 everywhere: a user's file is never corrupted (bytes round-trip exactly, writes
 are atomic) and never crashes the tool (every problem becomes a one-line
-``SourceError`` naming the file, and the line where there is one).
+``SourceError`` naming the file, and the line where there is one). Finding the
+files under a directory is `ddpify.python_files`.
 """
 
 from __future__ import annotations
@@ -20,10 +21,6 @@ import tempfile
 import tokenize
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Iterable, Iterator, Sequence
-
-import pathspec
 
 __all__ = [
     "SourceError",
@@ -32,7 +29,6 @@ __all__ = [
     "check_syntax",
     "write_atomic",
     "unchanged_since_read",
-    "iter_python_files",
     "mentions_torch",
 ]
 
@@ -91,7 +87,7 @@ def read_source(path: str | os.PathLike) -> Source:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
-        raise SourceError(path, _describe_os_error(e)) from None
+        raise SourceError(path, describe_os_error(e)) from None
     encoding, bom = _detect_encoding(path, data)
     text = _decode(path, data[len(codecs.BOM_UTF8) :] if bom else data, encoding)
     return Source(
@@ -104,7 +100,7 @@ def read_source(path: str | os.PathLike) -> Source:
     )
 
 
-def _describe_os_error(e: OSError) -> str:
+def describe_os_error(e: OSError) -> str:
     """A short lower-case reason for an OS error, without the path (the caller names it)."""
     if e.errno == errno.ELOOP:
         return "symlink loop (too many levels of symbolic links)"
@@ -247,7 +243,7 @@ def write_atomic(path: str | os.PathLike, data: bytes, mode: int | None = None) 
     try:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".ddpify-tmp")
     except OSError as e:
-        raise SourceError(path, f"cannot write: {_describe_os_error(e)}") from None
+        raise SourceError(path, f"cannot write: {describe_os_error(e)}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -260,7 +256,7 @@ def write_atomic(path: str | os.PathLike, data: bytes, mode: int | None = None) 
     except BaseException as e:
         _remove_quietly(tmp)
         if isinstance(e, OSError):
-            raise SourceError(path, f"cannot write: {_describe_os_error(e)}") from None
+            raise SourceError(path, f"cannot write: {describe_os_error(e)}") from None
         raise
     _fsync_directory(directory)
 
@@ -311,198 +307,3 @@ def _fsync_directory(directory: str) -> None:
         pass
     finally:
         os.close(fd)
-
-
-# --------------------------------------------------------------------------- finding files
-
-PYTHON_SUFFIXES = (".py", ".ipynb")
-_SKIPPED_DIR_NAMES = frozenset(
-    {"__pycache__", "build", "dist", "node_modules", "site-packages", "venv", "env"}
-)
-
-
-_Ignores = tuple[tuple[str, pathspec.PathSpec], ...]  # (base dir relative to the walked root, spec)
-
-
-@dataclass(frozen=True)
-class _Dir:
-    """A directory waiting to be walked, with the ignore rules in force inside it."""
-
-    path: str  # as it will be shown (under the root as given)
-    rel: str  # relative to the walked root, posix, "" for the root
-    real: str  # realpath, for loop detection
-    ancestors: frozenset[str]  # realpaths of the directories above it in this walk
-    ignores: _Ignores
-
-
-def iter_python_files(
-    paths: Iterable[str | os.PathLike],
-    exclude: Sequence[str] = (),
-    respect_gitignore: bool = True,
-    writing: bool = False,
-) -> Iterator[Path | SourceError]:
-    """Yield the Python files (``*.py``, ``*.ipynb``) named by or found under ``paths``.
-
-    A named file is yielded as is. Directories are walked in sorted order, skipping hidden
-    directories, virtualenvs, caches and build output, and whatever ``.gitignore`` files in
-    the tree (if ``respect_gitignore``) or ``exclude`` patterns (gitignore syntax, relative
-    to the walked root) match. Problems (missing path, unreadable directory, symlink loop)
-    are yielded as ``SourceError`` so the caller can report them and go on. No file is
-    yielded twice and no directory is walked twice. When the caller is ``writing`` (``--in-place``,
-    ``--fix``), a symlink inside a walked directory that leads outside it is skipped, with a
-    ``SourceError`` saying so: ddpify writes only inside the paths it was given.
-    """
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    exclude_spec = pathspec.GitIgnoreSpec.from_lines(exclude) if exclude else None
-    seen_files: set[str] = set()
-    seen_dirs: set[str] = set()
-    for given in paths:
-        given = os.fspath(given)
-        try:
-            is_dir = stat.S_ISDIR(os.stat(given).st_mode)
-        except OSError as e:
-            yield SourceError(given, _describe_os_error(e))
-            continue
-        if not is_dir:
-            if _first_time(os.path.realpath(given), seen_files):
-                yield Path(given)
-            continue
-        yield from _walk(given, exclude_spec, respect_gitignore, seen_files, seen_dirs, writing)
-
-
-def _first_time(key: str, seen: set[str]) -> bool:
-    if key in seen:
-        return False
-    seen.add(key)
-    return True
-
-
-def _walk(
-    root: str,
-    exclude_spec: pathspec.PathSpec | None,
-    respect_gitignore: bool,
-    seen_files: set[str],
-    seen_dirs: set[str],
-    writing: bool,
-) -> Iterator[Path | SourceError]:
-    """Depth-first, sorted walk of one root directory."""
-    root_real = os.path.realpath(root)
-    if not _first_time(root_real, seen_dirs):
-        return
-    base_ignores = (("", exclude_spec),) if exclude_spec else ()
-    stack = [_Dir(root, "", root_real, frozenset(), base_ignores)]
-    while stack:
-        current = stack.pop()
-        try:
-            with os.scandir(current.path) as it:
-                entries = sorted(it, key=lambda entry: entry.name)
-        except OSError as e:
-            yield SourceError(current.path, f"cannot read directory: {_describe_os_error(e)}")
-            continue
-        ignores = current.ignores
-        if respect_gitignore:
-            ignores = _with_gitignore(current, entries, ignores)
-        subdirs = []
-        for entry in entries:
-            result = _classify(entry, current, ignores, root_real, seen_files, seen_dirs, writing)
-            if isinstance(result, _Dir):
-                subdirs.append(result)
-            elif result is not None:
-                yield result
-        stack.extend(reversed(subdirs))
-
-
-def _with_gitignore(current: _Dir, entries: list[os.DirEntry], ignores: _Ignores) -> _Ignores:
-    """Add the directory's own .gitignore (if any) to the rules in force."""
-    for entry in entries:
-        if entry.name == ".gitignore" and entry.is_file():
-            try:
-                with open(entry.path, "rb") as f:
-                    lines = f.read().decode("utf-8", "replace").splitlines()
-            except OSError:
-                return ignores  # an unreadable .gitignore just doesn't apply
-            return ignores + ((current.rel, pathspec.GitIgnoreSpec.from_lines(lines)),)
-    return ignores
-
-
-def _classify(
-    entry: os.DirEntry,
-    current: _Dir,
-    ignores: _Ignores,
-    root_real: str,
-    seen_files: set[str],
-    seen_dirs: set[str],
-    writing: bool,
-) -> _Dir | Path | SourceError | None:
-    """What to do with one directory entry: a ``_Dir`` to walk, a file or error to yield, or None."""
-    rel = f"{current.rel}/{entry.name}" if current.rel else entry.name
-    try:
-        if entry.is_symlink():
-            os.stat(entry.path)  # a dangling link raises FileNotFoundError, a loop ELOOP
-        is_dir = entry.is_dir()
-    except FileNotFoundError:
-        return None  # dangling symlink (e.g. an editor lock file): not a source file
-    except OSError as e:
-        if _skipped_dir_name(entry.name) or _ignored(rel, ignores, is_dir=True):
-            return None
-        return SourceError(entry.path, _describe_os_error(e))
-    if is_dir:
-        return _subdir(entry, current, rel, ignores, root_real, seen_dirs, writing)
-    if not entry.name.endswith(PYTHON_SUFFIXES) or _ignored(rel, ignores, is_dir=False):
-        return None
-    real = os.path.realpath(entry.path)
-    if writing and not _inside(real, root_real):
-        return _outside_link(entry.path, real)
-    if _first_time(real, seen_files):
-        return Path(entry.path)
-    return None
-
-
-def _subdir(
-    entry: os.DirEntry, current: _Dir, rel: str, ignores: _Ignores, root_real: str, seen_dirs: set[str],
-    writing: bool,
-) -> _Dir | SourceError | None:
-    """A ``_Dir`` for a subdirectory worth walking, a ``SourceError`` for a loop, or None."""
-    if _skipped_dir_name(entry.name) or _is_virtualenv(entry.path):
-        return None
-    if _ignored(rel, ignores, is_dir=True):
-        return None
-    real = os.path.realpath(entry.path)
-    ancestors = current.ancestors | {current.real}
-    if entry.is_symlink():
-        if real in ancestors:
-            return SourceError(entry.path, f"symlink loop (points back to {real})")
-        if _inside(real, root_real):
-            return None  # inside this walk already: walked as the real directory
-        if writing:
-            return _outside_link(entry.path, real)
-    if not _first_time(real, seen_dirs):
-        return None
-    return _Dir(entry.path, rel, real, ancestors, ignores)
-
-
-def _inside(real: str, root_real: str) -> bool:
-    return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
-
-
-def _outside_link(path: str, real: str) -> SourceError:
-    return SourceError(path, f"skipped: a symlink to {real}, outside the directory given; "
-                             "ddpify writes only inside the paths it is given (name the target to include it)")
-
-
-def _skipped_dir_name(name: str) -> bool:
-    return name.startswith(".") or name in _SKIPPED_DIR_NAMES or name.endswith(".egg-info")
-
-
-def _is_virtualenv(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "pyvenv.cfg"))
-
-
-def _ignored(rel: str, ignores: _Ignores, *, is_dir: bool) -> bool:
-    """Does any .gitignore / exclude spec in force match ``rel`` (relative to the walked root)?"""
-    for base, spec in ignores:
-        local = rel[len(base) + 1 :] if base else rel
-        if spec.match_file(local + "/" if is_dir else local):
-            return True
-    return False

@@ -18,17 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpify import sources
-from ddpify.sources import (
-    Source,
-    SourceError,
-    check_syntax,
-    iter_python_files,
-    mentions_torch,
-    read_source,
-    unchanged_since_read,
-    write_atomic,
-)
+from ddpify import python_files, sources
+from ddpify.python_files import iter_python_files
+from ddpify.sources import Source, SourceError, check_syntax, mentions_torch, read_source, unchanged_since_read, write_atomic
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -428,7 +420,7 @@ def test_unreadable_directory_is_yielded_as_error(tmp_path, monkeypatch):
             raise PermissionError(13, "Permission denied")
         return real_scandir(path)
 
-    monkeypatch.setattr(sources.os, "scandir", scandir)
+    monkeypatch.setattr(python_files.os, "scandir", scandir)
     results = walked([tmp_path])
     assert [str(r) for r in results if isinstance(r, SourceError)] == [
         f"{tmp_path / 'locked'}: cannot read directory: permission denied"

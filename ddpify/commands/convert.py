@@ -13,15 +13,8 @@ import click
 from ddpify.codemods.pipeline import ConversionResult, Status
 from ddpify.exit_codes import EXIT_ERROR, EXIT_FOUND, EXIT_INCOMPLETE, EXIT_OK
 from ddpify.review import unified_diff
-from ddpify.sources import (
-    SourceError,
-    check_syntax,
-    iter_python_files,
-    mentions_torch,
-    read_source,
-    unchanged_since_read,
-    write_atomic,
-)
+from ddpify.python_files import iter_python_files
+from ddpify.sources import SourceError, check_syntax, mentions_torch, read_source, unchanged_since_read, write_atomic
 
 LAUNCH = {
     "ddp": "torchrun --standalone --nproc_per_node=<GPUS> {path}",

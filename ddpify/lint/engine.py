@@ -16,8 +16,8 @@ from ddpify.lint.fixes import apply_fixes
 from ddpify.lint.registry import all_rules
 from ddpify.lint.rule import Finding, Fix, Rule
 from ddpify.lint.suppress import Directive, add_directives, by_line, directive_comments, statement_last_lines, suppressing_line, unused_directives
-from ddpify.sources import (Source, SourceError, check_syntax, iter_python_files, mentions_torch, read_source,
-                            unchanged_since_read, write_atomic)
+from ddpify.python_files import iter_python_files
+from ddpify.sources import Source, SourceError, check_syntax, mentions_torch, read_source, unchanged_since_read, write_atomic
 
 MAX_FIX_ROUNDS = 10
 MIN_FILES_FOR_POOL = 8
