@@ -14,6 +14,7 @@ from ddpify.anatomy import Anatomy, Pos, syntax
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.ranks import is_rank_zero_test, mentions_rank, spawn_workers
 from ddpify.anatomy.distributed.values import assignments
+from ddpify.anatomy.vocabulary import TORCH_SAVE
 from ddpify.edits.expressions import module_of, remove_keyword
 from ddpify.edits.hoist import hoisted_names, hoisted_then_guarded
 from ddpify.edits.statements import first_in_body, guard, parse_statements
@@ -104,7 +105,7 @@ def per_rank_target(a: Anatomy, *exprs: ast.AST | None, through_variables: bool 
 def is_saved(a: Anatomy, call: ast.Call) -> bool:
     """Inside `torch.save(...)`, or put into a variable (or a dict in one) that is saved later."""
     for parent, _ in syntax.ancestors(a, call):
-        if isinstance(parent, ast.Call) and a.qualname(parent.func) == "torch.save":
+        if isinstance(parent, ast.Call) and a.qualname(parent.func) == TORCH_SAVE:
             return True
         if isinstance(parent, ast.stmt):
             return _saved_later(a, parent)
@@ -120,7 +121,7 @@ def _saved_later(a: Anatomy, stmt: ast.stmt) -> bool:
         syntax.enclosing_function(a, save.node) == scope
         and save.line >= stmt.lineno
         and any(isinstance(n, ast.Name) and n.id in names for arg in save.node.args for n in ast.walk(arg))  # type: ignore[attr-defined]
-        for save in a.calls_to("torch.save")
+        for save in a.calls_to(TORCH_SAVE)
     )
 
 

@@ -6,6 +6,7 @@ import ast
 from typing import Iterable
 
 from ddpify.anatomy import MODULE_SCOPE, Anatomy, CallSite
+from ddpify.anatomy.vocabulary import TORCH_LOAD
 from ddpify.edits.expressions import add_keyword
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit
@@ -69,7 +70,7 @@ class TorchLoadWithoutMapLocation(Rule, code="DDP001", name="torch-load-without-
     )
 
     def check(self, anatomy: Anatomy) -> Iterable[Finding]:
-        for site in anatomy.calls_to("torch.load"):
+        for site in anatomy.calls_to(TORCH_LOAD):
             call: ast.Call = site.node  # type: ignore[assignment]
             if _lacks_map_location(call):
                 yield Finding(site.pos, fix=_fix(anatomy, site, call))

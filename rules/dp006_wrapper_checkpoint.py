@@ -6,7 +6,7 @@ import ast
 
 from ddpify.anatomy.distributed.values import reaching_values
 from ddpify.anatomy import syntax
-from ddpify.anatomy.vocabulary import STATE_DICT_METHODS
+from ddpify.anatomy.vocabulary import STATE_DICT_METHODS, TORCH_LOAD
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._cases import IN_MEMORY_COPY, saved_state_dict_cases
 from ddpify.rules._ddp import is_saved, module_fix
@@ -64,7 +64,7 @@ def _reads_checkpoint(a, call: ast.Call) -> bool:
     if not call.args:
         return False
     values = [call.args[0]] + [v for n in ast.walk(call.args[0]) if isinstance(n, ast.Name) for v in reaching_values(a, n)]
-    return any(isinstance(n, ast.Call) and a.qualname(n.func) == "torch.load" for v in values for n in ast.walk(v))
+    return any(isinstance(n, ast.Call) and a.qualname(n.func) == TORCH_LOAD for v in values for n in ast.walk(v))
 
 
 _HEAD = "import torch\nfrom torch import nn\n\nmodel = nn.DataParallel(nn.Linear(4, 2))\n"

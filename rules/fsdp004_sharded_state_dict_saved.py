@@ -6,6 +6,7 @@ import ast
 
 from ddpify.anatomy.distributed.fsdp import in_sharded_legacy_mode, is_legacy_fsdp, is_sharded_model, shard_calls, sharded_legacy_state_dicts
 from ddpify.anatomy import syntax
+from ddpify.anatomy.vocabulary import TORCH_SAVE
 from ddpify.lint import Finding, Invalid, Rule
 
 
@@ -50,7 +51,7 @@ class ShardedStateDictSaved(Rule, code="FSDP004", name="sharded-state-dict-saved
     def check(self, a):
         if not shard_calls(a) and not sharded_legacy_state_dicts(a):
             return
-        for save in a.calls_to("torch.save"):
+        for save in a.calls_to(TORCH_SAVE):
             saved = syntax.argument(save.node, 0, "obj")  # type: ignore[arg-type]
             for node in ast.walk(saved) if saved is not None else ():
                 if syntax.method_name(node) != "state_dict":

@@ -24,7 +24,11 @@ MEMBERS = [
     '"tqdm.std.tqdm"', '"tqdm.auto.tqdm"', '"tensorboardX.SummaryWriter"', '"wandb.init"', '"torch.optim."',
     '"bfloat16"', '"requires_grad_"', '"named_parameters"', '"src_device_obj"', '"will_sync_module_buffers"',
     '"io.open"', '"numpy.savez"', '"torch.nn.ModuleList"', '"torchvision.models."', '"exception"',
+    '"torch.save"', '"torch.load"', '"builtins.print"', '"tqdm.write"', '"Histogram"', '"wandb."',
 ]
+# The names that decide what is rank-0 output: read by the judgement (ddpify.anatomy.output) alone,
+# so the rank-0 transform, the lint rules, FSDP and explain cannot decide it each their own way.
+RANK_ZERO_POLICY = ["INFO_LOG_METHODS", "WANDB_MEDIA", "TQDM_WRITE", "FILE_WRITE_METHODS"]
 
 
 def _python_files():
@@ -35,6 +39,12 @@ def _python_files():
 def test_each_vocabulary_has_one_home(member):
     homes = sorted(str(p.relative_to(ROOT)) for p in _python_files() if member in p.read_text())
     assert homes == [str(HOME.relative_to(ROOT))]
+
+
+@pytest.mark.parametrize("name", RANK_ZERO_POLICY)
+def test_one_module_judges_rank_zero_output(name):
+    readers = sorted(str(p.relative_to(ROOT)) for p in _python_files() if re.search(rf"\b{name}\b", p.read_text()))
+    assert set(readers) <= {"ddpify/anatomy/vocabulary.py", "ddpify/anatomy/output.py"}, readers
 
 
 def test_no_module_keeps_its_own_cache_on_the_anatomy():

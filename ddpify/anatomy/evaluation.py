@@ -12,7 +12,7 @@ import ast
 from dataclasses import dataclass, field
 
 from ddpify.anatomy.analyzer import ROLE_LOADER, ROLE_MODEL, Anatomy
-from ddpify.anatomy.vocabulary import ITERATION_WRAPPERS
+from ddpify.anatomy.vocabulary import ITERATION_WRAPPERS, PRINT
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.syntax import ancestors
 from ddpify.anatomy.sites import LoaderSite, LoopSite
@@ -395,7 +395,7 @@ def loss_prints(a: Anatomy) -> list[LossPrint]:
             continue
         losses = _loss_names(loop.node)
         for node in _own_nodes(loop.node):
-            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and a.qualname(node.value.func) == "print":
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and a.qualname(node.value.func) == PRINT:
                 names = sorted({n.id for n in ast.walk(node.value) if isinstance(n, ast.Name) and n.id in losses})
                 if names and _same_steps_on_every_rank(a, loop.node, node):
                     found.append(LossPrint(node, names))

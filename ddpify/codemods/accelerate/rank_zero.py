@@ -12,12 +12,13 @@ from __future__ import annotations
 import ast
 from typing import Sequence
 
+from ddpify.anatomy.vocabulary import TORCH_SAVE
 from ddpify.codemods.accelerate.runtime import BARRIER, DEVICE, OFF_MAIN_PROCESS, ON_MAIN_PROCESS, PRINT, SAVE
 from ddpify.codemods.ddp.rank_zero import RankZeroDuties
 from ddpify.edits.expressions import parse_expr
 
 # The rank-0 outputs Accelerate has a call for, which writes on the main process alone.
-_OWN_CALLS = {"print": PRINT, "torch.save": SAVE}
+_OWN_CALLS = {"print": PRINT, TORCH_SAVE: SAVE}
 
 
 class AcceleratorRankZero(RankZeroDuties):
@@ -46,4 +47,4 @@ class AcceleratorRankZero(RankZeroDuties):
 
 def _plain_save(call: ast.Call, kind: str) -> bool:
     """`torch.save(obj, path)` with nothing else, which `accelerator.save(obj, path)` takes (any print does)."""
-    return kind != "torch.save" or (len(call.args) == 2 and not call.keywords)
+    return kind != TORCH_SAVE or (len(call.args) == 2 and not call.keywords)

@@ -34,6 +34,7 @@ from ddpify.anatomy.distributed.names import DCP_MODULE
 from ddpify.anatomy.distributed.ranks import rank_guarded
 from ddpify.anatomy.distributed.values import reaching_values
 from ddpify.anatomy.syntax import argument, contains, method_name
+from ddpify.anatomy.vocabulary import TORCH_LOAD, TORCH_SAVE
 from ddpify.codemods.fsdp.state_dicts import STATE_DICT_MODULE, CollectiveStateDicts
 from ddpify.codemods.options import Options
 from ddpify.edits.expressions import parse_expr
@@ -90,7 +91,7 @@ class ShardedCheckpoints(CollectiveStateDicts):
         if not sharded:
             return
         saves: dict[str, list[Save]] = {}
-        for site in self.anatomy.calls_to("torch.save"):
+        for site in self.anatomy.calls_to(TORCH_SAVE):
             call: ast.Call = site.node  # type: ignore[assignment]
             if not after_shard(self.anatomy, call) or not self._saves_sharded_state(argument(call, 0, "obj"), sharded):
                 continue
@@ -99,7 +100,7 @@ class ShardedCheckpoints(CollectiveStateDicts):
                 self._keep_full(call.lineno, found)
             else:
                 saves.setdefault(ast.dump(found.path), []).append(found)
-        loads = [c.node for c in self.anatomy.calls_to("torch.load") if after_shard(self.anatomy, c.node)]
+        loads = [c.node for c in self.anatomy.calls_to(TORCH_LOAD) if after_shard(self.anatomy, c.node)]
         read = [self._rewrite_checkpoint(group, [c for c in loads if _loaded_path(c) == path]) for path, group in saves.items()]
         if any(read):
             self._advise_other_loads([c for c in loads if _loaded_path(c) not in saves])  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ import libcst as cst
 from ddpify.anatomy import ROLE_MODEL, ROLE_OPTIMIZER, Ref
 from ddpify.anatomy.distributed.fsdp import after_shard
 from ddpify.anatomy.distributed.names import FULLY_SHARD
-from ddpify.anatomy.vocabulary import STATE_DICT_METHODS, opens_for_writing
+from ddpify.anatomy.vocabulary import STATE_DICT_METHODS, TORCH_SAVE, opens_for_writing
 from ddpify.codemods.base import Transform
 from ddpify.edits.expressions import parse_expr
 
@@ -145,7 +145,7 @@ class FullStateDicts(CollectiveStateDicts):
                   if any(opens_for_writing(self.anatomy, item.context_expr) for item in w.items)]
         if writes:
             return writes[-1]
-        saves = [c for c in self.anatomy.calls_to("torch.save") if c.stmt is stmt]
+        saves = [c for c in self.anatomy.calls_to(TORCH_SAVE) if c.stmt is stmt]
         return stmt if saves else None
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy.distributed.fsdp import after_shard, is_sharded_model
-from ddpify.anatomy.vocabulary import WHOLE_MODEL_CALLS
+from ddpify.anatomy.vocabulary import TORCH_SAVE, WHOLE_MODEL_CALLS
 from ddpify.codemods.base import Transform
 
 _TODO = {
     "copy.deepcopy": "copy the model before fully_shard, or build a fresh one and load "
                      "get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)) into it",
-    "torch.save": "save get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)) "
+    TORCH_SAVE: "save get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)) "
                   "on rank 0 and load it into a fresh model",
 }
 
