@@ -8,6 +8,7 @@ launch, as tests/test_converted_runs.py makes them). A few are verified equivale
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import textwrap
@@ -17,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import FIXTURES_DIR  # noqa: E402
+from helpers import FIXTURES_DIR, run_ddpify  # noqa: E402
 from test_converted_runs import bench, launcher  # noqa: E402
 
 from ddpify.cli import cli  # noqa: E402
@@ -291,3 +292,40 @@ def test_converted_fixture_runs_to_the_end_on_two_ranks(entry, tmp_path):
     if outcome.status == "incomplete":
         pytest.skip(f"the conversion is incomplete: {outcome.detail}")
     assert outcome.status == "finished", bench.line(outcome)
+
+
+# Each shape verify must see trained alike: plain, fp16 AMP handed to Accelerate, accumulation under
+# no_sync, a checkpoint saved and loaded again, BatchNorm (each rank normalizes its own batches).
+VERIFIED = ["basic_main.py", "amp_gradscaler.py", "grad_accumulation.py", "checkpoint_resume.py", "batchnorm_cnn.py"]
+
+
+@pytest.mark.parametrize("name", VERIFIED)
+def test_conversion_verifies_equivalent(name, tmp_path):
+    (tmp_path / name).write_text((FIXTURES_DIR / name).read_text())
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FIXTURES_DIR.parent), os.environ.get("PYTHONPATH")]))}
+    done = run_ddpify(["verify", name, "--to", "accelerate", "--steps", "4"], tmp_path, env, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].startswith("equivalent: 4 steps match"), done.stdout
+
+
+@pytest.mark.parametrize("size, batch, split", [(64, 8, False), (45, 4, False), (45, 4, True)])
+def test_verify_recuts_batches_as_accelerates_prepared_loaders_deal_them(size, batch, split):
+    """The reference's step k holds what the ranks' prepared loaders (Accelerate's own prepare_data_loader)
+    yield at their step k, for two epochs, also where the ranks repeat samples to even out the last step."""
+    import torch
+    from accelerate.data_loader import prepare_data_loader
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from ddpify.verify.alignment import AcceleratedBatchSampler, LoaderCensus
+
+    world, site = 2, ("train.py", 1)
+    data = TensorDataset(torch.arange(size))
+    torch.manual_seed(3)
+    ranks = [prepare_data_loader(DataLoader(data, batch_size=batch, shuffle=True), num_processes=world, process_index=rank,
+                                 split_batches=split, use_seedable_sampler=True) for rank in range(world)]
+    reference = AcceleratedBatchSampler(site, size, batch, batch // world if split else batch, False, True, world,
+                                        LoaderCensus({site}), lambda _: None, split=split)
+    for _ in range(2):
+        passes = [[batch[0] for batch in loader] for loader in ranks]  # each rank's whole pass, as each process makes it
+        steps = [torch.cat(step).tolist() for step in zip(*passes)]
+        assert list(reference) == steps
