@@ -21,18 +21,20 @@ ALREADY_DISTRIBUTED = "already distributed"
 
 def convert_source(text: str, target: str, *, path: str = "<string>", batch_size: str = "per-gpu",
                    facts: ProjectFacts = NO_FACTS, library: bool = False, eval: str = "shard",
-                   log_loss: str = "reduced", checkpoint: str = "full", mixed_precision: str = "keep") -> ConversionResult:
+                   log_loss: str = "reduced", checkpoint: str = "full", mixed_precision: str = "keep",
+                   anatomy: Anatomy | None = None) -> ConversionResult:
     """The converted text, the changes (original line numbers) and advice for the user.
 
     `facts` is what the file's project says about it (ddpify.project_conversion); a `library` is a module the
     entry script imports: it never joins the process group itself. `eval` (shard or whole) and
     `log_loss` (reduced or rank0) choose how evaluation and training-loss prints are converted;
     `checkpoint` (full or sharded) and `mixed_precision` (keep or policy) how --to fsdp saves
-    checkpoints and treats autocast.
+    checkpoints and treats autocast. `anatomy`: the text's analysis with these facts where the
+    caller has made it (the project layer has), so that it is not made again.
     """
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
-    anatomy = analyze(text, path, facts=facts)
+    anatomy = anatomy or analyze(text, path, facts=facts)
     reason = _nothing_to_do(anatomy, target, facts)
     if reason:
         return ConversionResult(source=text, output=text, note=reason)

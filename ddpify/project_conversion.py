@@ -24,8 +24,8 @@ from functools import partial
 from pathlib import Path
 from typing import Iterable
 
-from ddpify.anatomy import analyze
-from ddpify.anatomy.project import Project, import_roots, is_entry_point, within
+from ddpify.anatomy import Anatomy, analyze
+from ddpify.anatomy.project import ModuleFile, Project, import_roots, is_entry_point, within
 from ddpify.codemods.pipeline import ConversionResult, Status
 from ddpify.codemods.report import Missing
 from ddpify.convert import ALREADY_DISTRIBUTED, NO_TRAINING
@@ -157,10 +157,12 @@ def _script_kind(path: Path, named: bool) -> str:
 
 
 def _read(path: Path, sources: dict[Path, Source]) -> str:
-    source = read_source(path)
-    check_syntax(source)
-    sources[path] = source
-    return source.text
+    """The file's text, read and syntax-checked once however often the project asks for it."""
+    if path not in sources:
+        source = read_source(path)
+        check_syntax(source)
+        sources[path] = source
+    return sources[path].text
 
 
 def _imported_by_another(project: Project, entry: Path) -> bool:
@@ -194,9 +196,11 @@ def _convert_projects(projects: list[Project], sources: dict[Path, Source], targ
     """Convert every module of the projects, in `jobs` worker processes; `options` are convert_source's
     (batch_size, eval, log_loss, checkpoint, mixed_precision)."""
     modules = [(project, module) for project in projects for module in project.files()]
-    work = [(module.text, str(module.path), module.facts, not project.is_entry(module)) for project, module in modules]
+    in_process = jobs == 1 or len(modules) < 2
+    work = [(module.text, str(module.path), module.facts, not project.is_entry(module), _analysis(module) if in_process else None)
+            for project, module in modules]
     convert = partial(_convert_module, target=target, options=options)
-    if jobs == 1 or len(work) < 2:
+    if in_process:
         outcomes = list(map(convert, work))
     else:
         with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
@@ -214,6 +218,13 @@ def _convert_projects(projects: list[Project], sources: dict[Path, Source], targ
             if distributed and not job.entry and job.result is not None:
                 job.result = ConversionResult(job.result.source, job.result.source, note=f"imported by {distributed}, already distributed")
     return list(conversions.values())
+
+
+def _analysis(module: ModuleFile) -> Anatomy | None:
+    """The module's analysis from the project's last round, for its conversion to start from; None
+    where the project handed the module facts that analysis has not seen (its last round ran out).
+    A worker process analyses its modules again: an analysis does not cross processes cheaply."""
+    return module.anatomy if module.anatomy is not None and module.anatomy.facts is module.facts else None
 
 
 def _entries_already_distributed(conversion: ProjectConversion) -> str:
@@ -241,9 +252,9 @@ def _convert_module(work: tuple, target: str, options: dict) -> tuple[Conversion
     """One module's conversion, or the error it raised (reported against that file by the command)."""
     from ddpify.convert import convert_source
 
-    text, path, facts, library = work
+    text, path, facts, library, anatomy = work
     try:
-        return convert_source(text, target, path=path, **options, facts=facts, library=library), None
+        return convert_source(text, target, path=path, **options, facts=facts, library=library, anatomy=anatomy), None
     except Exception as error:  # the others go on
         return None, error
 

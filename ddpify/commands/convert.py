@@ -185,7 +185,8 @@ def _convert_one(item, job: _Job, explicit: bool, member=None) -> Outcome:
             if explicit and not job.quiet:
                 click.echo(f"{item}: does not use torch; left alone")
             return UNCHANGED
-        check_syntax(source)
+        if not member:  # a project's member was checked when the project read it (ddpify.project_conversion)
+            check_syntax(source)
         from ddpify.convert import convert_source
 
         result = member.convert() if member else convert_source(source.text, job.target, path=str(item), **job.options)
