@@ -5,6 +5,14 @@ previous one produced; but transforms whose plans do not read each other's edits
 anatomy and their edits made in one LibCST pass (a stage; see run_pipeline), so a conversion
 analyses and rewrites the file a few times, not once per transform.
 
+Analyses: the first stage plans on the anatomy the caller hands over (convert_source's, which the
+project layer hands it in turn); each later stage analyses the code the stage before produced,
+because its transforms read those edits (SEES_EDITS_OF) or edit the same statements; a stage that
+made no edits is not analysed again. The analysis is not patched in place: an edit moves lines and
+statements, and the roles, scopes and value flow of the code around it follow from the whole file.
+A DDP or FSDP conversion typically has two stages (the rank-0 duties read the wrap, the evaluation
+helpers and the printed losses), so with the lint of the output it analyses three times.
+
 Changes are reported against the lines of the user's original file: after each pass a line map
 (from a diff of the pass's input and output) carries every line back to where it came from.
 The result ends in one Status: converted, nothing to do, or incomplete (what is missing, where,
