@@ -1,5 +1,5 @@
 """The seed rules' shared pieces: a finding for each unseeded RNG, and the fix that seeds them all
-before the model is built with convert's own helper (`ddpify.codemods.fsdp.seeds`)."""
+before the model is built with the helper convert inserts too (`ddpify.edits.seeding`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from ddpify.anatomy import Anatomy
 from ddpify.anatomy.distributed.names import NUMPY, PYTHON, TORCH
 from ddpify.anatomy.distributed.seeding import Unseeded
 from ddpify.anatomy.syntax import spelling
-from ddpify.codemods.ddp.setup import _last_leading_import
-from ddpify.codemods.fsdp.seeds import SEED_CALL, SEED_HELPER, seed_helper
+from ddpify.edits.positions import last_leading_import
+from ddpify.edits.seeding import SEED_CALL, SEED_HELPER, seed_helper
 from ddpify.lint import Edit, Finding, Fix
 from ddpify.rules._ddp import header_pos
 
@@ -25,7 +25,7 @@ def seed_helper_fix(a: Anatomy, model: ast.stmt | None) -> Fix | None:
     """`seed_everything(0)` just before `model` is built, the helper defined after the imports (with
     `import random` when the script lacks it). None where the helper's name or `random` means
     something else here, or the model is built among the imports."""
-    anchor = _last_leading_import(a.tree)
+    anchor = last_leading_import(a.tree)
     torch = spelling(a, TORCH)
     random_bound = a.names.aliases.get(PYTHON)
     if model is None or anchor is None or torch is None or SEED_HELPER in a.functions or random_bound not in (None, PYTHON):

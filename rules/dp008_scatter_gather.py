@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from ddpify.anatomy.forward_losses import model_calls
-from ddpify.anatomy.scatter_gather import scatter_misuses
-from ddpify.codemods.dp.scatter import misuse_text
+from ddpify.anatomy.scatter_gather import scatter_misuses, misuse_text
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._dp import is_dp_wrapper
 

@@ -61,6 +61,14 @@ def scatter_misuses(anatomy: Anatomy, call: ast.Call, classes: list[str], wraps:
     return found
 
 
+def misuse_text(call: ast.Call, misuse: ScatterMisuse) -> str:
+    """What goes wrong, for the user (the codemod's missing item, the lint's finding)."""
+    where = f"{misuse.facts.path}:{misuse.hazard.line}"
+    if misuse.given is None:
+        return f"DataParallel cannot gather what `{ast.unparse(call.func)}(...)` returns: {misuse.hazard.why} ({where})"
+    return f"DataParallel would split `{ast.unparse(misuse.given)}` along dim 0, not along its batch: {misuse.hazard.why} ({where})"
+
+
 def _round_trips(anatomy: Anatomy, given: ast.AST, wraps: Callable[[ast.Call], bool]) -> bool:
     """Does `given` only ever hold None or what a call through the wrapper returned?"""
     ref = anatomy.ref(given) if isinstance(given, ast.Name) else None

@@ -1,4 +1,5 @@
-"""Where an edit lands: the (line, column) key of an ast statement, and the spans of CST nodes.
+"""Where an edit lands: the (line, column) key of an ast statement, the spans of CST nodes, and the
+end of a script's opening imports (where added helpers go).
 
 The anatomy locates code by `ast` positions; LibCST nodes carry none of their own. A statement is
 found by the key of its first line and column; the nodes of one statement are given spans in the
@@ -47,3 +48,23 @@ def _without_indented_body(stmt: cst.CSTNode) -> cst.CSTNode:
     if ends and isinstance(getattr(stmt, "body", None), cst.IndentedBlock):
         return stmt.with_changes(body=cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Pass()])]))
     return stmt
+
+
+def last_leading_import(tree: ast.Module) -> ast.stmt | None:
+    """The last import of the script's opening block of imports (docstring and imports)."""
+    last = None
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            last = stmt
+        elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and last is None:
+            continue
+        elif last is not None and not _is_trivial(stmt):
+            break
+    return last
+
+
+def _is_trivial(stmt: ast.stmt) -> bool:
+    """Statements that may sit between imports (try/except ImportError blocks count as imports)."""
+    if isinstance(stmt, ast.Try):
+        return all(isinstance(s, (ast.Import, ast.ImportFrom)) for s in stmt.body)
+    return False

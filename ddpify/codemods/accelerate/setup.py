@@ -20,7 +20,7 @@ from ddpify.anatomy.unused_parameters import may_leave_parameters_unused
 from ddpify.anatomy.vocabulary import ACCELERATOR as ACCELERATOR_CLASS, AUTOCAST, BFLOAT16, DDP_KWARGS, GRAD_SCALER, HALF_DTYPES, LOADER_CONFIG
 from ddpify.codemods.accelerate.runtime import ACCELERATOR, MIXED_PRECISION, ON_CPU
 from ddpify.codemods.base import Transform
-from ddpify.codemods.ddp.setup import _last_leading_import as last_leading_import
+from ddpify.edits.positions import last_leading_import
 
 
 class AcceleratorSetup(Transform):

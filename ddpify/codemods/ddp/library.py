@@ -11,7 +11,7 @@ import ast
 
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import RANK_CONSTANTS, RUNTIME_NAMES
-from ddpify.codemods.ddp.setup import _last_leading_import
+from ddpify.edits.positions import last_leading_import
 
 
 class LibraryRuntime(Transform):
@@ -29,7 +29,7 @@ class LibraryRuntime(Transform):
             return
         self.add_import("os")
         self.add_import("torch")
-        anchor = _last_leading_import(tree)
+        anchor = last_leading_import(tree)
         if anchor is not None:
             self.insert_after(anchor, RANK_CONSTANTS)
         else:

@@ -7,6 +7,7 @@ import ast
 from ddpify.anatomy import MODULE_SCOPE, Anatomy
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import CLEANUP_CALL, HELPERS, RELEASE_COMMENT, SETUP_CALL
+from ddpify.edits.positions import last_leading_import
 from ddpify.edits.statements import enclose
 
 
@@ -17,7 +18,7 @@ class DistributedSetup(Transform):
 
     def plan(self) -> None:
         tree = self.anatomy.tree
-        anchor = _last_leading_import(tree)
+        anchor = last_leading_import(tree)
         if anchor is None:
             self.missing(1, "no process group is joined (no top-level `import torch` to put the setup after)",
                          "add the distributed setup (init_process_group) by hand")
@@ -77,23 +78,3 @@ def _needs_group_at_import(anatomy: Anatomy) -> bool:
     """
     sites = [*anatomy.trained_models, *anatomy.train_loaders]
     return any(anatomy.runs_at_import(site.stmt) for site in sites)
-
-
-def _last_leading_import(tree: ast.Module) -> ast.stmt | None:
-    """The last import of the script's opening block of imports (docstring and imports)."""
-    last = None
-    for stmt in tree.body:
-        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-            last = stmt
-        elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and last is None:
-            continue
-        elif last is not None and not _is_trivial(stmt):
-            break
-    return last
-
-
-def _is_trivial(stmt: ast.stmt) -> bool:
-    """Statements that may sit between imports (try/except ImportError blocks count as imports)."""
-    if isinstance(stmt, ast.Try):
-        return all(isinstance(s, (ast.Import, ast.ImportFrom)) for s in stmt.body)
-    return False

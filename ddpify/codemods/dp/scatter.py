@@ -16,7 +16,7 @@ import ast
 
 from ddpify.anatomy import ROLE_MODEL, Anatomy, Ref
 from ddpify.anatomy.forward_losses import model_calls
-from ddpify.anatomy.scatter_gather import ScatterMisuse, scatter_misuses
+from ddpify.anatomy.scatter_gather import ScatterMisuse, misuse_text, scatter_misuses
 from ddpify.codemods.base import Transform
 
 SCATTER_TODO = ("let forward take it batch-first and transpose it itself (`{0}.transpose(0, 1)`; a hidden state "
@@ -40,14 +40,6 @@ class ScatterGather(Transform):
         for call, classes in model_calls(self.anatomy):
             for misuse in scatter_misuses(self.anatomy, call, classes, wraps) if wraps(call) else ():
                 self.missing(call.lineno, misuse_text(call, misuse), _todo(misuse))
-
-
-def misuse_text(call: ast.Call, misuse: ScatterMisuse) -> str:
-    """What goes wrong, for the user (the codemod's missing item, the lint's finding)."""
-    where = f"{misuse.facts.path}:{misuse.hazard.line}"
-    if misuse.given is None:
-        return f"DataParallel cannot gather what `{ast.unparse(call.func)}(...)` returns: {misuse.hazard.why} ({where})"
-    return f"DataParallel would split `{ast.unparse(misuse.given)}` along dim 0, not along its batch: {misuse.hazard.why} ({where})"
 
 
 def _todo(misuse: ScatterMisuse) -> str:

@@ -15,21 +15,7 @@ from ddpify.anatomy.distributed.seeding import seeded_before
 from ddpify.anatomy.syntax import spelling
 from ddpify.codemods.base import Transform
 from ddpify.codemods.options import Options
-
-SEED_HELPER = "seed_everything"
-SEED_CALL = f"{SEED_HELPER}(0)\n"
-
-
-def seed_helper(torch: str, numpy: str | None) -> str:
-    """The helper's definition, after two blank lines, with torch and numpy spelled as the script
-    imports them (a script without numpy draws nothing from it: it is not seeded)."""
-    numpy_seed = f"    {numpy}.random.seed(seed)\n" if numpy else ""
-    return (f"\n\ndef {SEED_HELPER}(seed):\n"
-            '    """Seed every random number generator alike on every rank."""\n'
-            f"    {PYTHON}.seed(seed)\n{numpy_seed}"
-            f"    {torch}.manual_seed(seed)\n"
-            f"    {torch}.cuda.manual_seed_all(seed)\n")
-
+from ddpify.edits.seeding import SEED_CALL, SEED_HELPER, seed_helper
 
 class SeedBeforeShard(Transform):
     """Seed every RNG before the first trained model is built, where torch is seeded nowhere before it."""
