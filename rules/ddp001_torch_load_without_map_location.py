@@ -10,6 +10,7 @@ from ddpify.anatomy.vocabulary import TORCH_LOAD
 from ddpify.edits.expressions import add_keyword
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit
+from ddpify.rules._ddp import per_rank_target
 
 
 class TorchLoadWithoutMapLocation(Rule, code="DDP001", name="torch-load-without-map-location", severity="error"):
@@ -51,6 +52,9 @@ class TorchLoadWithoutMapLocation(Rule, code="DDP001", name="torch-load-without-
         "state = torch.load('ckpt.pt', 'cpu')\n",
         "import torch\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\n"
         "state = torch.load('ckpt.pt', **load_kwargs)\n",
+        # a rank's own file, saved from its own GPU, goes back to it (SwAV's per-rank queue)
+        "import torch\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\n"
+        "queue = torch.load(f'queue{dist.get_rank()}.pth')\n",
         # single-GPU script: one process, nothing to collide with
         "import torch\n\nstate = torch.load('ckpt.pt')\n",
     )
@@ -72,7 +76,7 @@ class TorchLoadWithoutMapLocation(Rule, code="DDP001", name="torch-load-without-
     def check(self, anatomy: Anatomy) -> Iterable[Finding]:
         for site in anatomy.calls_to(TORCH_LOAD):
             call: ast.Call = site.node  # type: ignore[assignment]
-            if _lacks_map_location(call):
+            if _lacks_map_location(call) and not per_rank_target(anatomy, call.args[0]):  # a rank's own file goes back to its own GPU
                 yield Finding(site.pos, fix=_fix(anatomy, site, call))
 
 

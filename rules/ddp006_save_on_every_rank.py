@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.distributed.ranks import runs_on_every_rank
+from ddpify.anatomy.distributed.ranks import rank_guarded, runs_on_every_rank
+from ddpify.anatomy.distributed.values import callers
 from ddpify.anatomy import syntax
 from ddpify.anatomy.output import FILE_WRITTEN, output_kind
 from ddpify.anatomy.vocabulary import OPEN_CALLS, TORCH_SAVE, opens_for_writing
@@ -17,7 +18,8 @@ class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="
     Flags `torch.save(...)`, `open(..., "w")` and the other file writers (`numpy.save(...)`,
     `pickle.dump(...)`, `.savefig(...)`, `.save_pretrained(...)`, ...) that run on every rank: not
     under a rank-0 test, not after an early return of the other ranks, and not in a function only
-    called from such places. Writes to a path that contains the rank
+    called from such places. A write in a function of the script's own that some calls run on rank
+    0 only is reported at its other calls, the ones to guard (naming the write's line). Writes to a path that contains the rank
     (`f"ckpt_{rank}.pt"`) are per-rank on purpose and not reported.
 
     ## Why is this bad?
@@ -48,11 +50,32 @@ class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="
     message = "every rank writes this file at once; the writes race — write on rank 0 only"
 
     def check(self, a):
+        reported: set[ast.Call] = set()
         for site in a.calls:
             call: ast.Call = site.node  # type: ignore[assignment]
             if not _writes_file(a, site) or per_rank_target(a, _path(a, site)) or not runs_on_every_rank(a, call):
                 continue
-            yield Finding(site.pos, fix=_fix(a, site))
+            unguarded = _unguarded_calls_of_a_guarded_function(a, site)
+            if not unguarded:
+                yield Finding(site.pos, fix=_fix(a, site))
+            for caller in [c for c in unguarded if c not in reported]:  # where a reader fixes it: the call the others guard
+                reported.add(caller)
+                yield Finding(a.pos(caller), f"every rank calls {site.scope}() here, which writes a file at line {site.line} "
+                                             "(its other calls run on rank 0 only); the writes race — call it on rank 0 only",
+                              _fix_call(a, caller))
+
+
+def _unguarded_calls_of_a_guarded_function(a, site) -> list[ast.Call]:
+    """The write's function is called under a rank-0 test somewhere: its calls that run on every rank."""
+    calls = callers(a, site.scope)
+    if not any(rank_guarded(a, c) for c in calls):
+        return []
+    return [c for c in calls if runs_on_every_rank(a, c)]
+
+
+def _fix_call(a, call: ast.Call):
+    stmt = a.stmt_of[call]
+    return rank_zero_guard_fix(a, stmt, may_be_safe=False) if isinstance(stmt, ast.Expr) and stmt.value is call else None
 
 
 def _writes_file(a, site) -> bool:
@@ -109,6 +132,14 @@ SaveOnEveryRank.INVALID = (
         after="\n\nfinish(model)\n",
     ),
     guarded_case(_HEAD + "if rank == 0:\n    print('saving')\n", "with open('log.txt', 'a') as f:\n    f.write('x')\n"),
+    # a function of the script's own whose other call is guarded: reported (and guarded) at the call on every rank
+    Invalid(
+        _HEAD + "\n\ndef save_checkpoint(state):\n    torch.save(state, 'ckpt.pt')\n\n\n"
+        "if rank == 0:\n    save_checkpoint(model.state_dict())\nsave_checkpoint(model.state_dict())\n",
+        line=15,
+        fixed=_HEAD + "\n\ndef save_checkpoint(state):\n    torch.save(state, 'ckpt.pt')\n\n\n"
+        "if rank == 0:\n    save_checkpoint(model.state_dict())\nif rank == 0:\n    save_checkpoint(model.state_dict())\n",
+    ),
     # a multi-line string keeps its contents: only the code lines move in
     Invalid(
         _HEAD + 'with open("README.txt", "w") as f:\n    f.write(f"""model\n{model}\n""")\n',

@@ -6,7 +6,9 @@ import ast
 
 from ddpify.anatomy.distributed.every_rank_work import values_to_compute_first
 from ddpify.anatomy.distributed.ranks import rank_guarded, runs_on_every_rank
-from ddpify.anatomy.output import LOG, PROGRESS_BAR, WRITER, is_print, output_kind, rank_zero_object
+from ddpify.anatomy.output import (
+    LOG, PROCESS_ID, PROGRESS_BAR, RANK_ZERO_PRINT_SETUPS, WRITER, is_print, output_kind, rank_zero_object,
+)
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import BUILTIN_PRINT, PRINT, is_pure_call
 from ddpify.lint import Finding, Invalid, Rule
@@ -64,7 +66,9 @@ class LogOnEveryRank(Rule, code="DDP007", name="log-on-every-rank", severity="wa
             what = _output_kind(a, site, silenced)
             if what == PRINT and print_replaced:
                 continue
-            if what is None or per_rank_target(a, *call_arguments(call), through_variables=False) or not runs_on_every_rank(a, call):
+            if what is None or per_rank_target(a, *call_arguments(call), through_variables=False) or _names_its_process(a, call):
+                continue
+            if not runs_on_every_rank(a, call):
                 continue
             yield Finding(site.pos, f"{what} on every rank: the output is repeated world-size times", _fix(a, site, what))
 
@@ -95,12 +99,18 @@ def _logging_depends_on_rank(a) -> bool:
 
 
 def _replaces_builtin_print(a) -> bool:
-    """`builtins.print = rank_zero_print`: the DETR/DeiT `setup_for_distributed` idiom."""
+    """`builtins.print = rank_zero_print`: the DETR/DeiT `setup_for_distributed` idiom, here or in
+    another module's helper the script calls (`utils.init_distributed_mode(args)`)."""
     return any(
         isinstance(node, ast.Attribute) and node.attr == PRINT and isinstance(node.ctx, ast.Store)
         and a.qualname(node) == BUILTIN_PRINT
         for node in a.nodes
-    )
+    ) or any(c.qualname.rpartition(".")[2] in RANK_ZERO_PRINT_SETUPS and a.callee(c.node) is None for c in a.calls)  # type: ignore[arg-type]
+
+
+def _names_its_process(a, call: ast.Call) -> bool:
+    """`print(f"[{os.getpid()}] ...")`: per-process output on purpose."""
+    return any(isinstance(n, ast.Call) and a.qualname(n.func) == PROCESS_ID for n in ast.walk(call))
 
 
 def _fix(a, site, what: str):
@@ -158,6 +168,12 @@ def setup_for_distributed(is_master):
 setup_for_distributed(rank == 0)
 print("only rank 0 prints this")
 """,
+    # the same idiom in another module's helper (DeiT, MAE, DINO, DETR, ConvNeXt: utils.init_distributed_mode)
+    _HEAD + "import utils\nutils.init_distributed_mode(args)\nprint('only rank 0 prints this')\n",
+    # output that names its process is per-process on purpose
+    _HEAD + "import os\nprint(f'[{os.getpid()}] joined the group')\n",
+    # a rank-0 print helper that reads the launcher's RANK with a default (llm.c's print0)
+    _HEAD + "import os\n\n\ndef print0(*args):\n    if int(os.environ.get('RANK', 0)) == 0:\n        print(*args)\n",
     _HEAD + "from tqdm import tqdm\nfor i in tqdm(range(3), disable=rank != 0):\n    pass\n",
     _HEAD + "from torch.utils.tensorboard import SummaryWriter\nwriter = SummaryWriter('runs/x') if rank == 0 else None\n",
     # an mp.spawn parent prints once, before the workers start

@@ -8,10 +8,10 @@ from ddpify.anatomy import ROLE_MODEL
 from ddpify.anatomy.distributed.values import reaching_values
 from ddpify.anatomy.distributed.wrappers import is_wrapper, wrap_calls
 from ddpify.anatomy import syntax
-from ddpify.anatomy.vocabulary import DDP_WRAPPER, wrapper_lacks
+from ddpify.anatomy.vocabulary import DDP_WRAPPER, TORCH_SAVE, wrapper_lacks
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._cases import NET
-from ddpify.rules._ddp import module_fix
+from ddpify.rules._ddp import is_saved, module_fix
 
 
 class WrapperAttribute(Rule, code="DDP009", name="wrapper-attribute", severity="error"):
@@ -83,7 +83,7 @@ def _load_into_wrapper(a, node: ast.Attribute) -> Finding | None:
     call = a.parents.get(node)
     if not (isinstance(call, ast.Call) and call.func is node and call.args) or not _receiver_is_wrapper(a, node):
         return None
-    if _comes_from_wrapper_state_dict(a, call.args[0]):
+    if _comes_from_wrapper_state_dict(a, call.args[0]) or _saves_wrapper_state_dict(a):
         return None
     fix = module_fix(a, node.value, safe=False, description="load into `.module`")
     return Finding(
@@ -91,6 +91,25 @@ def _load_into_wrapper(a, node: ast.Attribute) -> Finding | None:
         "load_state_dict on the DDP wrapper expects `module.`-prefixed keys; load into `.module` instead",
         fix,
     )
+
+
+def _saves_wrapper_state_dict(a) -> bool:
+    """Does the script save the wrapper's own `state_dict()` (keys prefixed `module.`, DDP008's)?
+    Then its checkpoints load back into the wrapper as they are (Barlow Twins, VICReg resuming)."""
+    return any(
+        isinstance(n, ast.Call) and syntax.method_name(n) == "state_dict" and is_wrapper(a, n.func.value)  # type: ignore[attr-defined]
+        and (is_saved(a, n) or _handed_to_a_saving_function(a, n))
+        for n in a.nodes
+    )
+
+
+def _handed_to_a_saving_function(a, node: ast.AST) -> bool:
+    """`save_checkpoint({"state_dict": model.state_dict()}, ...)`, a function of this file that calls `torch.save`."""
+    def saves(n: ast.AST) -> bool:
+        return isinstance(n, ast.Call) and a.qualname(n.func) == TORCH_SAVE
+
+    return any(isinstance(p, ast.Call) and (callee := a.callee(p)) is not None and a.function_contains(callee, saves)
+               for p, _ in syntax.ancestors(a, node))
 
 
 def _comes_from_wrapper_state_dict(a, expr: ast.AST) -> bool:
@@ -131,6 +150,34 @@ WrapperAttribute.VALID = (
     _HEAD + "model = Net()\nz = model.predict(torch.ones(1, 4))\nmodel = DDP(model)\n",
     _HEAD + "model = DDP(Net())\nwith model.no_sync():\n    model(torch.ones(1, 4)).sum().backward()\n",
     _HEAD + "model = DDP(Net())\nmodel.module.load_state_dict(torch.load('net.pt', map_location='cpu'))\n",
+    # the wrap and the read in different branches of one `if` (pytorch/examples imagenet: DDP, else DataParallel of the features)
+    _HEAD + """
+def build(distributed):
+    model = Net()
+    if distributed:
+        model = DDP(model)
+    else:
+        model.fc = torch.nn.DataParallel(model.fc)
+        model.load_state_dict(torch.load("net.pt", map_location="cpu"))
+    return model
+""",
+    # a checkpoint the script saves from the wrapper itself loads back into the wrapper (Barlow Twins' resume)
+    _HEAD + """model = DDP(Net())
+ckpt = torch.load("ckpt.pt", map_location="cpu")
+model.load_state_dict(ckpt["model"])
+torch.save({"model": model.state_dict()}, "ckpt.pt")
+""",
+    # the same, saved through a function of the script's own (the ImageNet example's save_checkpoint)
+    _HEAD + """
+
+def save_checkpoint(state):
+    torch.save(state, "ckpt.pt")
+
+
+model = DDP(Net())
+model.load_state_dict(torch.load("ckpt.pt", map_location="cpu")["state_dict"])
+save_checkpoint({"state_dict": model.state_dict()})
+""",
     # nanoGPT's unwrap idiom
     _HEAD + """distributed = dist.get_world_size() > 1
 model = Net()

@@ -7,6 +7,8 @@ import ast
 from ddpify.anatomy.distributed.every_rank_work import calls_collective, hands_wrapper_to_work, joins_by_itself
 from ddpify.anatomy.distributed.names import COLLECTIVES
 from ddpify.anatomy.distributed.ranks import conditions_on, is_rank_test
+from ddpify.anatomy.distributed.wrappers import wrap_calls
+from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
 
 
@@ -68,11 +70,19 @@ def _hidden_work(a, call: ast.Call) -> str | None:
     callee = a.callee(call)
     if a.qualname(call.func) in COLLECTIVES or (callee and a.function_contains(callee, lambda n: calls_collective(a, [n]))):
         return None
-    if joins_by_itself(a, call):
+    if joins_by_itself(a, call) and not _before_every_wrap(a, call):
         return "trains (DDP's backward all-reduces the gradients, a collective every rank must join)"
     if hands_wrapper_to_work(a, call):
         return "is handed the DDP wrapper, whose forward broadcasts buffers to every rank"
     return None
+
+
+def _before_every_wrap(a, call: ast.Call) -> bool:
+    """Does the call run before the model is wrapped (every DDP wrap later in its own function)? Its
+    backward is a plain module's, no collective (llm.c's rank-0 reference pass before `DDP(model)`)."""
+    wraps = wrap_calls(a)
+    scope = syntax.enclosing_function(a, call)
+    return bool(wraps) and all(syntax.enclosing_function(a, w.node) == scope and w.line > call.lineno for w in wraps)  # type: ignore[attr-defined]
 
 
 _HEAD = """import torch
@@ -110,6 +120,19 @@ WorkUnderRankCondition.VALID = (
     _HEAD + "if rank == 0:\n    print(describe(model), len(batches), round(batches[0].mean().item(), 3))\n",
     # a checkpoint of the wrapper's state on rank 0
     _HEAD + "if rank == 0:\n    torch.save(model.module.state_dict(), 'm.pt')\n",
+    # rank 0's reference pass on the plain model, before it is wrapped (llm.c): no collective yet
+    """import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main():
+    dist.init_process_group("gloo")
+    net = torch.nn.Linear(4, 1)
+    if dist.get_rank() == 0:
+        net(torch.randn(2, 4)).sum().backward()
+    model = DDP(net)
+""",
 )
 WorkUnderRankCondition.INVALID = (
     Invalid(_HEAD + "if rank == 0:\n    print(f'acc {evaluate(model, batches):.4f}')\n", line=26),

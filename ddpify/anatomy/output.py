@@ -42,6 +42,10 @@ FILE_WRITTEN = "file written"
 # The kinds of objects rank 0 alone keeps (`rank_zero_object`).
 WRITER = "writer"
 PROGRESS_BAR = "progress bar"
+# Other modules' helpers that replace `builtins.print` with a rank-0 print (the DETR/DeiT/MAE/DINO
+# `init_distributed_mode(args)`, which calls `setup_for_distributed(args.rank == 0)`).
+RANK_ZERO_PRINT_SETUPS = frozenset({"init_distributed_mode", "setup_for_distributed"})
+PROCESS_ID = "os.getpid"  # output that names its process is per-process on purpose
 
 
 def log_level(a: Anatomy, call: ast.AST) -> str | None:

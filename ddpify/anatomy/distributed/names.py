@@ -42,6 +42,9 @@ DOWNLOADERS = frozenset({
 DISTRIBUTED_SAMPLER = "torch.utils.data.DistributedSampler"
 SYNC_BATCHNORM_CONVERT = "torch.nn.SyncBatchNorm.convert_sync_batchnorm"
 SPAWN_CALLS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
+# The launcher's environment variables that hold a rank, and the calls that read one with a default.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK")
+ENVIRONMENT_READS = frozenset({"os.environ.get", "os.getenv"})
 RANDOM_SPLIT = "torch.utils.data.random_split"
 # ----- seeding: the global RNGs, their seeds, their draws -------------------------------------
 TORCH, NUMPY, PYTHON = "torch", "numpy", "random"

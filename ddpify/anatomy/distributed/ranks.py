@@ -12,7 +12,7 @@ from typing import Iterator
 
 from ddpify.anatomy.analyzer import Anatomy
 from ddpify.anatomy.cache import per_anatomy
-from ddpify.anatomy.distributed.names import DIST, SPAWN_CALLS
+from ddpify.anatomy.distributed.names import DIST, ENVIRONMENT_READS, RANK_VARIABLES, SPAWN_CALLS
 from ddpify.anatomy.distributed.values import MAX_DEPTH, assignments, callers, callers_by_scope, returned_values
 from ddpify.anatomy.sites import MODULE_SCOPE, ScriptKind
 from ddpify.anatomy.syntax import ancestors, argument, constant, contains, enclosing_function, identifier
@@ -38,12 +38,12 @@ def is_rank_value(a: Anatomy, expr: ast.AST, depth: int = 0) -> bool:
             return True
         if name == "int" and expr.args:
             return is_rank_value(a, expr.args[0], depth + 1)
-        return False
+        return a.qualname(expr.func) in ENVIRONMENT_READS and bool(expr.args) and constant(expr.args[0], *RANK_VARIABLES)
     if isinstance(expr, ast.BinOp):  # args.rank % ngpus_per_node
         return is_rank_value(a, expr.left, depth + 1) or is_rank_value(a, expr.right, depth + 1)
     if isinstance(expr, ast.Subscript):  # os.environ["LOCAL_RANK"]
         key = expr.slice
-        return isinstance(key, ast.Constant) and key.value in ("RANK", "LOCAL_RANK")
+        return constant(key, *RANK_VARIABLES)
     name = identifier(expr)
     if name is None:
         return False

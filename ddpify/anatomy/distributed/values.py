@@ -12,7 +12,7 @@ from ddpify.anatomy.analyzer import Anatomy
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.sites import MODULE_SCOPE, Ref
-from ddpify.anatomy.syntax import argument, enclosing_function
+from ddpify.anatomy.syntax import ancestors, argument, enclosing_function
 from ddpify.anatomy.vocabulary import ITERABLE_DATASETS
 
 MAX_DEPTH = 12
@@ -38,7 +38,7 @@ def reaching_values(a: Anatomy, expr: ast.AST) -> list[ast.AST]:
     here = a.stmt_of.get(expr)
     entries = [(s, v) for s, v in assignments(a).get(ref, ()) if s is not here]
     same_scope = [(s, v) for s, v in entries if a.scope_of.get(s, MODULE_SCOPE) == use_scope]
-    before = [v for s, v in same_scope if s.lineno <= expr.lineno]
+    before = [v for s, v in same_scope if s.lineno <= expr.lineno and not in_other_branch(a, s, expr)]
     if before:
         return [before[-1]]
     fn = a.functions.get(use_scope)
@@ -49,6 +49,20 @@ def reaching_values(a: Anatomy, expr: ast.AST) -> list[ast.AST]:
         others = [v for s, v in entries if a.scope_of.get(s, MODULE_SCOPE) != use_scope and not only_called_before(a, use_scope, s)]
         return others or [v for _, v in same_scope]
     return []
+
+
+def in_other_branch(a: Anatomy, stmt: ast.stmt, node: ast.AST) -> bool:
+    """Do `stmt` and `node` sit in different branches of one `if` (`if distributed: model = DDP(model)`
+    / `else: model.features`), so that one never runs after the other?"""
+    branches = dict(_branches(a, stmt))
+    return any(branches.get(test, branch) != branch for test, branch in _branches(a, node))
+
+
+def _branches(a: Anatomy, node: ast.AST) -> Iterator[tuple[int, str]]:
+    """(the `if`, "body" or "orelse") for each `if` whose branch holds `node`."""
+    for parent, child in ancestors(a, node):
+        if isinstance(parent, ast.If) and child is not parent.test:
+            yield id(parent), "body" if child in parent.body else "orelse"
 
 
 def is_iterable_dataset(a: Anatomy, expr: ast.AST, depth: int = 0) -> bool:
