@@ -28,7 +28,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 class Notes:
-    """Stands in for harness.Recorder: keeps notes and flags."""
+    """Stands in for recorder.Recorder: keeps notes and flags."""
 
     def __init__(self):
         self.notes, self.flags = [], {}
@@ -456,7 +456,7 @@ def recorder(tmp_path):
     import torch.nn.functional as F
     from torch.nn.modules.batchnorm import _BatchNorm
 
-    from ddpify.verify.harness import Recorder
+    from ddpify.verify.recorder import Recorder
 
     saved_functional = dict(vars(F))
     saved = [(torch.autograd, "backward"), (torch.amp.GradScaler, "scale"), (_BatchNorm, "forward"),

@@ -230,7 +230,7 @@ def align_training_loaders(world: int, batch_mode: str, static_sites: set[tuple[
     split it); `static_sites` are the (realpath, line) of DataLoader calls known to train, and
     `epoch_loops` the epoch loops around each one (see LoaderCensus); `accelerate`: the candidate's
     loaders are Accelerate's (AcceleratedBatchSampler).
-    `recorder` receives notes and flags (see harness.Recorder).
+    `recorder` receives notes and flags (see recorder.Recorder).
     """
     census = LoaderCensus(static_sites, epoch_loops)
     register_optimizer_step_post_hook(lambda *_: setattr(census, "optimizer_stepped", True))

@@ -9,8 +9,8 @@ plain BatchNorm normalize each rank's part of a split batch separately where the
 does (see rank_batchnorm), re-cuts the reference's training
 batches (see alignment), simulates DataParallel's replicas for a dp candidate on fewer than
 two GPUs (see dataparallel), and arms a faulthandler dump for hangs. After `plan.steps` optimizer steps, or when
-the script ends, it writes its record and leaves at once with os._exit, so no rank
-blocks in teardown.
+the script ends, it writes its record (see recorder) and leaves at once with os._exit, so no
+rank blocks in teardown.
 
 Imports torch and the standard library only: no libcst, no ddpify command code.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import functools
-import hashlib
 import inspect
 import io
 import os
@@ -44,6 +43,7 @@ from ddpify.verify.alignment import PassClock, align_training_loaders
 from ddpify.verify.dataparallel import simulate_data_parallel
 from ddpify.verify.plan import CANDIDATE, REFERENCE, WRAPPER_FLAG, Plan, Run
 from ddpify.verify.rank_batchnorm import normalize_batchnorm_per_rank
+from ddpify.verify.recorder import Recorder
 from ddpify.verify.wrap_order import watch_moves_after_wrap
 
 SEED = 0
@@ -51,99 +51,6 @@ SHARED_GPU_ENV = "DDPIFY_VERIFY_SHARED_GPU"
 DEADLINE_ENV = "DDPIFY_VERIFY_DEADLINE"  # wall-clock time at which every process dumps its stacks
 PR_SET_PDEATHSIG = 1
 DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
-
-
-class Recorder:
-    """Collects the loss and parameters at each optimizer step, plus flags and notes."""
-
-    def __init__(self, path: str, steps: int) -> None:
-        self.path = path
-        self.limit = steps
-        self.losses: list[float | None] = []
-        self.params: list[torch.Tensor] = []
-        self.flags: dict[str, str] = {}
-        self.notes: list[str] = []
-        self.initial: torch.Tensor | None = None  # parameters before the first optimizer step
-        self.backward_losses: list[list[float]] = []  # per step: the loss of every backward in it
-        self.draws: list[str] = []  # fingerprints of the random draws flagged while training
-        self.step_backwards: list[torch.Tensor] = []
-        self.last_backward: torch.Tensor | None = None
-        self.scaled: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def flag(self, name: str, detail: str) -> None:
-        self.flags.setdefault(name, detail)
-
-    def note(self, text: str) -> None:
-        if text not in self.notes:
-            self.notes.append(text)
-
-    def on_backward(self, tensor: torch.Tensor) -> None:
-        """Remember the loss a backward starts from, before any GradScaler scaling."""
-        if self.scaled is not None and tensor is self.scaled[0]:
-            tensor = self.scaled[1]
-        self.last_backward = tensor
-        self.step_backwards.append(tensor.detach())
-
-    def drew(self, tensor: torch.Tensor) -> None:
-        """Remember a random draw made while training, by its fingerprint."""
-        self.draws.append(_fingerprint(tensor))
-
-    def before_step(self, optimizer, args, kwargs) -> None:
-        """Optimizer step pre-hook: the parameters the first update starts from."""
-        if self.initial is None:
-            self.initial = _flat(_optimized(optimizer))
-
-    def on_step(self, optimizer, args, kwargs) -> None:
-        """Optimizer step post-hook: record, and leave once enough steps are recorded."""
-        self.record_step(_optimized(optimizer))
-
-    def on_zero_grad(self, module: torch.nn.Module) -> None:
-        """`model.zero_grad()` after a backward that no optimizer stepped: a hand-written update
-        (`p -= lr * p.grad`) just ran, so this is the end of a step."""
-        if self.last_backward is not None:
-            self.record_step(list(module.parameters()))
-
-    def record_step(self, params: list[torch.Tensor]) -> None:
-        """Record the loss and `params` after one step; leave once enough steps are recorded."""
-        loss = self.last_backward
-        self.losses.append(None if loss is None else float(loss.detach().double().mean()))
-        self.params.append(_flat(params))
-        self.backward_losses.append([float(t.double().mean()) for t in self.step_backwards])
-        self.last_backward = self.scaled = None
-        self.step_backwards = []
-        if len(self.params) >= self.limit:
-            self.finish(0)
-
-    def save(self) -> None:
-        record = {"losses": self.losses, "params": self.params, "initial": self.initial, "flags": self.flags, "notes": self.notes,
-                  "backward_losses": self.backward_losses, "draws": self.draws}
-        torch.save(record, self.path + ".tmp")
-        os.replace(self.path + ".tmp", self.path)
-
-    def finish(self, code: int):
-        """Write the record and end the process now, skipping every teardown."""
-        faulthandler.cancel_dump_traceback_later()
-        self.save()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def _optimized(optimizer) -> list[torch.Tensor]:
-    """Every parameter the optimizer updates."""
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def _flat(params: list[torch.Tensor]) -> torch.Tensor:
-    """The parameters' whole values (FSDP shards gathered) as one float64 CPU vector."""
-    return torch.cat([_whole(p).reshape(-1).to("cpu", torch.float64) for p in params])
-
-
-def _fingerprint(tensor: torch.Tensor) -> str:
-    """Shape, dtype and a digest of the values: equal only for equal tensors."""
-    values = tensor.detach().to("cpu").clone(memory_format=torch.contiguous_format)
-    digest = hashlib.blake2b(bytes(values.untyped_storage()), digest_size=8).hexdigest()
-    return f"{tuple(values.shape)} {values.dtype} {digest}"
 
 
 def make_deterministic() -> None:
@@ -512,12 +419,6 @@ def _fail(error_path: str, recorder: Recorder):
     with open(error_path, "w") as f:
         f.write(text)
     recorder.finish(1)
-
-
-def _whole(param: torch.Tensor) -> torch.Tensor:
-    """A parameter's full value: FSDP2 shards it into a DTensor, gathered here (every rank steps)."""
-    param = param.detach()
-    return param.full_tensor() if hasattr(param, "full_tensor") else param
 
 
 if __name__ == "__main__":

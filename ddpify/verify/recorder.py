@@ -1,0 +1,114 @@
+"""What one verify run records: the loss and the whole parameters after each optimizer step (FSDP
+shards gathered), the loss of each backward, fingerprints of random draws, flags and notes; saved
+with torch.save, after which the process leaves at once (`Recorder.finish`).
+
+Imports torch and the standard library only, like the harness that fills it.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import hashlib
+import os
+import sys
+
+import torch
+
+
+class Recorder:
+    """Collects the loss and parameters at each optimizer step, plus flags and notes."""
+
+    def __init__(self, path: str, steps: int) -> None:
+        self.path = path
+        self.limit = steps
+        self.losses: list[float | None] = []
+        self.params: list[torch.Tensor] = []
+        self.flags: dict[str, str] = {}
+        self.notes: list[str] = []
+        self.initial: torch.Tensor | None = None  # parameters before the first optimizer step
+        self.backward_losses: list[list[float]] = []  # per step: the loss of every backward in it
+        self.draws: list[str] = []  # fingerprints of the random draws flagged while training
+        self.step_backwards: list[torch.Tensor] = []
+        self.last_backward: torch.Tensor | None = None
+        self.scaled: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def flag(self, name: str, detail: str) -> None:
+        self.flags.setdefault(name, detail)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def on_backward(self, tensor: torch.Tensor) -> None:
+        """Remember the loss a backward starts from, before any GradScaler scaling."""
+        if self.scaled is not None and tensor is self.scaled[0]:
+            tensor = self.scaled[1]
+        self.last_backward = tensor
+        self.step_backwards.append(tensor.detach())
+
+    def drew(self, tensor: torch.Tensor) -> None:
+        """Remember a random draw made while training, by its fingerprint."""
+        self.draws.append(_fingerprint(tensor))
+
+    def before_step(self, optimizer, args, kwargs) -> None:
+        """Optimizer step pre-hook: the parameters the first update starts from."""
+        if self.initial is None:
+            self.initial = _flat(_optimized(optimizer))
+
+    def on_step(self, optimizer, args, kwargs) -> None:
+        """Optimizer step post-hook: record, and leave once enough steps are recorded."""
+        self.record_step(_optimized(optimizer))
+
+    def on_zero_grad(self, module: torch.nn.Module) -> None:
+        """`model.zero_grad()` after a backward that no optimizer stepped: a hand-written update
+        (`p -= lr * p.grad`) just ran, so this is the end of a step."""
+        if self.last_backward is not None:
+            self.record_step(list(module.parameters()))
+
+    def record_step(self, params: list[torch.Tensor]) -> None:
+        """Record the loss and `params` after one step; leave once enough steps are recorded."""
+        loss = self.last_backward
+        self.losses.append(None if loss is None else float(loss.detach().double().mean()))
+        self.params.append(_flat(params))
+        self.backward_losses.append([float(t.double().mean()) for t in self.step_backwards])
+        self.last_backward = self.scaled = None
+        self.step_backwards = []
+        if len(self.params) >= self.limit:
+            self.finish(0)
+
+    def save(self) -> None:
+        record = {"losses": self.losses, "params": self.params, "initial": self.initial, "flags": self.flags, "notes": self.notes,
+                  "backward_losses": self.backward_losses, "draws": self.draws}
+        torch.save(record, self.path + ".tmp")
+        os.replace(self.path + ".tmp", self.path)
+
+    def finish(self, code: int):
+        """Write the record and end the process now, skipping every teardown."""
+        faulthandler.cancel_dump_traceback_later()
+        self.save()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _optimized(optimizer) -> list[torch.Tensor]:
+    """Every parameter the optimizer updates."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _flat(params: list[torch.Tensor]) -> torch.Tensor:
+    """The parameters' whole values (FSDP shards gathered) as one float64 CPU vector."""
+    return torch.cat([_whole(p).reshape(-1).to("cpu", torch.float64) for p in params])
+
+
+def _fingerprint(tensor: torch.Tensor) -> str:
+    """Shape, dtype and a digest of the values: equal only for equal tensors."""
+    values = tensor.detach().to("cpu").clone(memory_format=torch.contiguous_format)
+    digest = hashlib.blake2b(bytes(values.untyped_storage()), digest_size=8).hexdigest()
+    return f"{tuple(values.shape)} {values.dtype} {digest}"
+
+
+def _whole(param: torch.Tensor) -> torch.Tensor:
+    """A parameter's full value: FSDP2 shards it into a DTensor, gathered here (every rank steps)."""
+    param = param.detach()
+    return param.full_tensor() if hasattr(param, "full_tensor") else param
