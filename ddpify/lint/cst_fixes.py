@@ -1,7 +1,7 @@
-"""Fix edits built by the convert transforms' own LibCST machinery, serialised as text `Edit`s.
+"""Fix edits built with the edit toolkit the convert transforms use (`ddpify.edits`), serialised as text `Edit`s.
 
 A structural fix finds the CST node at an ast node's position in a LibCST parse of the script and
-applies the builder the codemods use (`guard`, `first_in_body`, `add_keyword`, `module_of`, ...).
+applies the builder the transforms use (`guard`, `first_in_body`, `add_keyword`, `module_of`, ...).
 The statement that changes is rendered in place, with the module's indentation and line endings
 and inside stand-ins for the blocks around it: LibCST re-indents statements and leaves string
 contents alone, so multi-line strings, tabs and CRLF files come out right. A statement that shares
