@@ -152,6 +152,22 @@ def main():
             "            accelerator.backward(loss)\n") in result.output
 
 
+def test_a_loss_summed_over_the_batch_is_scaled_by_the_number_of_processes():
+    result = convert(HEAD + """
+def main():
+""" + DATA + """\
+    model = nn.Linear(8, 2)
+    criterion = nn.CrossEntropyLoss(reduction="sum")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+""")
+    assert "        accelerator.backward((loss * accelerator.num_processes))\n" in result.output
+
+
 def test_checkpoints_hold_the_unwrapped_model_and_load_onto_this_device():
     result = convert(HEAD + """
 class Net(nn.Module):

@@ -31,14 +31,14 @@ class AcceleratorBackward(Transform):
             call: ast.Call = site.node  # type: ignore[assignment]
             if isinstance(call.func, ast.Attribute) and call.func.attr == "backward":
                 self._backward(call)
-        handled = {site.node for site in self.anatomy.calls_on(ROLE_SCALER, *GRAD_SCALER_STEPS)}
-        for site in self.anatomy.calls_on(ROLE_SCALER, *GRAD_SCALER_STEPS):
+        steps = self.anatomy.calls_on(ROLE_SCALER, *GRAD_SCALER_STEPS)
+        for site in steps:
             self._scaler_step(site.node, site.stmt)  # type: ignore[arg-type]
         for site in self.anatomy.calls_to(CLIP_GRAD_NORM):
             self.rewrite_node(site.node, cst.Call, lambda node: node.with_changes(func=parse_expr(ACCELERATOR_CLIP_GRAD_NORM)))
             self.changed(site.line, f"{ACCELERATOR_CLIP_GRAD_NORM}: it unscales fp16 gradients before clipping them")
         for site in self.anatomy.calls_to(GRAD_SCALER):
-            self._drop_scaler(site.stmt, handled)
+            self._drop_scaler(site.stmt, {site.node for site in steps})
 
     def _backward(self, call: ast.Call) -> None:
         receiver = call.func.value  # type: ignore[attr-defined]
