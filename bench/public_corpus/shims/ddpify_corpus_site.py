@@ -28,9 +28,21 @@ def _cap_steps() -> None:
         if taken[0] >= limit:
             print(f"[ddpify corpus] stopping after {limit} optimizer steps (DDPIFY_CORPUS_MAX_STEPS)", file=sys.stderr, flush=True)
             sys.stdout.flush()
+            _end_worker_processes()
             os._exit(0)
 
     register_optimizer_step_post_hook(after_step)
+
+
+def _end_worker_processes() -> None:
+    """Kill the process's multiprocessing children (environment workers, loader workers) before it leaves:
+    os._exit skips their shutdown, and an orphan holding the run's stdout would keep the runner waiting."""
+    if "multiprocessing" not in sys.modules:
+        return
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
 
 
 def fake_cora(nodes: int = 1800, features: int = 64, classes: int = 7, edges: int = 5000) -> bytes:

@@ -5,6 +5,11 @@ datasets give a few hundred seeded random samples of the right shapes (PIL image
 do), transforms work on PIL images and tensors, utils.save_image writes a small PNG, and models has
 the few architectures corpus scripts build (randomly initialised, never pretrained weights)."""
 
+import sys
+
 from . import datasets, models, transforms, utils  # noqa: F401
+
+# `import torchvision.transforms.functional as TF` finds the namespace class as a module
+sys.modules[f"{__name__}.transforms.functional"] = transforms.functional
 
 __version__ = "0.0+ddpify-corpus-shim"

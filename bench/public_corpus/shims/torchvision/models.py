@@ -1,6 +1,8 @@
 """torchvision.models for the corpus shim: a ResNet-18-shaped network (64..512 channels) under the resnet names (random
 initialisation: pretrained weights cannot be downloaded here), with torchvision's attribute names
-(conv1, bn1, layer1..4, avgpool, fc) so scripts that replace `fc` or read `fc.in_features` work."""
+(conv1, bn1, layer1..4, avgpool, fc) so scripts that replace `fc` or read `fc.in_features` work; and VGG-16/19
+with torchvision's layer layout (features, avgpool, classifier), for scripts that slice `features` as a
+perceptual loss."""
 
 import torch.nn as nn
 
@@ -57,6 +59,38 @@ def _resnet(layers):
 resnet18 = _resnet((2, 2, 2, 2))
 resnet34 = resnet50 = resnet101 = resnet152 = _resnet((1, 1, 1, 1))
 model_names = ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"]
+
+
+VGG_LAYERS = {16: (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"),
+              19: (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M")}
+
+
+class VGG(nn.Module):
+    def __init__(self, depth, num_classes=1000):
+        super().__init__()
+        layers, channels = [], 3
+        for width in VGG_LAYERS[depth]:
+            if width == "M":
+                layers.append(nn.MaxPool2d(2, 2))
+            else:
+                layers += [nn.Conv2d(channels, width, 3, padding=1), nn.ReLU(inplace=True)]
+                channels = width
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
+        self.classifier = nn.Sequential(nn.Linear(512 * 7 * 7, 4096), nn.ReLU(True), nn.Dropout(), nn.Linear(4096, 4096),
+                                        nn.ReLU(True), nn.Dropout(), nn.Linear(4096, num_classes))
+
+    def forward(self, x):
+        return self.classifier(self.avgpool(self.features(x)).flatten(1))
+
+
+def _vgg(depth):
+    def build(pretrained=False, weights=None, progress=True, num_classes=1000, **_):
+        return VGG(depth, num_classes)
+    return build
+
+
+vgg16, vgg19 = _vgg(16), _vgg(19)
 
 
 class ResNet18_Weights:  # noqa: N801
