@@ -235,8 +235,7 @@ def main():
     assert flat("DataLoaderConfiguration(use_seedable_sampler=True, split_batches=True)") in flat(result.output)
 
 
-def test_a_loader_built_in_an_expression_is_prepared_where_it_is_built():
-    result = convert(HEAD + """
+LOADER_FROM_A_HELPER = HEAD + """
 def make_loader(n):
     return DataLoader(TensorDataset(torch.randn(n, 8), torch.randint(0, 2, (n,))), batch_size=4)
 
@@ -247,24 +246,18 @@ def main():
     for x, y in make_loader(16):
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
-""")
+"""
+
+
+def test_a_loader_built_in_an_expression_is_prepared_where_it_is_built():
+    result = convert(LOADER_FROM_A_HELPER)
     assert result.status is Status.CONVERTED, result.missing
     assert flat("return accelerator.prepare(DataLoader(TensorDataset(torch.randn(n, 8), torch.randint(0, 2, (n,))), batch_size=4))") \
         in flat(result.output)
 
 
 def test_a_loader_call_that_builds_evaluation_loaders_too_is_incomplete():
-    result = convert(HEAD + """
-def make_loader(n):
-    return DataLoader(TensorDataset(torch.randn(n, 8), torch.randint(0, 2, (n,))), batch_size=4)
-
-
-def main():
-    model = nn.Linear(8, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x, y in make_loader(16):
-        nn.functional.cross_entropy(model(x), y).backward()
-        optimizer.step()
+    result = convert(LOADER_FROM_A_HELPER + """\
     with torch.no_grad():
         for x, y in make_loader(8):
             print(model(x).sum())
