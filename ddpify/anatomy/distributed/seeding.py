@@ -34,10 +34,10 @@ from ddpify.anatomy.distributed.names import (
     PYTHON, PYTHON_DRAWS, RESETS, RNG_SEEDERS, SEED_EVERYTHING, SEED_OPTION, SPAWN_CALLS, SYNC_MODULE_STATES, TORCH,
     TRAIN_TEST_SPLIT, WEIGHT_INIT,
 )
-from ddpify.anatomy.distributed.ranks import mentions_rank
+from ddpify.anatomy.distributed.ranks import mentions_rank, spawn_workers
 from ddpify.anatomy.distributed.samplers import bound_name
 from ddpify.anatomy.distributed.wrappers import is_wrapper, model_origins, wrap_calls, wrapped_origins
-from ddpify.anatomy.sites import CallSite
+from ddpify.anatomy.sites import MODULE_SCOPE, CallSite
 from ddpify.anatomy.syntax import argument, constant, enclosing_function, keyword, method_name
 from ddpify.anatomy.vocabulary import DP_WRAPPER, LEGACY_FSDP, is_model_factory
 
@@ -257,8 +257,10 @@ def not_reproducible(a: Anatomy) -> list[Unseeded]:
     is seeded (reported at its first draw)."""
     if not seeded_anywhere(a, TORCH):
         start = _process_group_start(a)
+        if start is None or _started_by_another_file(a, start):
+            return []
         return [Unseeded(start.node, "not reproducible: nothing seeds torch's RNG, so no two runs initialise, shuffle or "
-                                     "drop out alike", _model_statement(a))] if start else []
+                                     "drop out alike", _model_statement(a))]
     return [
         Unseeded(draw, f"not reproducible: {rng} drives sampling or augmentation here but is never seeded (torch is)")
         for rng, draw in _unseeded_draws(a)
@@ -271,6 +273,14 @@ def _process_group_start(a: Anatomy) -> CallSite | None:
         if calls:
             return calls[0]
     return None
+
+
+def _started_by_another_file(a: Anatomy, start: CallSite) -> bool:
+    """A module with no entry of its own whose function (`setup()`, `Trainer.__init__`) only another
+    file calls: that file's entry may seed before it (pytorch/examples' FSDP utils, seeded by T5_training.py)."""
+    scope = enclosing_function(a, start.node)
+    called_here = any(a.callee(c.node) == scope for c in a.calls)  # type: ignore[arg-type]
+    return a.main_guard is None and scope != MODULE_SCOPE and not called_here and scope not in spawn_workers(a)
 
 
 def _model_statement(a: Anatomy) -> ast.stmt | None:
