@@ -7,7 +7,7 @@ import ast
 from ddpify.anatomy import DP_WRAPPER, MODULE_SCOPE, Anatomy
 from ddpify.anatomy.distributed.values import reaching_values
 from ddpify.anatomy import syntax
-from ddpify.anatomy.forward import walk_body
+from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.literals import gpu_index, gpu_of_moves
 from ddpify.anatomy.vocabulary import DEVICE_MOVES
 from ddpify.lint import Finding, Invalid, Rule

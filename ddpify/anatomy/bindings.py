@@ -16,7 +16,7 @@ from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.sites import Ref
 
 if TYPE_CHECKING:
-    from ddpify.anatomy.analyzer import Anatomy
+    from ddpify.anatomy.tree import ScriptTree
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Binding:
 
 
 @per_anatomy
-def bindings(a: Anatomy) -> dict[Ref, list[Binding]]:
+def bindings(a: ScriptTree) -> dict[Ref, list[Binding]]:
     """Each variable's bindings by assignment, augmented assignment and `for`, in source order."""
     found: dict[Ref, list[Binding]] = defaultdict(list)
     for node in a.nodes:
@@ -70,7 +70,7 @@ def _unpacked(stmt: ast.Assign, target: ast.AST, value: ast.AST) -> Iterator[tup
         yield target, Binding(stmt, None, whole=False)
 
 
-def _refs_bound(a: Anatomy, target: ast.AST) -> Iterator[Ref]:
+def _refs_bound(a: ScriptTree, target: ast.AST) -> Iterator[Ref]:
     """The variables a binding target stores into (`x`, `self.x`, the names inside `(a, (b, c))`)."""
     for node in [target] if isinstance(target, (ast.Name, ast.Attribute)) else ast.walk(target):  # the usual case first
         if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Store):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from ddpify.anatomy.analyzer import ROLE_LOADER, ROLE_MODEL, Anatomy
+from ddpify.anatomy.script import Anatomy
+from ddpify.anatomy.values import ROLE_LOADER, ROLE_MODEL
 from ddpify.anatomy.vocabulary import ITERATION_WRAPPERS, PRINT
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.syntax import ancestors

@@ -19,7 +19,9 @@ import ast
 import re
 from dataclasses import dataclass
 
-from ddpify.anatomy.analyzer import ROLE_MODEL, Anatomy, Function, walk_body
+from ddpify.anatomy.script import Anatomy
+from ddpify.anatomy.tree import Function, walk_body
+from ddpify.anatomy.values import ROLE_MODEL
 from ddpify.anatomy.sites import ModelSite
 from ddpify.anatomy.vocabulary import DP_WRAPPER
 

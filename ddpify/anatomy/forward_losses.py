@@ -13,7 +13,9 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
-from ddpify.anatomy.analyzer import ROLE_CRITERION, ROLE_MODEL, Anatomy, walk_body
+from ddpify.anatomy.script import Anatomy
+from ddpify.anatomy.tree import walk_body
+from ddpify.anatomy.values import ROLE_CRITERION, ROLE_MODEL
 from ddpify.anatomy.forward import binds, forward_of
 from ddpify.anatomy.sites import MODULE_SCOPE, ModelSite
 from ddpify.anatomy.vocabulary import is_criterion_class, is_loss_function

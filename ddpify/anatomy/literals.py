@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.analyzer import Anatomy
+from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.distributed.values import callers
 from ddpify.anatomy.forward import CUDA_STRING

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.analyzer import ROLE_CRITERION, Anatomy
+from ddpify.anatomy.script import Anatomy
+from ddpify.anatomy.values import ROLE_CRITERION
 from ddpify.anatomy.distributed.values import reaching_values, returned_values
 from ddpify.anatomy.syntax import keyword
 from ddpify.anatomy.vocabulary import is_criterion_class, is_loss_function

@@ -19,7 +19,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpify.anatomy.analyzer import ROLE_LOADER, ROLE_MODEL, Anatomy, analyze, any_batchnorm
+from ddpify.anatomy.analyzer import analyze
+from ddpify.anatomy.script import Anatomy
+from ddpify.anatomy.trained_models import any_batchnorm
+from ddpify.anatomy.values import ROLE_LOADER, ROLE_MODEL
 from ddpify.anatomy.distributed.every_rank_work import may_do_work_off_rank_zero
 from ddpify.anatomy.facts import EPOCHS, EVALUATES, NO_FACTS, STEPS, Exported, Incoming, ProjectFacts
 from ddpify.anatomy.scatter_gather import replica_facts

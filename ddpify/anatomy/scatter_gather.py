@@ -9,7 +9,9 @@ import ast
 from dataclasses import dataclass
 from typing import Callable
 
-from ddpify.anatomy.analyzer import ROLE_MODEL, Anatomy, walk_body
+from ddpify.anatomy.script import Anatomy
+from ddpify.anatomy.tree import walk_body
+from ddpify.anatomy.values import ROLE_MODEL
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.facts import ReplicaFacts, ScatterHazard
 from ddpify.anatomy.forward import forward_of, is_self

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from ddpify.anatomy.sites import MODULE_SCOPE
 
 if TYPE_CHECKING:
-    from ddpify.anatomy.analyzer import Anatomy
+    from ddpify.anatomy.tree import ScriptTree
 
 
 def keyword(call: ast.Call, name: str) -> ast.keyword | None:
@@ -42,7 +42,7 @@ def identifier(expr: ast.AST) -> str | None:
     return None
 
 
-def spelling(a: Anatomy, qualified: str) -> str | None:
+def spelling(a: ScriptTree, qualified: str) -> str | None:
     """How this file spells `qualified` through its imports (`dist.barrier`), or None if it can't."""
     best: tuple[int, str] | None = None
     for local, target in a.names.aliases.items():
@@ -53,7 +53,7 @@ def spelling(a: Anatomy, qualified: str) -> str | None:
     return best[1] if best else None
 
 
-def ancestors(a: Anatomy, node: ast.AST) -> Iterator[tuple[ast.AST, ast.AST]]:
+def ancestors(a: ScriptTree, node: ast.AST) -> Iterator[tuple[ast.AST, ast.AST]]:
     """(parent, child-on-the-path) pairs from `node` up to the module."""
     child, parent = node, a.parents.get(node)
     while parent is not None:
@@ -61,7 +61,7 @@ def ancestors(a: Anatomy, node: ast.AST) -> Iterator[tuple[ast.AST, ast.AST]]:
         child, parent = parent, a.parents.get(parent)
 
 
-def enclosing_function(a: Anatomy, node: ast.AST) -> str:
+def enclosing_function(a: ScriptTree, node: ast.AST) -> str:
     """The scope name of the function (or the module) whose body holds `node`."""
     scope = a.scope_of.get(node, MODULE_SCOPE)
     while scope != MODULE_SCOPE and scope not in a.functions:

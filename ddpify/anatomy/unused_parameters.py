@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.analyzer import ROLE_MODEL, Anatomy, ModelClass
+from ddpify.anatomy.script import Anatomy
+from ddpify.anatomy.values import ROLE_MODEL, ModelClass
 from ddpify.anatomy.sites import ModelSite
 
 BRANCHES = (ast.If, ast.IfExp, ast.Try, ast.While, ast.Break, ast.Match)

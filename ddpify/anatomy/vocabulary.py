@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ddpify.anatomy.analyzer import Anatomy
+    from ddpify.anatomy.tree import ScriptTree
 
 # ----- wrappers ----------------------------------------------------------------------------------
 DDP_WRAPPER = "torch.nn.parallel.DistributedDataParallel"
@@ -200,7 +200,7 @@ PURE_METHODS = frozenset({
 })
 
 
-def is_pure_call(a: Anatomy, call: ast.AST) -> bool:
+def is_pure_call(a: ScriptTree, call: ast.AST) -> bool:
     """Does `call` only format, read or measure (`len(x)`, `loss.item()`, `"{:.4f}".format(v)`,
     `math.exp(l)`, `time.time()`), so rank 0 may make it alone? A module's function counts only when
     named here: a method name alone says nothing about `requests.get(url)`."""
@@ -213,7 +213,7 @@ def is_pure_call(a: Anatomy, call: ast.AST) -> bool:
     return isinstance(func, ast.Attribute) and func.attr in PURE_METHODS and not _names_a_module(a, func.value)
 
 
-def _names_a_module(a: Anatomy, expr: ast.AST) -> bool:
+def _names_a_module(a: ScriptTree, expr: ast.AST) -> bool:
     """`np` in `np.get`, `os.path` in `os.path.get`: the name an import binds, not a value."""
     while isinstance(expr, ast.Attribute):
         expr = expr.value
@@ -236,7 +236,7 @@ OPEN_CALLS = frozenset({"open", "io.open"})
 _WRITE_MODES = frozenset("wax+")
 
 
-def opens_for_writing(a: Anatomy, call: ast.AST) -> bool:
+def opens_for_writing(a: ScriptTree, call: ast.AST) -> bool:
     """`open(path, "w")` (or "a", "x", "+")."""
     if not (isinstance(call, ast.Call) and a.qualname(call.func) in OPEN_CALLS):
         return False

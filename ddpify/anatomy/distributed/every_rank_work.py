@@ -8,7 +8,9 @@ from __future__ import annotations
 import ast
 from typing import Iterable
 
-from ddpify.anatomy.analyzer import ROLE_MODEL, Anatomy, walk_body
+from ddpify.anatomy.script import Anatomy
+from ddpify.anatomy.tree import walk_body
+from ddpify.anatomy.values import ROLE_MODEL
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.fsdp import after_shard, is_sharded_model, sharded_origins
 from ddpify.anatomy.distributed.names import COLLECTIVES

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.analyzer import Anatomy
+from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.names import FULLY_SHARD, LEGACY_STATE_DICT_MODES, SHARDED_STATE_DICT_TYPES
 from ddpify.anatomy.distributed.values import only_called_before, reaching_values

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.analyzer import Anatomy
+from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.names import DIST, DOWNLOADERS
 from ddpify.anatomy.distributed.values import MAX_DEPTH, reaching_values

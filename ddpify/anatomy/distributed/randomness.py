@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.analyzer import Anatomy, walk_body
+from ddpify.anatomy.script import Anatomy
+from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.names import RANDOM_SPLIT, SEED_CALLS
 from ddpify.anatomy.distributed.ranks import mentions_rank

@@ -10,7 +10,7 @@ import re
 from collections import defaultdict
 from typing import Iterator
 
-from ddpify.anatomy.analyzer import Anatomy
+from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.names import DIST, ENVIRONMENT_READS, RANK_VARIABLES, SPAWN_CALLS
 from ddpify.anatomy.distributed.values import MAX_DEPTH, assignments, callers, callers_by_scope, returned_values

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from typing import Iterable
 
-from ddpify.anatomy.analyzer import Anatomy
+from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.distributed.names import DISTRIBUTED_SAMPLER
 from ddpify.anatomy.distributed.ranks import mentions_rank
 from ddpify.anatomy.distributed.values import MAX_DEPTH, assignments, returned_values

@@ -8,7 +8,7 @@ import ast
 from collections import defaultdict
 from typing import Iterator
 
-from ddpify.anatomy.analyzer import Anatomy
+from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.sites import MODULE_SCOPE, Ref

@@ -7,7 +7,8 @@ from __future__ import annotations
 import ast
 from typing import Callable
 
-from ddpify.anatomy.analyzer import ROLE_MODEL, Anatomy
+from ddpify.anatomy.script import Anatomy
+from ddpify.anatomy.values import ROLE_MODEL
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.names import FULLY_SHARD, SYNC_BATCHNORM_CONVERT
 from ddpify.anatomy.distributed.values import MAX_DEPTH, reaching_values, returned_values

@@ -30,7 +30,7 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from ddpify.anatomy import MODULE_SCOPE, ROLE_WRITER, CallSite
-from ddpify.anatomy.analyzer import walk_body
+from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.distributed.every_rank_work import joins_every_rank, values_to_compute_first
 from ddpify.anatomy.distributed.ranks import runs_on_every_rank
 from ddpify.anatomy.distributed.values import calls_running, reaching_values

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import Anatomy, ModelSite, Ref
-from ddpify.anatomy.analyzer import walk_body
+from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.distributed.launch import env_writes
 from ddpify.anatomy.literals import model_gpu_index, model_moves
 from ddpify.codemods.base import Transform
