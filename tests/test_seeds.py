@@ -3,14 +3,19 @@ helper `convert --to fsdp` adds where the script seeds nothing."""
 
 from __future__ import annotations
 
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from ddpify.convert import convert_source
 from ddpify.lint.config import Config
-from ddpify.lint.engine import RuleSet, check_text
+from ddpify.lint.engine import Options, RuleSet, check_text, fix_text
 from ddpify.lint.registry import all_rules
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import helpers  # noqa: E402
 
 SINGLE = """
 import torch
@@ -82,3 +87,39 @@ def test_convert_to_fsdp_keeps_a_script_that_seeds_torch_as_it_is():
     seeded = textwrap.dedent(SINGLE).replace("    model = nn", "    torch.manual_seed(1)\n    model = nn")
     assert "seed_everything" not in convert_source(seeded, "fsdp", path="train.py").output
     assert "seed_everything" not in convert_source(textwrap.dedent(SINGLE), "ddp", path="train.py").output
+
+
+SHARDED = """import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+dist.init_process_group("gloo")
+model = nn.Linear(8, 8)
+built = model.weight.detach().clone()
+fully_shard(model)
+alike = torch.tensor([float(torch.equal(model.weight.full_tensor(), built))])
+dist.all_reduce(alike, op=dist.ReduceOp.MIN)
+if dist.get_rank() == 0:
+    print("the sharded model is", "every rank's own" if alike.item() else "a mix of the ranks' initialisations")
+dist.destroy_process_group()
+"""
+
+
+def _sharded_on_two_ranks(code: str, tmp_path) -> str:
+    script = tmp_path / "sharded.py"
+    script.write_text(code)
+    run = helpers.run_script([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)],
+                     tmp_path, {"OMP_NUM_THREADS": "1"}, 180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
+def test_an_unseeded_fully_shard_mixes_initialisations_and_the_fix_makes_them_one(tmp_path, monkeypatch):
+    """Proof by execution of DDP023's claim and of its fix, on two gloo ranks. Real processes: ranks
+    forked from one test process (tests/forkserver.py) would share its RNG state, as torchrun's never do."""
+    monkeypatch.setattr(helpers, "FORK_LAUNCHES", False)
+    assert "a mix of the ranks' initialisations" in _sharded_on_two_ranks(SHARDED, tmp_path)
+    fixed, applied, left, errors = fix_text(SHARDED, "sharded.py", RuleSet(all_rules()), Options(fix=True, unsafe_fixes=True))
+    assert applied and not errors and "DDP023" not in {d.code for d in left}
+    assert "every rank's own" in _sharded_on_two_ranks(fixed, tmp_path)
