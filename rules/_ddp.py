@@ -13,7 +13,7 @@ from typing import Sequence
 from ddpify.anatomy import Anatomy, Pos, syntax
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.ranks import is_rank_zero_test, mentions_rank, spawn_workers
-from ddpify.anatomy.distributed.values import assignments
+from ddpify.anatomy.distributed.reaching import assignments
 from ddpify.anatomy.vocabulary import TORCH_SAVE
 from ddpify.edits.expressions import module_of, remove_keyword
 from ddpify.edits.hoist import hoisted_names, hoisted_then_guarded

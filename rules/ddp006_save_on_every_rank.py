@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy.distributed.ranks import rank_guarded, runs_on_every_rank
-from ddpify.anatomy.distributed.values import callers
+from ddpify.anatomy.distributed.reaching import callers
 from ddpify.anatomy import syntax
 from ddpify.anatomy.output import FILE_WRITTEN, output_kind
 from ddpify.anatomy.vocabulary import OPEN_CALLS, TORCH_SAVE, opens_for_writing

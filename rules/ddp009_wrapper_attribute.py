@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import ROLE_MODEL
-from ddpify.anatomy.distributed.values import reaching_values
+from ddpify.anatomy.distributed.reaching import reaching_values
 from ddpify.anatomy.distributed.wrappers import is_wrapper, wrap_calls
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import DDP_WRAPPER, TORCH_SAVE, wrapper_lacks

@@ -7,7 +7,7 @@ import ast
 from ddpify.anatomy import MODULE_SCOPE
 from ddpify.anatomy.distributed.every_rank_work import calls_collective
 from ddpify.anatomy.distributed.samplers import loader_sampler
-from ddpify.anatomy.distributed.values import callers
+from ddpify.anatomy.distributed.reaching import callers
 from ddpify.anatomy import syntax
 from ddpify.anatomy.evaluation import statements_after
 from ddpify.lint import Finding, Invalid, Rule

@@ -7,7 +7,7 @@ import ast
 from ddpify.anatomy import ROLE_MODEL
 from ddpify.anatomy.distributed.launch import backends, env_writes
 from ddpify.anatomy.distributed.ranks import mentions_rank
-from ddpify.anatomy.distributed.values import reaching_values
+from ddpify.anatomy.distributed.reaching import reaching_values
 from ddpify.anatomy.distributed.wrappers import wrap_calls
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import DEVICE_MOVES

@@ -6,7 +6,7 @@ import ast
 
 from ddpify.anatomy import syntax
 from ddpify.anatomy.distributed.ranks import conditions_on, is_rank_test, rank_guarded
-from ddpify.anatomy.distributed.values import assignments, reaching_values
+from ddpify.anatomy.distributed.reaching import assignments, reaching_values
 from ddpify.edits.statements import guard
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import statement_edit

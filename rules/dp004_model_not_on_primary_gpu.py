@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import DP_WRAPPER, MODULE_SCOPE, Anatomy
-from ddpify.anatomy.distributed.values import reaching_values
+from ddpify.anatomy.distributed.reaching import reaching_values
 from ddpify.anatomy import syntax
 from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.literals import gpu_index, gpu_of_moves

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.distributed.values import reaching_values
+from ddpify.anatomy.distributed.reaching import reaching_values
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import STATE_DICT_METHODS, TORCH_LOAD
 from ddpify.lint import Finding, Invalid, Rule

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ddpify.anatomy import analyze
-from ddpify.anatomy.distributed.values import assignments
+from ddpify.anatomy.distributed.reaching import assignments
 from ddpify.anatomy.distributed.wrappers import is_wrapper
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.sites import MODULE_SCOPE, Ref

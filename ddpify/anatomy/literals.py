@@ -8,7 +8,7 @@ import ast
 
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.bindings import bindings
-from ddpify.anatomy.distributed.values import callers
+from ddpify.anatomy.distributed.reaching import callers
 from ddpify.anatomy.forward import CUDA_STRING
 from ddpify.anatomy.sites import ModelSite, Ref
 from ddpify.anatomy.syntax import argument

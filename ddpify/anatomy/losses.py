@@ -13,7 +13,7 @@ import ast
 
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.values import ROLE_CRITERION
-from ddpify.anatomy.distributed.values import reaching_values, returned_values
+from ddpify.anatomy.distributed.reaching import reaching_values, returned_values
 from ddpify.anatomy.syntax import keyword
 from ddpify.anatomy.vocabulary import is_criterion_class, is_loss_function
 

@@ -3,7 +3,7 @@
 One module a question, each importing only those above it:
 
 - `names`: the torch.distributed vocabulary (collectives, FSDP entry points, samplers, seeding).
-- `values`: assignments and the value that reaches a use; callers and returned values.
+- `reaching`: assignments and the value that reaches a use; callers and returned values.
 - `ranks`: rank values, rank conditions (`if rank == 0:`, `is_main_process()`, early exits under
   them) and which code runs on every rank.
 - `wrappers`: DDP and DataParallel wrappers, what they wrap, and the models' constructor calls.

@@ -9,7 +9,7 @@ import ast
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.names import FULLY_SHARD, LEGACY_STATE_DICT_MODES, SHARDED_STATE_DICT_TYPES
-from ddpify.anatomy.distributed.values import only_called_before, reaching_values
+from ddpify.anatomy.distributed.reaching import only_called_before, reaching_values
 from ddpify.anatomy.distributed.wrappers import model_origins
 from ddpify.anatomy.sites import MODULE_SCOPE, CallSite
 from ddpify.anatomy.syntax import argument

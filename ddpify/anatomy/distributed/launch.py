@@ -9,7 +9,7 @@ import ast
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.names import DIST, DOWNLOADERS
-from ddpify.anatomy.distributed.values import MAX_DEPTH, reaching_values
+from ddpify.anatomy.distributed.reaching import MAX_DEPTH, reaching_values
 from ddpify.anatomy.sites import CallSite
 from ddpify.anatomy.syntax import argument, constant, keyword, method_name
 

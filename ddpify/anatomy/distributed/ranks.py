@@ -13,7 +13,7 @@ from typing import Iterator
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.names import DIST, ENVIRONMENT_READS, RANK_VARIABLES, SPAWN_CALLS
-from ddpify.anatomy.distributed.values import MAX_DEPTH, assignments, callers, callers_by_scope, returned_values
+from ddpify.anatomy.distributed.reaching import MAX_DEPTH, assignments, callers, callers_by_scope, returned_values
 from ddpify.anatomy.sites import MODULE_SCOPE, ScriptKind
 from ddpify.anatomy.syntax import ancestors, argument, constant, contains, enclosing_function, identifier
 

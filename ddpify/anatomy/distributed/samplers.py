@@ -10,7 +10,7 @@ from typing import Iterable
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.distributed.names import DISTRIBUTED_SAMPLER
 from ddpify.anatomy.distributed.ranks import mentions_rank
-from ddpify.anatomy.distributed.values import MAX_DEPTH, assignments, returned_values
+from ddpify.anatomy.distributed.reaching import MAX_DEPTH, assignments, returned_values
 from ddpify.anatomy.sites import LoaderSite
 from ddpify.anatomy.syntax import argument, constant, keyword, method_name
 

@@ -11,7 +11,7 @@ from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.values import ROLE_MODEL
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.names import FULLY_SHARD, SYNC_BATCHNORM_CONVERT
-from ddpify.anatomy.distributed.values import MAX_DEPTH, reaching_values, returned_values
+from ddpify.anatomy.distributed.reaching import MAX_DEPTH, reaching_values, returned_values
 from ddpify.anatomy.sites import CallSite
 from ddpify.anatomy.syntax import argument, method_name
 from ddpify.anatomy.vocabulary import DDP_WRAPPER, MODULE_RETURNING_SELF

@@ -16,7 +16,7 @@ import libcst as cst
 
 from ddpify.anatomy import ADAPTIVE_OPTIMIZERS, ROLE_LOADER, ROLE_OPTIMIZER, ROLE_PBAR, LoaderSite, LoopSite
 from ddpify.anatomy.tree import walk_body
-from ddpify.anatomy.distributed.values import is_iterable_dataset
+from ddpify.anatomy.distributed.reaching import is_iterable_dataset
 from ddpify.anatomy.syntax import argument
 from ddpify.anatomy.vocabulary import ITERATION_WRAPPERS
 from ddpify.codemods.base import Transform

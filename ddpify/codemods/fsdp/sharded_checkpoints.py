@@ -32,7 +32,7 @@ from ddpify.anatomy import ROLE_MODEL, ROLE_OPTIMIZER, Anatomy
 from ddpify.anatomy.distributed.fsdp import after_shard
 from ddpify.anatomy.distributed.names import DCP_MODULE
 from ddpify.anatomy.distributed.ranks import rank_guarded
-from ddpify.anatomy.distributed.values import reaching_values
+from ddpify.anatomy.distributed.reaching import reaching_values
 from ddpify.anatomy.syntax import argument, contains, method_name
 from ddpify.anatomy.vocabulary import TORCH_LOAD, TORCH_SAVE
 from ddpify.codemods.fsdp.state_dicts import STATE_DICT_MODULE, CollectiveStateDicts
