@@ -20,9 +20,9 @@ import re
 from dataclasses import dataclass
 
 from ddpify.anatomy.script import Anatomy
+from ddpify.anatomy.sites import ModelSite
 from ddpify.anatomy.tree import Function, walk_body
 from ddpify.anatomy.values import ROLE_MODEL
-from ddpify.anatomy.sites import ModelSite
 from ddpify.anatomy.vocabulary import DP_WRAPPER
 
 CUDA_STRING = re.compile(r"^cuda(:\d+)?$")

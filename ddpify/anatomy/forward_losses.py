@@ -13,11 +13,11 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
+from ddpify.anatomy.forward import binds, forward_of
 from ddpify.anatomy.script import Anatomy
+from ddpify.anatomy.sites import MODULE_SCOPE, ModelSite
 from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.values import ROLE_CRITERION, ROLE_MODEL
-from ddpify.anatomy.forward import binds, forward_of
-from ddpify.anatomy.sites import MODULE_SCOPE, ModelSite
 from ddpify.anatomy.vocabulary import is_criterion_class, is_loss_function
 
 # Where the loss sits in what forward returns: () the value itself, (1,) a tuple item, ("loss",) a dict item.

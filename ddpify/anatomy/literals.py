@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.distributed.reaching import callers
 from ddpify.anatomy.forward import CUDA_STRING
+from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.sites import ModelSite, Ref
 from ddpify.anatomy.syntax import argument
 from ddpify.anatomy.vocabulary import DEVICE_MOVES

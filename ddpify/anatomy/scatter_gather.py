@@ -9,15 +9,15 @@ import ast
 from dataclasses import dataclass
 from typing import Callable
 
-from ddpify.anatomy.script import Anatomy
-from ddpify.anatomy.tree import walk_body
-from ddpify.anatomy.values import ROLE_MODEL
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.facts import ReplicaFacts, ScatterHazard
 from ddpify.anatomy.forward import forward_of, is_self
 from ddpify.anatomy.forward_losses import return_statements, source_position
+from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.sites import MODULE_SCOPE, ModelSite
 from ddpify.anatomy.syntax import argument
+from ddpify.anatomy.tree import walk_body
+from ddpify.anatomy.values import ROLE_MODEL
 from ddpify.anatomy.vocabulary import PAD_PACKED, RECURRENT_LAYERS
 
 _RESHAPES = frozenset({"transpose", "permute", "t", "movedim", "swapaxes", "swapdims"})  # may put the batch first
