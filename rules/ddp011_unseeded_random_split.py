@@ -11,7 +11,7 @@ from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit
 
 
-class UnseededRandomSplit(Rule, code="DDP011", name="unseeded-random-split", severity="warning"):
+class UnseededRandomSplit(Rule, code="DDP011", name="unseeded-random-split", severity="error"):
     """## What it does
     Flags `random_split(...)` in a DDP script when it has no `generator=` and no
     `torch.manual_seed(...)` (or `seed_everything`/`set_seed`, or a local function that calls
@@ -21,6 +21,7 @@ class UnseededRandomSplit(Rule, code="DDP011", name="unseeded-random-split", sev
     Every rank runs the split, and an unseeded process draws its own: one rank's validation
     samples are another rank's training samples (leaked, optimistic validation scores), and the
     DistributedSampler shards a different dataset on each rank, so samples are seen twice or never.
+    An error, as DDP023's other splits drawn per rank (`train_test_split`, shuffled index lists).
 
     An unseeded model is *not* a problem: DDP broadcasts rank 0's parameters and buffers when it
     wraps the model, and DistributedSampler shuffles with its own fixed seed.
@@ -42,8 +43,8 @@ class UnseededRandomSplit(Rule, code="DDP011", name="unseeded-random-split", sev
     than the one a single-GPU run drew.
     """
 
-    message = ("random_split without a generator or seed: each rank draws a different split, so one rank's "
-               "validation samples are another rank's training samples")
+    message = ("wrong results: random_split without a generator or seed: each rank draws a different split, so one "
+               "rank's validation samples are another rank's training samples")
 
     def check(self, a):
         for site in unseeded_random_splits(a):
