@@ -27,7 +27,7 @@ LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"lint": ("ddpify/lint/", "rules/"), "transforms": ("ddpify/codemods/",)},
     {"conversion": ("ddpify/convert.py", "ddpify/project_conversion.py", "ddpify/review.py")},
     {"verify": ("ddpify/verify/",), "server": ("ddpify/server.py",)},
-    {"CLI": ("ddpify/commands/", "ddpify/cli.py", "ddpify/__main__.py")},
+    {"CLI": ("ddpify/commands/", "ddpify/cli.py", "ddpify/__main__.py", "ddpify/mcp_server.py")},
 ]
 
 # What the layers above must keep true, whatever else moves: (importer, imported) folders.

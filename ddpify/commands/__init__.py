@@ -2,4 +2,4 @@
 
 # The module of each command (the CLI imports it on first use; tests check this against COMMANDS).
 MODULE_OF = {"convert": "convert", "explain": "explain", "launch": "launch", "lint": "lint", "rule": "lint",
-             "rules": "lint", "server": "server", "verify": "verify"}
+             "rules": "lint", "mcp": "mcp", "server": "server", "verify": "verify"}

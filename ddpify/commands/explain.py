@@ -9,11 +9,15 @@ import ast
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ddpify.exit_codes import EXIT_ERROR, EXIT_OK
 from ddpify.sources import Source, SourceError, check_syntax, read_source
+
+if TYPE_CHECKING:
+    from ddpify.codemods.pipeline import ConversionResult
 
 
 def _side_effects(a) -> dict[str, list[int]]:
@@ -84,15 +88,7 @@ def explain_source(text: str, path: str = "<string>", target: str = "ddp") -> di
     backward = lines(c for c in a.calls if c.qualname.endswith(".backward") or c.qualname == "torch.autograd.backward")
     steps = lines(a.calls_on(ROLE_OPTIMIZER, "step"))
     try:
-        result = convert_source(text, target, path=path)
-        conversion = {
-            "target": target,
-            "status": result.status.value,
-            "note": result.note,
-            "changes": [{"line": c.line, "transform": c.transform, "message": c.message} for c in result.changes],
-            "advice": [{"line": w.line, "message": w.message} for w in result.advice],
-            "missing": [{"line": m.line, "what": m.what, "todo": m.todo} for m in result.missing],
-        }
+        conversion = conversion_data(convert_source(text, target, path=path), target)
     except Exception as error:  # explain must still report the anatomy when a codemod fails
         conversion = {"target": target, "status": "failed", "note": f"conversion failed ({type(error).__name__}: {error})",
                       "changes": [], "advice": [], "missing": []}
@@ -118,6 +114,19 @@ def _at(lines: list[int]) -> str:
     if not lines:
         return "none"
     return f"{len(lines)} (line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))})"
+
+
+def conversion_data(result: ConversionResult, target: str) -> dict:
+    """A conversion's outcome as plain data (JSON-ready): status, why nothing was done, and the
+    changes, advice and missing items with their original lines."""
+    return {
+        "target": target,
+        "status": result.status.value,
+        "note": result.note,
+        "changes": [{"line": c.line, "transform": c.transform, "message": c.message} for c in result.changes],
+        "advice": [{"line": w.line, "message": w.message} for w in result.advice],
+        "missing": [{"line": m.line, "what": m.what, "todo": m.todo} for m in result.missing],
+    }
 
 
 def render_text(info: dict) -> str:
