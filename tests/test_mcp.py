@@ -28,30 +28,15 @@ from ddpify.commands.explain import explain_source
 from ddpify.commands.mcp import MISSING_MCP
 from ddpify.convert import TARGETS, convert_source
 from ddpify.exit_codes import EXIT_ERROR
+from test_outcome import NO_MODEL  # parameters trained by hand: no model to wrap, so incomplete
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 AGENTS_DOC = ROOT / "docs" / "agents.md"
 CALL_TIMEOUT_S = 60.0  # any one request, the server's start-up included
-VERIFY_TIMEOUT_S = 60  # the verify tool's own timeout for a run; the call gets half a minute more
+VERIFY_TIMEOUT_S = 60  # the verify tool's own timeout for a run; the call waits a minute more (launcher slack)
 ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
-# parameters trained by hand: the data can be sharded, but there is no model to wrap (incomplete)
-NO_MODEL = """\
-import torch
-from torch.utils.data import DataLoader, TensorDataset
-
-data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
-loader = DataLoader(data, batch_size=4, shuffle=True)
-w = torch.zeros(4, 1, requires_grad=True)
-for epoch in range(2):
-    for x, y in loader:
-        loss = (x @ w - y).pow(2).mean()
-        loss.backward()
-        with torch.no_grad():
-            w -= 0.1 * w.grad
-            w.grad.zero_()
-"""
 # a DDP script whose checkpoint every rank writes (DDP006, fixable on rank 0)
 SAVES_ON_EVERY_RANK = """\
 import torch
@@ -92,9 +77,16 @@ def connected(portal, command: str, args: list[str], cwd: Path, read_timeout: fl
 
 
 @pytest.fixture(scope="module")
-def server(portal, workspace):
+def client(portal, workspace):
+    """The module's server (no --allow-verify), started from outside its root."""
     with connected(portal, sys.executable, ["-m", "ddpify", "mcp", "--root", str(workspace)], workspace.parent) as client:
-        yield lambda tool, arguments: portal.call(client.call_tool, tool, arguments)
+        yield client
+
+
+@pytest.fixture(scope="module")
+def server(portal, client):
+    """Call one of the module server's tools: server(tool, arguments) -> its result."""
+    return lambda tool, arguments: portal.call(client.call_tool, tool, arguments)
 
 
 def answer(result) -> dict:
@@ -109,10 +101,9 @@ def refusal(result) -> str:
     return content.text
 
 
-def test_initialize_names_ddpify_and_lists_the_four_tools(portal, workspace):
-    with connected(portal, sys.executable, ["-m", "ddpify", "mcp", "--root", str(workspace)], workspace) as client:
-        assert (client.server_info.name, client.server_info.version) == ("ddpify", __version__)
-        tools = {tool.name: tool for tool in portal.call(client.list_tools).tools}
+def test_initialize_names_ddpify_and_lists_the_four_tools(portal, client):
+    assert (client.server_info.name, client.server_info.version) == ("ddpify", __version__)
+    tools = {tool.name: tool for tool in portal.call(client.list_tools).tools}
     assert set(tools) == {"convert", "lint", "explain", "verify"}
     assert tools["convert"].input_schema["properties"]["target"]["enum"] == list(TARGETS)
     assert tools["convert"].annotations.read_only_hint and not tools["verify"].annotations.read_only_hint
