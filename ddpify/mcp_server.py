@@ -120,6 +120,8 @@ class DdpifyTools:
         (`missing`: each item's line, what is missing and what to do by hand), with `changes` and
         `advice` by original line. For a `path`, the project modules it imports are converted with it:
         those that change are in `modules`. Options are `ddpify convert`'s (see its --help)."""
+        if target != "fsdp" and (checkpoint, mixed_precision) != ("full", "keep"):
+            raise ToolError("checkpoint and mixed_precision apply to target fsdp only")
         options = {"batch_size": batch_size, "eval": eval, "log_loss": log_loss, "checkpoint": checkpoint,
                    "mixed_precision": mixed_precision}
         with tool_errors("converting"):

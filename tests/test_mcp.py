@@ -28,6 +28,7 @@ from ddpify.commands.explain import explain_source
 from ddpify.commands.mcp import MISSING_MCP
 from ddpify.convert import TARGETS, convert_source
 from ddpify.exit_codes import EXIT_ERROR
+from ddpify.project_conversion import convert_entry
 from test_outcome import NO_MODEL  # parameters trained by hand: no model to wrap, so incomplete
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,6 +57,7 @@ def workspace(tmp_path_factory) -> Path:
     root = base / "root"
     root.mkdir()
     shutil.copy(FIXTURES / "basic_main.py", root / "train.py")
+    shutil.copytree(FIXTURES / "projects" / "classic", root / "classic")  # an entry and the modules it imports
     outside = base / "outside.py"
     shutil.copy(FIXTURES / "basic_main.py", outside)
     (root / "escape.py").symlink_to(outside)
@@ -118,6 +120,15 @@ def test_convert_a_path_gives_the_cli_conversion_and_its_diff(server, workspace)
     assert (workspace / "train.py").read_text() == (FIXTURES / "basic_main.py").read_text()  # nothing written
 
 
+def test_convert_a_project_entry_gives_its_modules_too(server, workspace):
+    result = answer(server("convert", {"path": "classic/train.py"}))
+    project = convert_entry(workspace / "classic" / "train.py", "ddp", {})
+    expected = {job.path.relative_to(workspace).as_posix(): job.convert().output for job in project.jobs if job.changed and not job.entry}
+    assert result["status"] == "converted" and set(expected) == {"classic/data.py", "classic/utils.py"}
+    assert {module["path"]: module["output"] for module in result["modules"]} == expected
+    assert all(module["diff"].startswith(f"--- a/{module['path']}\n") for module in result["modules"])
+
+
 def test_convert_source_text_with_options(server, workspace):
     text = (workspace / "train.py").read_text()
     result = answer(server("convert", {"source": text, "target": "fsdp", "batch_size": "global"}))
@@ -168,6 +179,7 @@ def test_paths_outside_the_root_are_refused(server, workspace, tool, path, why):
 def test_malformed_calls_get_errors_and_the_server_keeps_answering(server):
     assert "'ddp', 'dp', 'fsdp' or 'accelerate'" in refusal(server("convert", {"source": "x = 1\n", "target": "tpu"}))
     assert "exactly one of `source`" in refusal(server("convert", {}))
+    assert "fsdp only" in refusal(server("convert", {"path": "train.py", "checkpoint": "sharded"}))
     assert "exactly one of `source`" in refusal(server("lint", {"source": "x = 1\n", "path": "train.py"}))
     assert re.search(r"<source>:1: .*syntax", refusal(server("explain", {"source": "def f(:\n"})), re.I)
     assert "Unknown tool" in refusal(server("compile", {}))
@@ -187,7 +199,7 @@ def test_verify_with_allow_verify_runs_the_pair_inside_the_root_only(portal, wor
         assert [row["step"] for row in result["steps"]] == [1, 2]
         assert "outside the workspace root" in refusal(verify({"path": "escape.py"}))
         assert "less than or equal to 600" in refusal(verify({"path": "train.py", "timeout": 10_000}))
-    assert sorted(p.name for p in workspace.iterdir()) == ["escape.py", "train.py"]  # verify ran in a copy
+    assert sorted(p.name for p in workspace.iterdir()) == ["classic", "escape.py", "train.py"]  # verify ran in a copy
 
 
 def test_without_the_extra_mcp_says_how_to_install_it(monkeypatch):
