@@ -196,7 +196,8 @@ class DdpifyTools:
         with tool_errors("verifying"):
             file = self.workspace.resolve(path)
             script = file.relative_to(self.workspace.root).as_posix()
-            request = Request(script, target, None, nproc, steps, "cpu", batch_size, timeout, "fork", tuple(script_args or ()))
+            request = Request(script=script, target=target, against=None, nproc=nproc, steps=steps, device="cpu",
+                              batch_mode=batch_size, timeout=timeout, launcher="fork", script_args=tuple(script_args or ()))
             with self.workspace.verifying:
                 return verify_pair(request)
 
