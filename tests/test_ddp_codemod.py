@@ -532,8 +532,9 @@ def assert_same_report(original: str, converted: str, name: str, per_step_factor
 
 
 # How many per-step log lines rank 0 prints under 2 ranks, relative to the original: each rank
-# trains on half of every epoch, except where training is counted in steps, not epochs.
-PER_STEP_FACTOR = {"step_based_iter.py": 1.0}
+# trains on half of every epoch, except where training is counted in steps, not epochs, or where the
+# ranks share the rows of every batch no DataLoader feeds (each rank takes every step).
+PER_STEP_FACTOR = {"step_based_iter.py": 1.0, "full_batch_regression.py": 1.0, "graph_node_masks.py": 1.0, "hand_sliced_batches.py": 1.0}
 # Numbers that must not change under DDP: the evaluation still covers the full set, the curriculum
 # the same subsets, the model the same size.
 SAME_NUMBERS = {

@@ -169,7 +169,7 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
         notes.append(f"{_statistical_reason(plan, flags)}, so the runs are compared in statistical mode: "
                      f"losses within {STATISTICAL_LOSS_TOLERANCE:g} and ranks agree")
     found = preconditions(plan, flags)
-    same_data = plan.averages_across_ranks() and same_data_on_every_rank(ranks)
+    same_data = plan.averages_across_ranks() and not plan.loss_rows_shared and same_data_on_every_rank(ranks)
     not_recut = plan.aligns_reference() and RECUT_FLAG not in flags
     notes += _data_notes(plan, same_data, not_recut)
     counts = [len(reference.params), *(len(rank.params) for rank in ranks)]

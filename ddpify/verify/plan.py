@@ -58,6 +58,9 @@ class Plan:
     reference_epoch_loops: tuple[tuple[int, int, int, int], ...] = ()
     # The converter's changes by the candidate's lines: (file, line, "line N of <original>: [transform] message")
     changes: tuple[tuple[str, int, str], ...] = ()
+    # The converter gave each rank its rows of every loss (codemods/ddp/rows.py): each rank's loss is
+    # valued as the whole batch's, so equal losses on every rank do not mean the ranks share their data.
+    loss_rows_shared: bool = False
 
     def change_at(self, file: str, line: int) -> str | None:
         """The converter's change that wrote `line` of the candidate's `file`, when its report names one."""

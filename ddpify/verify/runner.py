@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
+from ddpify.codemods.ddp.rows import RowsOfEachRank
 from ddpify.verify.diagnose import exception_line_in
 from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan, Run
 from ddpify.verify.reaper import adopting_orphans, kill_descendants
@@ -132,7 +133,9 @@ def make_plan(request: Request, workspace: str, converted: dict[Path, Conversion
                 reference_training_lines=tuple(loaders),
                 reference_epoch_loops=tuple((line, *loop) for line, loops in loaders.items() for loop in loops),
                 dp_replicas=request.nproc if request.target == "dp" else 0,
-                changes=tuple(_changes_by_line(placed) if converted else ()))
+                changes=tuple(_changes_by_line(placed) if converted else ()),
+                loss_rows_shared=any(change.transform == RowsOfEachRank.NAME for conversion in (converted or {}).values()
+                                     for change in conversion.changes))
     notes = [note for side in sides.values() if (note := side.note())]
     return plan, list(dict.fromkeys(notes))
 

@@ -9,6 +9,7 @@ from ddpify.codemods.ddp.noise import NoiseOfEachRank
 from ddpify.codemods.ddp.per_node import PerNodeDownloads
 from ddpify.codemods.ddp.random_split import SameSplitOnEveryRank
 from ddpify.codemods.ddp.rank_zero import RankZeroDuties
+from ddpify.codemods.ddp.rows import RowsOfEachRank
 from ddpify.codemods.ddp.samplers import DistributedSamplers
 from ddpify.codemods.ddp.setup import DistributedSetup
 from ddpify.codemods.ddp.sum_loss import SumLossScaling
@@ -16,7 +17,7 @@ from ddpify.codemods.ddp.wrap import RemoveDataParallel, WrapModel
 
 DDP_TRANSFORMS = (
     DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank,
-    DistributedSamplers, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
+    DistributedSamplers, RowsOfEachRank, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
 )
 
 

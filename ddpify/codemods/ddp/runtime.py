@@ -118,12 +118,34 @@ def evaluation_module(model):
     return wrapper.module
 '''
 
+ROWS_HELPER = '''
+
+def loss_of_rank_rows(loss_fn, *batch, **options):
+    """loss_fn's mean over this rank's rows of a whole batch (every WORLD_SIZE-th).
+
+    Weighted by its share of the rows, so DDP's average of the ranks' gradients
+    is the whole batch's gradient; its value is the whole batch's loss, alike on
+    every rank. Arguments whose rows don't pair up: the whole loss everywhere.
+    """
+    sizes = {len(t) if torch.is_tensor(t) and t.dim() else 0 for t in batch}
+    rows = sizes.pop() if len(sizes) == 1 else 0
+    if rows < WORLD_SIZE:
+        return loss_fn(*batch, **options)
+    mine = torch.arange(RANK, rows, WORLD_SIZE, device=batch[0].device)
+    share = loss_fn(*(t[mine] for t in batch), **options) * (len(mine) * WORLD_SIZE / rows)
+    whole = share.detach().clone()
+    dist.all_reduce(whole)
+    return share + (whole / WORLD_SIZE - share.detach())
+'''
+
 SHARD_CALL = "evaluation_shard"
 SUMS_CALL = "all_reduce_sums"
 GATHER_CALL = "all_gather_lists"
 MEAN_CALL = "mean_over_ranks"
 MODULE_CALL = "evaluation_module"
+ROWS_CALL = "loss_of_rank_rows"
 # each helper's code, in the order they are added to a script (after cleanup_distributed)
-EVALUATION_HELPERS = {SHARD_CALL: SHARD_HELPER, MODULE_CALL: MODULE_HELPER, SUMS_CALL: SUMS_HELPER, GATHER_CALL: GATHER_HELPER, MEAN_CALL: MEAN_HELPER}
+EVALUATION_HELPERS = {SHARD_CALL: SHARD_HELPER, MODULE_CALL: MODULE_HELPER, SUMS_CALL: SUMS_HELPER, GATHER_CALL: GATHER_HELPER, MEAN_CALL: MEAN_HELPER,
+                      ROWS_CALL: ROWS_HELPER}
 # the functions ddpify adds at the top of a script: new helpers go after the last one present
 ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed")

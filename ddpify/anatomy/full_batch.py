@@ -1,0 +1,93 @@
+"""Training data that no DataLoader feeds: whole tensors, a graph's masks, batches cut by hand.
+
+A script that trains on `x = torch.linspace(...)`, on a graph's nodes picked by a train mask, or on
+`x[i:i + bs]` slices has no loader for a DistributedSampler. Its data is the same on every rank
+(built alike, or seeded alike), so the ranks can share the rows of each loss instead: a loss that
+is a mean over the rows of its arguments, computed on every WORLD_SIZE-th row and weighted by its
+share of the rows, gives under DDP's gradient average exactly the single-process gradient.
+
+`row_losses` finds the loss calls of every backward and says, for each one the ranks can't share
+that way, why not.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from ddpify.anatomy.environments import trains_on_environment
+from ddpify.anatomy.losses import loss_terms, sums_over_batch
+from ddpify.anatomy.script import Anatomy
+from ddpify.anatomy.syntax import keyword
+from ddpify.anatomy.values import ROLE_CRITERION, ROLE_SCALER
+from ddpify.anatomy.distributed.reaching import reaching_values
+
+# options that make a loss other than the plain mean over its rows (a class-weighted or token mean)
+_NOT_A_ROW_MEAN = ("weight", "ignore_index", "size_average", "reduce")
+
+
+@dataclass(frozen=True)
+class RowLosses:
+    """The loss calls whose rows the ranks can share, and (line, why) for each backward they can't."""
+
+    calls: tuple[ast.Call, ...]
+    refusals: tuple[tuple[int, str], ...]
+
+
+def trains_without_loader(a: Anatomy) -> bool:
+    """Does the script train on data no DataLoader (here or in another file) feeds?"""
+    return (a.trains and not a.train_loaders and not a.foreign_loaders and not a.facts.data_loaded_elsewhere
+            and not trains_on_environment(a))  # an environment's episodes: ddp/environments.py
+
+
+def row_losses(a: Anatomy) -> RowLosses:
+    """The loss calls of every `loss.backward()` (or `scaler.scale(loss).backward()`) of the script."""
+    calls: list[ast.Call] = []
+    refusals: list[tuple[int, str]] = []
+    for site in a.training_calls:
+        call: ast.Call = site.node  # type: ignore[assignment]
+        if not (isinstance(call.func, ast.Attribute) and call.func.attr == "backward"):
+            continue
+        terms = loss_terms(a, backward_loss(a, call.func.value))
+        if not terms:
+            refusals.append((site.line, "the loss comes from no loss function called in this file (the model's forward returns it?)"))
+        for term in terms:
+            why = _why_not_row_mean(a, term)
+            if why:
+                refusals.append((term.lineno, why))
+            elif term not in calls:
+                calls.append(term)
+    return RowLosses(tuple(calls), tuple(refusals))
+
+
+def backward_loss(a: Anatomy, receiver: ast.expr) -> ast.expr:
+    """`loss` in `loss.backward()` and in `scaler.scale(loss).backward()`."""
+    if (isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Attribute) and receiver.func.attr == "scale"
+            and receiver.args and a.has_role(receiver.func.value, ROLE_SCALER)):
+        return receiver.args[0]
+    return receiver
+
+
+def _why_not_row_mean(a: Anatomy, call: ast.Call) -> str | None:
+    """Why this loss call is no mean over the rows of its arguments the ranks can share (None: it is)."""
+    name = ast.unparse(call.func)
+    if not call.args or any(isinstance(arg, ast.Starred) for arg in call.args):
+        return f"{name}(...) takes no batch of rows as positional arguments"
+    if sums_over_batch(a, call) is not False:
+        return f"{name}(...) does not average over the rows (its reduction is 'sum' or chosen at run time)"
+    other = next((k for c in _loss_and_criterion(a, call) for k in _NOT_A_ROW_MEAN if keyword(c, k) is not None), None)
+    if other:
+        return f"{name}(...) with {other}= is no plain mean over the rows"
+    reduction = [keyword(c, "reduction") for c in _loss_and_criterion(a, call)]
+    if any(k is not None and not (isinstance(k.value, ast.Constant) and k.value.value == "mean") for k in reduction):
+        return f"{name}(...) does not average over the rows (reduction is not 'mean')"
+    return None
+
+
+def _loss_and_criterion(a: Anatomy, call: ast.Call) -> list[ast.Call]:
+    """The loss call and the construction of its criterion (`criterion = nn.CrossEntropyLoss(...)`)."""
+    if isinstance(call.func, ast.Call):
+        return [call, call.func]
+    if isinstance(call.func, (ast.Name, ast.Attribute)) and a.has_role(call.func, ROLE_CRITERION):
+        return [call, *(v for v in reaching_values(a, call.func) if isinstance(v, ast.Call))]
+    return [call]

@@ -1,0 +1,60 @@
+"""Ranks share the rows of each loss where no DataLoader feeds training.
+
+Whole tensors (`x = torch.linspace(...)`), a graph's nodes picked by a train mask, batches cut by
+hand (`x[i:i + bs]`): the data is the same on every rank, so there is no sampler to add. Each loss
+call of a backward becomes `loss_of_rank_rows(criterion, output, target)`: the mean over this
+rank's rows (every WORLD_SIZE-th), weighted by its share so that DDP's gradient average is exactly
+the single-process gradient, and valued as the whole batch's loss on every rank (one all_reduce of
+a number), so prints, stop tests and LBFGS's closure see the single-process loss. The forward still
+runs on the whole batch on every rank: what the ranks split is the loss. Where a loss is no plain
+mean over rows (summed, class-weighted, a token mean) or comes from the model itself, the data is
+reported not sharded, naming why.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+
+from ddpify.anatomy import Anatomy
+from ddpify.anatomy.full_batch import row_losses, trains_without_loader
+from ddpify.codemods.base import Transform
+from ddpify.codemods.ddp.evaluation import add_helpers
+from ddpify.codemods.ddp.runtime import ROWS_CALL
+from ddpify.codemods.ddp.samplers import DistributedSamplers
+from ddpify.codemods.options import Options
+
+
+class RowsOfEachRank(Transform):
+    """Each rank's share of the rows of every loss, where training reads no DataLoader."""
+
+    NAME = "rows"
+    SEES_EDITS_OF = ()  # its helper goes after setup's, there or pending (add_helpers)
+    DUTY = DistributedSamplers.DUTY  # the same duty: the training data is split over the ranks
+
+    @classmethod
+    def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
+        return trains_without_loader(anatomy)
+
+    def plan(self) -> None:
+        losses = row_losses(self.anatomy)
+        for line, why in losses.refusals:
+            self.missing(line, f"the training data is not sharded (no DataLoader feeds it, and {why}): every rank trains on all of it",
+                         "give each rank its rows of every batch (x[RANK::WORLD_SIZE]) and weight its mean loss by its rows * "
+                         "WORLD_SIZE / all rows, or feed training from a DataLoader with a DistributedSampler")
+        if losses.refusals or not losses.calls or not add_helpers(self, {ROWS_CALL}):
+            return
+        for call in losses.calls:
+            self.rewrite_expression(call, _shared)
+            self.changed(call.lineno, f"{ast.unparse(call.func)}(...) -> {ROWS_CALL}(...): each rank takes every WORLD_SIZE-th row of "
+                                      "the batch, its mean weighted by its share of the rows (the averaged gradient is the "
+                                      "single-process one, exactly; the loss's value is the whole batch's)")
+        self.fulfil()
+
+
+def _shared(node: cst.CSTNode) -> cst.CSTNode:
+    """`criterion(out, y)` -> `loss_of_rank_rows(criterion, out, y)`."""
+    call: cst.Call = node  # type: ignore[assignment]
+    first = cst.Arg(call.func, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return call.with_changes(func=cst.Name(ROWS_CALL), args=[first, *call.args])
