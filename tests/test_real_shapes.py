@@ -130,10 +130,13 @@ def test_directories_are_made_with_exist_ok_on_every_rank():
             os.makedirs("runs")
         if not os.path.isdir("ckpt"): os.mkdir("ckpt")
         os.makedirs("out", exist_ok=True)
+        from os import makedirs
+        makedirs("logs")
     """)
     assert line_with(out, 'os.makedirs("runs"').strip() == 'os.makedirs("runs", exist_ok=True)'
     assert line_with(out, 'isdir("ckpt")').strip() == 'if not os.path.isdir("ckpt"): os.makedirs("ckpt", exist_ok=True)'
-    assert out.count('exist_ok=True') == 3
+    assert line_with(out, 'makedirs("logs"').strip() == 'makedirs("logs", exist_ok=True)'
+    assert out.count('exist_ok=True') == 4
     assert not guarded_by_rank_zero(out, 'os.makedirs("runs"')
 
 

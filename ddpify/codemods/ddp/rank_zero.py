@@ -407,9 +407,11 @@ def _path_on_rank_zero(node: cst.CSTNode, condition: str) -> cst.CSTNode:
 
 
 def _makedirs_exist_ok(node: cst.CSTNode) -> cst.CSTNode:
-    """`os.mkdir(d)` / `os.makedirs(d)` -> `os.makedirs(d, exist_ok=True)`."""
-    assert isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
-    return add_keyword(node.with_changes(func=node.func.with_changes(attr=cst.Name("makedirs"))), "exist_ok", "True")
+    """`os.mkdir(d)` / `os.makedirs(d)` -> `os.makedirs(d, exist_ok=True)`; `makedirs(d)` imported from os keeps its name."""
+    assert isinstance(node, cst.Call)
+    if isinstance(node.func, cst.Attribute):
+        node = node.with_changes(func=node.func.with_changes(attr=cst.Name("makedirs")))
+    return add_keyword(node, "exist_ok", "True")
 
 
 def _with_disable(node: cst.CSTNode, off_rank_zero: str) -> cst.CSTNode:
