@@ -82,8 +82,8 @@ def is_rank_test(a: Anatomy, expr: ast.AST, depth: int = 0) -> bool:
         name = identifier(expr.func)
         if name and _MAIN_PROCESS_NAME.match(name):
             return True
-        callee = a.callee(expr)
-        return callee is not None and callee in _rank_test_functions(a)
+        callee = a.callee(expr)  # a local function that returns a rank test (`def is_main(): return rank == 0`)
+        return callee is not None and any(is_rank_test(a, v, depth + 1) for v in returned_values(a, callee))
     name = identifier(expr)
     if name is None:
         return False
@@ -109,12 +109,6 @@ def _means_a_real_rank(literal: ast.AST) -> bool:
     if isinstance(literal, (ast.Tuple, ast.List, ast.Set)):
         return any(_means_a_real_rank(e) for e in literal.elts)
     return isinstance(literal, ast.Constant) and isinstance(literal.value, int) and not isinstance(literal.value, bool) and literal.value >= 0
-
-
-@per_anatomy
-def _rank_test_functions(a: Anatomy) -> set[str]:
-    """Local functions that return a rank test (`def is_main(): return dist.get_rank() == 0`)."""
-    return {scope for scope in a.functions if any(is_rank_test(a, v) for v in returned_values(a, scope))}
 
 
 def is_rank_zero_test(a: Anatomy, expr: ast.AST) -> bool:
