@@ -7,7 +7,9 @@ is a mean over the rows of its arguments, computed on every WORLD_SIZE-th row an
 share of the rows, gives under DDP's gradient average exactly the single-process gradient.
 
 `row_losses` finds the loss calls of every backward and says, for each one the ranks can't share
-that way, why not.
+that way, why not. `random_offset_draws` finds batches picked at random offsets (`get_batch()` in
+char-level and GPT scripts): drawn alike on every rank, their rows are shared like any batch's, but
+where the model returns the loss, each rank must draw its own instead.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from dataclasses import dataclass
 from ddpify.anatomy.environments import trains_on_environment
 from ddpify.anatomy.losses import loss_terms, sums_over_batch
 from ddpify.anatomy.script import Anatomy
-from ddpify.anatomy.syntax import keyword
+from ddpify.anatomy.syntax import ancestors, keyword
+from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.values import ROLE_CRITERION, ROLE_SCALER
 from ddpify.anatomy.distributed.reaching import reaching_values
+from ddpify.anatomy.vocabulary import INDEX_DRAWS
 
 # options that make a loss other than the plain mean over its rows (a class-weighted or token mean)
 _NOT_A_ROW_MEAN = ("weight", "ignore_index", "size_average", "reduce")
@@ -28,10 +32,12 @@ _NOT_A_ROW_MEAN = ("weight", "ignore_index", "size_average", "reduce")
 
 @dataclass(frozen=True)
 class RowLosses:
-    """The loss calls whose rows the ranks can share, and (line, why) for each backward they can't."""
+    """The loss calls whose rows the ranks can share, (line, why) for each loss they can't, and the
+    lines of the backwards whose loss comes from no loss call of this file (the model returns it)."""
 
     calls: tuple[ast.Call, ...]
     refusals: tuple[tuple[int, str], ...]
+    from_model: tuple[int, ...]
 
 
 def trains_without_loader(a: Anatomy) -> bool:
@@ -44,20 +50,39 @@ def row_losses(a: Anatomy) -> RowLosses:
     """The loss calls of every `loss.backward()` (or `scaler.scale(loss).backward()`) of the script."""
     calls: list[ast.Call] = []
     refusals: list[tuple[int, str]] = []
+    from_model: list[int] = []
     for site in a.training_calls:
         call: ast.Call = site.node  # type: ignore[assignment]
         if not (isinstance(call.func, ast.Attribute) and call.func.attr == "backward"):
             continue
         terms = loss_terms(a, backward_loss(a, call.func.value))
         if not terms:
-            refusals.append((site.line, "the loss comes from no loss function called in this file (the model's forward returns it?)"))
+            from_model.append(site.line)
         for term in terms:
             why = _why_not_row_mean(a, term)
             if why:
                 refusals.append((term.lineno, why))
             elif term not in calls:
                 calls.append(term)
-    return RowLosses(tuple(calls), tuple(refusals))
+    return RowLosses(tuple(calls), tuple(refusals), tuple(from_model))
+
+
+def random_offset_draws(a: Anatomy) -> list[ast.Call]:
+    """`torch.randint(...)` (randperm, multinomial) in the loop around a backward or in a function of this
+    file that the loop calls: each step's batch picked at random offsets (`get_batch()`)."""
+    steps = [loop.body for loop in dict.fromkeys(_loop_around(a, site.node) for site in a.training_calls) if loop]
+    called = [a.callee(n) for body in steps for n in walk_body(body) if isinstance(n, ast.Call)]
+    bodies = steps + [a.functions[name].node.body for name in dict.fromkeys(called) if name]
+    return list(dict.fromkeys(n for body in bodies for n in walk_body(body) if _draws_indices(a, n)))
+
+
+def _loop_around(a: Anatomy, node: ast.AST) -> ast.For | ast.While | None:
+    return next((parent for parent, _ in ancestors(a, node) if isinstance(parent, (ast.For, ast.While))), None)
+
+
+def _draws_indices(a: Anatomy, node: ast.AST) -> bool:
+    module, _, name = (a.qualname(node.func) or "").rpartition(".") if isinstance(node, ast.Call) else ("", "", "")
+    return module == "torch" and name in INDEX_DRAWS
 
 
 def backward_loss(a: Anatomy, receiver: ast.expr) -> ast.expr:

@@ -75,6 +75,8 @@ RANDOM_DRAWS = frozenset({
     "rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "normal", "bernoulli", "multinomial",
     "poisson", "randperm",
 })
+# The draws of indices among them: a batch picked at random offsets (`ix = torch.randint(len(data) - block, (bs,))`).
+INDEX_DRAWS = frozenset({"randint", "randperm", "multinomial"})
 # Tensor methods that fill a tensor in place from torch's global RNG (`noise.normal_(0, 1)`).
 RANDOM_FILLS = frozenset({
     "normal_", "uniform_", "bernoulli_", "random_", "exponential_", "cauchy_", "log_normal_", "geometric_",

@@ -8,7 +8,8 @@ the single-process gradient, and valued as the whole batch's loss on every rank 
 a number), so prints, stop tests and LBFGS's closure see the single-process loss. The forward still
 runs on the whole batch on every rank: what the ranks split is the loss. Where a loss is no plain
 mean over rows (summed, class-weighted, a token mean) or comes from the model itself, the data is
-reported not sharded, naming why.
+reported not sharded, naming why; where the model returns the loss of batches drawn at random
+offsets (`get_batch()`), the report names the recipe: each rank its own draws.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import ast
 import libcst as cst
 
 from ddpify.anatomy import Anatomy
-from ddpify.anatomy.full_batch import row_losses, trains_without_loader
+from ddpify.anatomy.full_batch import random_offset_draws, row_losses, trains_without_loader
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.evaluation import add_helpers
 from ddpify.codemods.ddp.runtime import ROWS_CALL
@@ -39,11 +40,15 @@ class RowsOfEachRank(Transform):
 
     def plan(self) -> None:
         losses = row_losses(self.anatomy)
+        draws = random_offset_draws(self.anatomy)
         for line, why in losses.refusals:
-            self.missing(line, f"the training data is not sharded (no DataLoader feeds it, and {why}): every rank trains on all of it",
-                         "give each rank its rows of every batch (x[RANK::WORLD_SIZE]) and weight its mean loss by its rows * "
-                         "WORLD_SIZE / all rows, or feed training from a DataLoader with a DistributedSampler")
-        if losses.refusals or not losses.calls or not add_helpers(self, {ROWS_CALL}):
+            self._missing_rows(line, why)
+        for line in losses.from_model:
+            if draws:
+                self._missing_own_draws(line, draws[0])
+            else:
+                self._missing_rows(line, "the loss comes from no loss function called in this file (the model's forward returns it?)")
+        if losses.refusals or losses.from_model or not losses.calls or not add_helpers(self, {ROWS_CALL}):
             return
         for call in losses.calls:
             self.rewrite_expression(call, _shared)
@@ -51,6 +56,18 @@ class RowsOfEachRank(Transform):
                                       "the batch, its mean weighted by its share of the rows (the averaged gradient is the "
                                       "single-process one, exactly; the loss's value is the whole batch's)")
         self.fulfil()
+
+    def _missing_rows(self, line: int, why: str) -> None:
+        self.missing(line, f"the training data is not sharded (no DataLoader feeds it, and {why}): every rank trains on all of it",
+                     "give each rank its rows of every batch (x[RANK::WORLD_SIZE]) and weight its mean loss by its rows * "
+                     "WORLD_SIZE / all rows, or feed training from a DataLoader with a DistributedSampler")
+
+    def _missing_own_draws(self, line: int, draw: ast.Call) -> None:
+        self.missing(line, f"the training batches are drawn at random offsets (`{ast.unparse(draw)}`) "
+                           "and the model returns the loss: every rank draws the same batches, so trains on the same data",
+                     "give each rank its own draws, as the DDP ports of GPT training scripts do: torch.manual_seed(seed + RANK) "
+                     "once the model is wrapped, batch_size per rank (the global batch grows WORLD_SIZE times: divide "
+                     "batch_size by WORLD_SIZE to keep it); `ddpify verify` can then show statistical equivalence only")
 
 
 def _shared(node: cst.CSTNode) -> cst.CSTNode:

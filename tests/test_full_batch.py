@@ -1,0 +1,128 @@
+"""Training data no DataLoader feeds (issue 24, class 1): the ranks share each loss's rows, exactly.
+
+The fixtures full_batch_regression.py, graph_node_masks.py and hand_sliced_batches.py prove by
+execution (snapshots, torchrun, verify in exact mode) that the shared rows train like one process;
+these tests hold the judgement: which losses are shared, which are refused and with what recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpify.codemods.pipeline import Status
+from ddpify.convert import convert_source
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = """
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+x = torch.randn(64, 4)
+y = torch.randn(64, 1)
+model = nn.Linear(4, 1)
+criterion = nn.MSELoss({options})
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(10):
+    optimizer.zero_grad()
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+"""
+
+RANDOM_OFFSETS = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+data = torch.randint(0, 10, (500,))
+
+
+def get_batch():
+    ix = torch.randint(len(data) - 8, (4,))
+    return torch.stack([data[i:i + 8] for i in ix]), torch.stack([data[i + 1:i + 9] for i in ix])
+
+
+class Bigram(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(10, 10)
+
+    def forward(self, idx, targets):
+        logits = self.table(idx)
+        return F.cross_entropy(logits.view(-1, 10), targets.view(-1))
+
+
+model = Bigram()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+for step in range(10):
+    xb, yb = get_batch()
+    loss = model(xb, yb)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_mean_loss_on_whole_tensors_is_shared_by_rows():
+    result = convert_source(SCRIPT.format(options=""), "ddp")
+    assert result.status is Status.CONVERTED, result.missing
+    assert "loss = loss_of_rank_rows(criterion, model(x), y)" in result.output
+    assert [c.transform for c in result.changes if c.transform == "rows"] == ["rows"]
+
+
+@pytest.mark.parametrize("options, why", [
+    ('reduction="sum"', "does not average over the rows"),
+    ('reduction="none"', "reduction is not 'mean'"),
+    ("size_average=False", "does not average over the rows"),
+])
+def test_a_loss_that_is_no_mean_over_rows_is_left_with_why(options, why):
+    result = convert_source(SCRIPT.format(options=options), "ddp")
+    assert result.status is Status.INCOMPLETE
+    assert "loss_of_rank_rows" not in result.output
+    (missing,) = result.missing
+    assert missing.what.startswith("the training data is not sharded (no DataLoader feeds it, and criterion(...)") and why in missing.what
+
+
+def test_a_class_weighted_mean_is_no_plain_mean_over_rows():
+    script = SCRIPT.replace("nn.MSELoss({options})", "nn.CrossEntropyLoss(weight=torch.ones(3))").replace("torch.randn(64, 1)", "torch.randint(0, 3, (64,))")
+    result = convert_source(script.replace("nn.Linear(4, 1)", "nn.Linear(4, 3)"), "ddp")
+    assert result.status is Status.INCOMPLETE
+    assert "with weight= is no plain mean over the rows" in result.missing[0].what
+
+
+def test_random_offset_batches_with_the_models_own_loss_name_the_per_rank_draws_recipe():
+    result = convert_source(RANDOM_OFFSETS, "ddp")
+    assert result.status is Status.INCOMPLETE
+    (missing,) = result.missing
+    assert missing.line == RANDOM_OFFSETS.splitlines().index("    loss.backward()") + 1
+    assert "drawn at random offsets (`torch.randint(len(data) - 8, (4,))`) and the model returns the loss" in missing.what
+    assert "torch.manual_seed(seed + RANK)" in missing.todo and "statistical equivalence only" in missing.todo
+
+
+def test_a_script_with_a_training_loader_keeps_its_losses():
+    script = SCRIPT.format(options="").replace(
+        "for step in range(10):\n", "loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)\n"
+                                    "for step, (x, y) in enumerate(loader):\n")
+    result = convert_source(script, "ddp")
+    assert result.status is Status.CONVERTED and "DistributedSampler" in result.output
+    assert "loss_of_rank_rows" not in result.output
+
+
+def test_verify_does_not_read_the_shared_loss_value_as_unsharded_data():
+    """Every rank's loss is valued as the whole batch's, alike on every rank: by design, not a sign that
+    the ranks train on the same data."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    completed = subprocess.run([sys.executable, "-m", "ddpify", "verify", "fixtures/full_batch_regression.py", "--to", "ddp",
+                                "--steps", "4", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = json.loads(completed.stdout)
+    assert (completed.returncode, result["verdict"], result["mode"]) == (0, "equivalent", "exact"), result["message"]
+    assert "same data" not in result["message"] and not any("same losses" in note for note in result["notes"])
