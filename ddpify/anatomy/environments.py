@@ -1,6 +1,7 @@
 """Reinforcement learning: training data that an environment plays out, episode by episode.
 
-A script that builds an environment (`env = gym.make(...)`) and trains a network on what it plays
+A script that builds an environment (`env = gym.make(...)`, or a class of its own with `reset` and
+`step` methods) and trains a network on what it plays
 (REINFORCE, actor-critic, DQN with a replay buffer) has no data to shard: each rank plays its own
 episodes instead, from an environment seeded with the rank. Episodes end at different steps on
 different ranks, so DDP (one all_reduce per backward) hangs unless every rank makes the same number
@@ -43,8 +44,10 @@ class EpisodeSchedule:
 
 
 def environments(a: Anatomy) -> list[CallSite]:
-    """`gym.make(...)` and the like."""
-    return a.calls_to(*ENVIRONMENT_FACTORIES)
+    """`gym.make(...)` and the like, and a class of this file that has `reset` and `step` methods built."""
+    methods = {scope.rpartition(".") for scope in a.functions}
+    built_here = {cls for cls, _, name in methods if name == "reset" and (cls, ".", ENVIRONMENT_STEP) in methods}
+    return a.calls_to(*ENVIRONMENT_FACTORIES, *built_here)
 
 
 def trains_on_environment(a: Anatomy) -> bool:

@@ -1,6 +1,7 @@
 """The DDP codemod: the transforms that turn a single-GPU script into a torchrun one, in order."""
 
 from ddpify.codemods.ddp.devices import RankDevices
+from ddpify.codemods.ddp.environments import EnvironmentsOfEachRank
 from ddpify.codemods.ddp.evaluation import EvaluationSharding, ReducedLossPrints
 from ddpify.codemods.ddp.library import LibraryRuntime
 from ddpify.codemods.ddp.module_access import DDPModuleAccess
@@ -17,7 +18,7 @@ from ddpify.codemods.ddp.wrap import RemoveDataParallel, WrapModel
 
 DDP_TRANSFORMS = (
     DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank,
-    DistributedSamplers, RowsOfEachRank, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
+    DistributedSamplers, RowsOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
 )
 
 

@@ -138,14 +138,32 @@ def loss_of_rank_rows(loss_fn, *batch, **options):
     return share + (whole / WORLD_SIZE - share.detach())
 '''
 
+AGREE_HELPER = '''
+
+def on_every_rank(flag):
+    """True on every rank where `flag` is true on every rank (one all_reduce):
+    the ranks take a branch or leave a loop together, so each makes the same
+    optimizer steps (DDP's all_reduce would wait forever otherwise)."""
+    agreed = torch.tensor(1.0 if flag else 0.0, device=RANK_DEVICE)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    return bool(agreed.item())
+
+
+def on_any_rank(flag):
+    """True on every rank where `flag` is true on any rank (see on_every_rank)."""
+    return not on_every_rank(not flag)
+'''
+
 SHARD_CALL = "evaluation_shard"
 SUMS_CALL = "all_reduce_sums"
 GATHER_CALL = "all_gather_lists"
 MEAN_CALL = "mean_over_ranks"
 MODULE_CALL = "evaluation_module"
+EVERY_CALL = "on_every_rank"
+ANY_CALL = "on_any_rank"
 ROWS_CALL = "loss_of_rank_rows"
 # each helper's code, in the order they are added to a script (after cleanup_distributed)
 EVALUATION_HELPERS = {SHARD_CALL: SHARD_HELPER, MODULE_CALL: MODULE_HELPER, SUMS_CALL: SUMS_HELPER, GATHER_CALL: GATHER_HELPER, MEAN_CALL: MEAN_HELPER,
-                      ROWS_CALL: ROWS_HELPER}
+                      ROWS_CALL: ROWS_HELPER, EVERY_CALL: AGREE_HELPER}
 # the functions ddpify adds at the top of a script: new helpers go after the last one present
-ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed")
+ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed", ANY_CALL)
