@@ -47,7 +47,7 @@ class RowsOfEachRank(Transform):
             if draws:
                 self._missing_own_draws(line, draws[0])
             else:
-                self._missing_rows(line, "the loss comes from no loss function called in this file (the model's forward returns it?)")
+                self._missing_rows(line, "the loss comes from no loss function called in this file (written by hand, or returned by the model)")
         if losses.refusals or losses.from_model or not losses.calls or not add_helpers(self, {ROWS_CALL}):
             return
         for call in losses.calls:
