@@ -1,17 +1,23 @@
 """A conversion analyses its file once per pipeline stage plus once for the lint of its output: the
 project layer's analysis is the first stage's (ddpify.project_conversion hands it on), and the
-input is syntax-checked once."""
+input is syntax-checked once. The rank-0 duties are planned on the code the first stage produced
+(a second stage): the last tests here show two shapes whose output is wrong when they are planned
+on the input instead (ddpify.codemods.pipeline says what else that stage reads)."""
 
 from __future__ import annotations
 
 import ast
 import builtins
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from ddpify.anatomy import Anatomy
+from ddpify.codemods.pipeline import Status
+from ddpify.convert import convert_source
 from ddpify.project_conversion import plan_conversion
+from test_real_shapes import guarded_by_rank_zero
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -55,3 +61,56 @@ def test_a_one_file_convert_analyses_once_per_stage_and_once_for_lint(counts, fi
     assert result.changed
     assert counts["analyses"] == analyses
     assert counts["compiles"].count(str(path)) == 1
+
+
+# A print of a local evaluation: before the first stage, `evaluate` neither reduces over ranks nor is
+# handed a DDP wrapper; after it, it does both.
+PRINTED_EVALUATION = """\
+    import torch
+    import torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    def evaluate(model, loader):
+        correct = 0
+        with torch.no_grad():
+            for x, y in loader:
+                correct += (model(x).argmax(1) == y).sum().item()
+        return correct / len(loader.dataset)
+
+
+    def main():
+        data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+        train_loader = DataLoader(data, batch_size=8, shuffle=True)
+        val_loader = DataLoader(data, batch_size=8)
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            for x, y in train_loader:
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+            print(f"epoch {epoch} acc {evaluate(model, val_loader):.3f}")
+
+
+    if __name__ == "__main__":
+        main()
+    """
+
+
+def test_the_rank_zero_plan_sees_the_reductions_the_evaluation_sharding_adds():
+    """Sharded, `evaluate` all-reduces its sums: every rank computes it, rank 0 alone prints (planned
+    on the input, the print would keep the call under `if RANK == 0:` and hang the other ranks)."""
+    result = convert_source(textwrap.dedent(PRINTED_EVALUATION), "ddp")
+    assert result.status is Status.CONVERTED, result.missing
+    assert "evaluate_result = evaluate(model, val_loader)" in result.output
+    assert not guarded_by_rank_zero(result.output, "evaluate_result = evaluate(")
+    assert guarded_by_rank_zero(result.output, 'print(f"epoch {epoch} acc {evaluate_result:.3f}")')
+
+
+def test_the_rank_zero_plan_sees_the_wrapper_the_wrap_makes():
+    """Evaluated whole on rank 0 only, `evaluate` gets the module inside the wrapper (planned on the
+    input, where `model` is no wrapper yet, it would get the wrapper, whose forward syncs every rank)."""
+    result = convert_source(textwrap.dedent(PRINTED_EVALUATION), "ddp", eval="whole")
+    assert result.status is Status.CONVERTED, result.missing
+    assert guarded_by_rank_zero(result.output, "evaluate(model.module, val_loader)")
