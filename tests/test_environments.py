@@ -6,6 +6,7 @@ ranks whose episodes differ from hanging."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -166,3 +167,14 @@ def test_ranks_whose_episodes_differ_finish_only_because_they_agree(tmp_path: Pa
             outcomes[name] = "hung"
     assert outcomes["agreed"] == 0
     assert outcomes["unagreed"] != 0
+
+
+def test_verify_says_statistically_equivalent_and_why(tmp_path: Path):
+    """verify cannot compare an episode's loss with the reference's: it checks the ranks step alike and
+    hold the same parameters, and says so, instead of 'diverged' at step 1."""
+    script = tmp_path / "rl_dqn_replay.py"
+    script.write_text((REAL / "rl_dqn_replay.py").read_text())
+    done = run_script([sys.executable, "-m", "ddpify", "verify", script.name, "--to", "ddp", "--json"], tmp_path, timeout=300)
+    result = json.loads(done.stdout[done.stdout.index("{"):])
+    assert (result["verdict"], result["mode"]) == ("equivalent", "statistical"), result["message"]
+    assert "each rank plays its own episodes" in result["message"] and "held the same parameters" in result["message"]

@@ -182,6 +182,8 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
         return {**result, "verdict": "not_converted", "diverged_at": None, "message": _not_converted_message(plan)}
     if MOVED_FLAG in flags:
         return {**result, "verdict": "diverged", "diverged_at": None, "message": _moved_after_wrap_message(flags[MOVED_FLAG])}
+    if plan.plays_own_episodes:
+        return _own_episodes_result(plan, ranks, counts, result)
     divergence = first_divergence(rows, counts)
     if divergence is None:  # no precondition held the runs apart (a summed loss scaled by WORLD_SIZE, say)
         caveat = ", but every rank trained on the same data (see notes)" if same_data else ""
@@ -195,6 +197,26 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
              f"sharded)" if same_data else "")
     message = f"diverged at step {step}{cause}: " + "; ".join(problems)
     return {**result, "verdict": "diverged", "diverged_at": step, "message": message}
+
+
+def _own_episodes_result(plan: Plan, ranks: list[Record], counts: list[int], result: dict) -> dict:
+    """Reinforcement learning, each rank playing its own episodes: no step's loss compares with the
+    reference's, so what is checked is that the ranks made the same optimizer steps and held the same
+    parameters after each (the gradients averaged), and the verdict says so."""
+    steps = min(counts[1:])
+    disagree = next((k + 1 for k in range(steps) if any(relative_difference(rank.params[k], ranks[0].params[k]) > EXACT_TOLERANCE
+                                                          for rank in ranks[1:])), None)
+    result = {**result, "mode": "statistical", "steps": [], "preconditions": []}
+    if len(set(counts[1:])) > 1:
+        return {**result, "verdict": "diverged", "diverged_at": steps + 1,
+                "message": f"diverged: the ranks made {sorted(set(counts[1:]))} optimizer steps (every rank must make the same)"}
+    if disagree is not None:
+        return {**result, "verdict": "diverged", "diverged_at": disagree,
+                "message": f"diverged at step {disagree}: ranks hold different parameters (are gradients averaged?)"}
+    return {**result, "verdict": "equivalent", "diverged_at": None,
+            "message": f"equivalent (statistical: each rank plays its own episodes, so no step's loss compares with "
+                       f"the reference's): the {plan.nproc} ranks made the same {steps} optimizer steps and held the same "
+                       f"parameters after each (gradients averaged); the reference made {counts[0]}"}
 
 
 def _moved_after_wrap_message(detail: str) -> str:

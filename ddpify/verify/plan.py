@@ -61,6 +61,9 @@ class Plan:
     # The converter gave each rank its rows of every loss (codemods/ddp/rows.py): each rank's loss is
     # valued as the whole batch's, so equal losses on every rank do not mean the ranks share their data.
     loss_rows_shared: bool = False
+    # The converter gave each rank an environment of its own (codemods/ddp/environments.py): the ranks
+    # play other episodes than the reference, so no step's loss compares with the reference's.
+    plays_own_episodes: bool = False
 
     def change_at(self, file: str, line: int) -> str | None:
         """The converter's change that wrote `line` of the candidate's `file`, when its report names one."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
+from ddpify.codemods.ddp.environments import EnvironmentsOfEachRank
 from ddpify.codemods.ddp.rows import RowsOfEachRank
 from ddpify.verify.diagnose import exception_line_in
 from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan, Run
@@ -134,8 +135,8 @@ def make_plan(request: Request, workspace: str, converted: dict[Path, Conversion
                 reference_epoch_loops=tuple((line, *loop) for line, loops in loaders.items() for loop in loops),
                 dp_replicas=request.nproc if request.target == "dp" else 0,
                 changes=tuple(_changes_by_line(placed) if converted else ()),
-                loss_rows_shared=any(change.transform == RowsOfEachRank.NAME for conversion in (converted or {}).values()
-                                     for change in conversion.changes))
+                loss_rows_shared=_made_changes(converted, RowsOfEachRank.NAME),
+                plays_own_episodes=_made_changes(converted, EnvironmentsOfEachRank.NAME))
     notes = [note for side in sides.values() if (note := side.note())]
     return plan, list(dict.fromkeys(notes))
 
@@ -147,6 +148,11 @@ def _converted_module(path: Path, text: str, home: Path, root: Path) -> str:
         raise CandidateUnavailable(f"{path}: a converted module outside the working directory; run verify from the project's root")
     (root / inside).write_text(text)
     return str(root / inside)
+
+
+def _made_changes(converted: dict[Path, ConversionResult] | None, transform: str) -> bool:
+    """Did the named transform change any converted file?"""
+    return any(change.transform == transform for conversion in (converted or {}).values() for change in conversion.changes)
 
 
 def _changes_by_line(placed: dict[str, tuple[Path, ConversionResult]]) -> Iterator[tuple[str, int, str]]:
