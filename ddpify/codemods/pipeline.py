@@ -10,8 +10,29 @@ project layer hands it in turn); each later stage analyses the code the stage be
 because its transforms read those edits (SEES_EDITS_OF) or edit the same statements; a stage that
 made no edits is not analysed again. The analysis is not patched in place: an edit moves lines and
 statements, and the roles, scopes and value flow of the code around it follow from the whole file.
-A DDP or FSDP conversion typically has two stages (the rank-0 duties read the wrap, the evaluation
-helpers and the printed losses), so with the lint of the output it analyses three times.
+A DDP or FSDP conversion typically has two stages, so with the lint of the output it analyses three
+times. The second stage is the rank-0 duties' (with `.module` access for DDP where the wrapper
+lacks what the model is read for, and FSDP's whole-model check, which read the wrap and the shard).
+Planned on the input instead (tests/test_analyses_per_convert.py), rank 0 would misjudge:
+
+- what evaluates to the DDP wrapper or the sharded model (anatomy.distributed's is_wrapper,
+  is_sharded_model): rank-0-only code would call the wrapper, not `.module`, and a forward of the
+  sharded model in a print's arguments (an all-gather) would stay under the guard;
+- which calls join every rank because of collectives the first stage adds (every_rank_work's
+  joins_by_itself): a printed `evaluate(model, loader)` whose loop the evaluation sharding follows
+  by `all_reduce_sums` must run on every rank first, and a `with open(..., "w")` block around such
+  work stays on every rank;
+- and it would edit the statements other first-stage transforms edit (Edits.interferes_with sends
+  it to a new stage anyway): the loss prints log-loss rewrites to `mean_over_ranks` values (in 46
+  of the 114 scripts of bench/bench_convert.py's corpus when measured), the saves FSDP's state_dict
+  transform rewrites (15), the `__main__` statements setup encloses in try/finally (2).
+
+A single stage would need the first stage to hand these over in the input's terms: the wrap's plan
+the names it binds to wrappers (or shards) and from which statement on, the evaluation and log-loss
+plans the functions and statements that will call a collective (as ProjectFacts tells a file which
+of another file's functions join every rank), every-rank judgements that take them, and an edit
+engine that makes two rewrites of one statement in order. Where the setup's helpers go is handed
+over already (add_helper, the room setup leaves).
 
 Changes are reported against the lines of the user's original file: after each pass a line map
 (from a diff of the pass's input and output) carries every line back to where it came from.
