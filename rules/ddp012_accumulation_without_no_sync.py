@@ -70,19 +70,21 @@ def _accumulation_guard(a, step: ast.Call, loop: ast.AST, backward: ast.AST) -> 
         if parent is loop:
             return False
         if isinstance(parent, ast.If) and child is not parent.test and _looks_like_accumulation(parent.test):
-            return not any(p is parent for p, _ in syntax.ancestors(a, backward)) and not _cleared_between(a, backward, step)
+            return not any(p is parent for p, _ in syntax.ancestors(a, backward)) and not _cleared_between(a, backward, step, loop)
     return False
 
 
-def _cleared_between(a, backward: ast.AST, step: ast.Call) -> bool:
-    """Is this optimizer's zero_grad() called after `backward` and before `step` (a model stepped on a
-    schedule, WGAN's `if i % n_critic == 0:`, clears its gradients first): nothing carries over?"""
+def _cleared_between(a, backward: ast.AST, step: ast.Call, loop: ast.AST) -> bool:
+    """Is this optimizer's zero_grad() called in the loop after `backward` and before `step` runs (a model
+    stepped on a schedule, WGAN's `if i % n_critic == 0:`, clears its gradients first; a backward after
+    the step, in the rest of its pass or in the next pass before the step): nothing carries over?"""
     receiver = ast.unparse(step.func.value)  # type: ignore[attr-defined]
-    return any(
-        syntax.method_name(n) == "zero_grad" and ast.unparse(n.func.value) == receiver  # type: ignore[attr-defined]
-        and backward.lineno < n.lineno < step.lineno  # type: ignore[attr-defined]
-        for n in a.nodes if isinstance(n, ast.Call)
-    )
+    clears = [n.lineno for n in ast.walk(loop)
+              if syntax.method_name(n) == "zero_grad" and ast.unparse(n.func.value) == receiver]  # type: ignore[attr-defined]
+    after, before = backward.lineno, step.lineno  # type: ignore[attr-defined]
+    if after < before:
+        return any(after < line < before for line in clears)
+    return any(line > after or line < before for line in clears)
 
 
 def _looks_like_accumulation(test: ast.AST) -> bool:
@@ -135,6 +137,20 @@ for i, (x, y) in enumerate(loader):
     if i % 5 == 0:
         (model(x) - y).pow(2).mean().backward()
         opt.step()
+""",
+    # a backward after the scheduled step (a discriminator's loss on the generator's output) whose
+    # gradients the next pass clears before that step
+    _HEAD + """critic = DDP(torch.nn.Linear(1, 1))
+opt_c = torch.optim.SGD(critic.parameters(), lr=0.1)
+for i, (x, y) in enumerate(loader):
+    opt.zero_grad()
+    out = model(x)
+    if i % 2 == 0:
+        (out - y).pow(2).mean().backward(retain_graph=True)
+        opt.step()
+    opt_c.zero_grad()
+    critic(out).mean().backward()
+    opt_c.step()
 """,
     # no accumulation: an optimizer step per batch
     _HEAD + """for x, y in loader:
