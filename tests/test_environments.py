@@ -129,7 +129,7 @@ def test_each_rank_seeds_its_environment_and_agrees_on_leaving_the_episode_loop(
     assert any("statistically, not exactly, equivalent" in a.message for a in result.advice)
 
 
-def test_an_update_that_waits_for_a_full_replay_buffer_waits_for_every_rank_s():
+def test_an_update_that_waits_for_a_full_replay_buffer_waits_for_every_rank():
     result = convert((REAL / "rl_dqn_replay.py").read_text())
     assert result.status is Status.CONVERTED, result.missing
     assert "if on_every_rank(len(buffer) >= WARMUP):" in result.output
