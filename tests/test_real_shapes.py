@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import textwrap
+from pathlib import Path
 
 from ddpify.convert import convert_source
 from ddpify.lint.engine import check_text, rule_set
@@ -238,3 +239,16 @@ def test_an_iterable_dataset_gets_no_sampler_and_the_conversion_says_so():
         """), "ddp", path="t.py")
     assert "DistributedSampler" not in result.output and "set_epoch" not in result.output
     assert any("IterableDataset" in m.what and m.line == 18 for m in result.missing)  # incomplete, exit 3
+
+
+def test_parameter_groups_built_in_a_resume_branch_wrap_the_model_once_after_its_move():
+    """SSD-style: the optimizer's groups are lists filled from `model.named_parameters()` in the
+    fresh-start branch; the other branch reloads. One wrap, after the branches and the device move."""
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "param_groups_resume_branch.py"
+    result = convert_source(path.read_text(), "ddp", path=str(path))
+    lines = [line.strip() for line in result.output.splitlines()]
+    wrap = lines.index("model = DDP(model, device_ids=[LOCAL_RANK] if next(model.parameters()).is_cuda else None)")
+    assert lines[wrap - 1] == "model = model.to(device)"
+    assert lines.count(lines[wrap]) == 1
+    assert lines[wrap + 1] == "prior = model.module.prior.to(device)"
+    assert not result.missing and lint_codes(result.output) == []

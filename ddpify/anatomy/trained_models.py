@@ -15,7 +15,7 @@ from ddpify.anatomy.bindings import Binding
 from ddpify.anatomy.sites import MODULE_SCOPE, CallSite, ModelSite, Ref, Site
 from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.values import ROLE_MODEL, ROLE_MODELS, ScriptValues, argument_for, assigned_value
-from ddpify.anatomy.vocabulary import DEVICE_MOVES
+from ddpify.anatomy.vocabulary import DEVICE_MOVES, PARAMETER_METHODS
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
@@ -191,15 +191,24 @@ class TrainedModels(ScriptValues):
         return None
 
     def _placements_after(self, ref: Ref, stmt: ast.stmt) -> list[ast.stmt]:
-        """Statements after `stmt` in its block, before the first loop, that move `ref` to a device."""
+        """Statements after `stmt` in its block, before the first loop (other than one over the model's
+        own parameters, which sorts them into groups), that move `ref` to a device."""
         block = self.block_of(stmt)
         out = []
         for later in block[block.index(stmt) + 1:]:
-            if isinstance(later, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.ClassDef)):
+            if isinstance(later, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.ClassDef)) and not self._walks_parameters(later, ref):
                 break
             if any(self._moves(node, ref) for node in ast.walk(later)):
                 out.append(later)
         return out
+
+    def _walks_parameters(self, loop: ast.stmt, ref: Ref) -> bool:
+        """`for name, param in model.named_parameters():` (or `.parameters()`) over `ref`'s model."""
+        call = getattr(loop, "iter", None)
+        return (
+            isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            and call.func.attr in PARAMETER_METHODS and self.ref(call.func.value) == ref
+        )
 
     def _moves(self, node: ast.AST, ref: Ref) -> bool:
         return (
@@ -215,8 +224,12 @@ class TrainedModels(ScriptValues):
         last assignment on the way to `used_at`, or the if/try/with/match whose branches assign it
         (`if arch == "a": model = A() else: model = B()`: one variable, bound once the branches end)."""
         given = self._reaching_bindings(ref, used_at)
+        if given and not ref.name.startswith("self."):
+            given = self._every_branch_binding(ref, given)
         if given:
             stmt = self.statement_binding(given[-1].stmt, None if ref.name.startswith("self.") else used_at)
+            if stmt is None:  # used inside one of the branches: bound once they end
+                stmt = self.statement_binding(given[-1].stmt)
             if stmt is given[-1].stmt:
                 value = given[-1].value
                 origin = next(iter(self.origins(value, ROLE_MODEL)), None) if value is not None else None
@@ -250,6 +263,16 @@ class TrainedModels(ScriptValues):
                 reaching[stmt].append(b)
         last = max(reaching, key=lambda s: (s.lineno, s.col_offset), default=None)
         return reaching[last] if last is not None else []
+
+    def _every_branch_binding(self, ref: Ref, given: list[Binding]) -> list[Binding]:
+        """`given`, or every binding of `ref` in the if/try around it when another branch binds it too
+        (`if checkpoint is None: model = SSD300(); optimizer = ... else: model = checkpoint["model"]`):
+        the model is one variable, bound (and wrapped) once the branches end."""
+        around = self.statement_binding(given[-1].stmt)
+        if around is given[-1].stmt:
+            return given
+        inside = [b for b in self._values_given(ref) if self._holds(around, b.stmt)]
+        return inside if len({self.place_of(b.stmt)[:2] for b in inside}) > 1 else given
 
     def _branches_binding(self, ref: Ref, stmt: ast.stmt, given: list[Binding]) -> ModelSite:
         """The model `ref` gets in the branches of `stmt`: wrapped once, after it (and after its moves)."""

@@ -29,6 +29,8 @@ from ddpify.anatomy.vocabulary import (
     is_scheduler_constructor,
 )
 
+_FILLING_METHODS = ("append", "extend")
+
 ROLE_MODEL = "model"
 ROLE_LOADER = "loader"
 ROLE_OPTIMIZER = "optimizer"
@@ -287,6 +289,20 @@ class ScriptValues(ScriptTree):
             earlier = [s for s in self._assignments_to(ref) if s.lineno <= node.lineno]
             if earlier:
                 yield from self.walk_through_variables(assigned_value(earlier[-1]), depth + 1)
+            for value in self._filled_into(ref, node):
+                yield from self.walk_through_variables(value, depth + 1)
+
+    def _filled_into(self, ref: Ref, used_at: ast.Name) -> Iterator[ast.AST]:
+        """What a list is filled with before `used_at` (`biases.append(param)`), and what a loop
+        variable walks (`model.named_parameters()` for `param`): SSD's parameter groups."""
+        for b in bindings(self).get(ref, ()):
+            if isinstance(b.stmt, (ast.For, ast.AsyncFor)) and b.stmt.lineno <= used_at.lineno:
+                yield b.stmt.iter
+        for call in self.calls:
+            func = call.node.func  # type: ignore[attr-defined]
+            if (call.line <= used_at.lineno and isinstance(func, ast.Attribute) and func.attr in _FILLING_METHODS
+                    and isinstance(func.value, ast.Name) and self.ref(func.value) == ref):
+                yield from call.node.args  # type: ignore[attr-defined]
 
     @cached_property
     def loop_targets(self) -> list[tuple[ast.AST, ast.AST]]:
