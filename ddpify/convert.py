@@ -80,7 +80,7 @@ def _nothing_to_do(anatomy: Anatomy, target: str, facts: ProjectFacts) -> str:
     kind = anatomy.kind
     if kind is ScriptKind.NOT_TORCH and not facts:  # a project module may handle torch objects without importing torch
         return "does not use torch"
-    if kind is ScriptKind.FRAMEWORK:
+    if kind.by_a_library:
         label, call = anatomy.framework  # type: ignore[misc]
         return f"{ALREADY_DISTRIBUTED} by {label} ({call.qualname} at line {call.line}); nothing to do"
     if kind.distributed:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import ast
 from typing import Sequence
 
-from ddpify.anatomy import Anatomy, Pos, syntax
+from ddpify.anatomy import Anatomy, Pos, ScriptKind, syntax
 from ddpify.anatomy.cache import per_anatomy
+from ddpify.anatomy.distributed.accelerate import accelerator_spelling
 from ddpify.anatomy.distributed.ranks import is_rank_zero_test, mentions_rank, spawn_workers
 from ddpify.anatomy.distributed.reaching import assignments
 from ddpify.anatomy.vocabulary import TORCH_SAVE
@@ -19,7 +20,13 @@ from ddpify.edits.expressions import module_of, remove_keyword
 from ddpify.edits.hoist import hoisted_names, hoisted_then_guarded
 from ddpify.edits.statements import first_in_body, guard, parse_statements
 from ddpify.lint import Edit, Fix
+from ddpify.lint.rule import FAMILY_KINDS
 from ddpify.lint.cst_fixes import expression_edit, statement_edit, statement_edit_with
+
+
+# The scripts of the DDP rules that hold under Hugging Face Accelerate too (one process per device,
+# the model wrapped by `accelerator.prepare`): ranks, collectives, rank-0 output, the wrapper's attributes.
+DDP_AND_ACCELERATE = FAMILY_KINDS["DDP"] | {ScriptKind.ACCELERATE}
 
 
 def header_pos(a: Anatomy, stmt: ast.stmt) -> Pos:
@@ -54,7 +61,8 @@ def rank_zero_test(a: Anatomy, node: ast.AST) -> tuple[str, bool] | None:
     """Source text of a rank-0 test for a guard around `node`, and whether it is known to work there.
 
     The script's own test is reused when an earlier `if <rank-0 test>:` in the same function reads
-    the same variables (known to work); otherwise `dist.get_rank() == 0` (needs an initialised
+    the same variables (known to work), or the script's Accelerator's `accelerator.is_main_process`;
+    otherwise `dist.get_rank() == 0` (needs an initialised
     process group at that point, so not known to work). None when torch.distributed isn't spelled.
     """
     scope = syntax.enclosing_function(a, node)
@@ -64,6 +72,9 @@ def rank_zero_test(a: Anatomy, node: ast.AST) -> tuple[str, bool] | None:
     rank_variable = _global_rank_variable(a, scope, node.lineno)  # type: ignore[attr-defined]
     if rank_variable is not None:
         return f"{rank_variable} == 0", True
+    accelerator = accelerator_spelling(a, scope)
+    if accelerator is not None:
+        return f"{accelerator}.is_main_process", True
     get_rank = syntax.spelling(a, "torch.distributed.get_rank")
     return (f"{get_rank}() == 0", False) if get_rank else None
 

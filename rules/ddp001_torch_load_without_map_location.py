@@ -10,7 +10,7 @@ from ddpify.anatomy.vocabulary import TORCH_LOAD
 from ddpify.edits.expressions import add_keyword
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit
-from ddpify.rules._ddp import per_rank_target
+from ddpify.rules._ddp import DDP_AND_ACCELERATE, per_rank_target
 
 
 class TorchLoadWithoutMapLocation(Rule, code="DDP001", name="torch-load-without-map-location", severity="error"):
@@ -44,6 +44,7 @@ class TorchLoadWithoutMapLocation(Rule, code="DDP001", name="torch-load-without-
     """
 
     message = "torch.load() without map_location loads every rank's copy onto the GPU it was saved from (usually cuda:0)"
+    applies_to = DDP_AND_ACCELERATE
 
     VALID = (
         "import torch\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\n"

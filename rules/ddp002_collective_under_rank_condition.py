@@ -9,7 +9,7 @@ from ddpify.anatomy.distributed.ranks import rank_guard, rank_guarded
 from ddpify.anatomy.distributed.wrappers import is_wrapper, wrap_calls
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import module_fix
+from ddpify.rules._ddp import DDP_AND_ACCELERATE, module_fix
 
 
 class CollectiveUnderRankCondition(Rule, code="DDP002", name="collective-under-rank-condition", severity="error"):
@@ -51,6 +51,7 @@ class CollectiveUnderRankCondition(Rule, code="DDP002", name="collective-under-r
     """
 
     message = "collective runs on some ranks only; the other ranks never join it and the job hangs"
+    applies_to = DDP_AND_ACCELERATE
 
     def check(self, a):
         for site in collectives(a):

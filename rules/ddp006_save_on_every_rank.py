@@ -11,7 +11,7 @@ from ddpify.anatomy.output import FILE_WRITTEN, output_kind
 from ddpify.anatomy.vocabulary import OPEN_CALLS, TORCH_SAVE, opens_for_writing
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._cases import guarded_case
-from ddpify.rules._ddp import per_rank_target, rank_zero_guard_fix
+from ddpify.rules._ddp import DDP_AND_ACCELERATE, per_rank_target, rank_zero_guard_fix
 
 class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="error"):
     """## What it does
@@ -48,6 +48,7 @@ class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="
     """
 
     message = "every rank writes this file at once; the writes race — write on rank 0 only"
+    applies_to = DDP_AND_ACCELERATE
 
     def check(self, a):
         reported: set[ast.Call] = set()

@@ -13,7 +13,7 @@ from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import BUILTIN_PRINT, PRINT, is_pure_call
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._cases import guarded_case
-from ddpify.rules._ddp import call_arguments, per_rank_target, rank_zero_guard_fix
+from ddpify.rules._ddp import DDP_AND_ACCELERATE, call_arguments, per_rank_target, rank_zero_guard_fix
 
 _LOGGING_SETUP = frozenset({"logging.basicConfig"})
 _LOGGER_SETUP_METHODS = frozenset({"setLevel", "addHandler"})
@@ -57,6 +57,7 @@ class LogOnEveryRank(Rule, code="DDP007", name="log-on-every-rank", severity="wa
     """
 
     message = "runs on every rank: the output is repeated world-size times"
+    applies_to = DDP_AND_ACCELERATE
 
     def check(self, a):
         silenced = _logging_depends_on_rank(a)

@@ -11,7 +11,7 @@ from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import DDP_WRAPPER, TORCH_SAVE, wrapper_lacks
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._cases import NET
-from ddpify.rules._ddp import is_saved, module_fix
+from ddpify.rules._ddp import DDP_AND_ACCELERATE, is_saved, module_fix
 
 
 class WrapperAttribute(Rule, code="DDP009", name="wrapper-attribute", severity="error"):
@@ -51,6 +51,7 @@ class WrapperAttribute(Rule, code="DDP009", name="wrapper-attribute", severity="
     """
 
     message = "attribute of the model read through the DDP wrapper; use `.module`"
+    applies_to = DDP_AND_ACCELERATE
 
     def check(self, a):
         if not wrap_calls(a):

@@ -21,10 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import FIXTURES_DIR, run_ddpify  # noqa: E402
 from test_converted_runs import bench, launcher  # noqa: E402
 
+from ddpify.anatomy import ScriptKind, analyze  # noqa: E402
 from ddpify.cli import cli  # noqa: E402
 from ddpify.codemods.accelerate import runtime  # noqa: E402
 from ddpify.codemods.pipeline import Status  # noqa: E402
 from ddpify.convert import convert_source  # noqa: E402
+from ddpify.lint.engine import check_text, rule_set  # noqa: E402
+from ddpify.lint.registry import all_rules  # noqa: E402
 
 TOP_LEVEL = [entry for entry in bench.entries() if "/" not in entry.name]
 
@@ -288,6 +291,61 @@ def test_convert_says_nothing_of_installing_where_accelerate_is(tmp_path):
     script.write_text((FIXTURES_DIR / "basic_main.py").read_text())
     result = CliRunner().invoke(cli, ["convert", str(script), "--to", "accelerate"], catch_exceptions=False)
     assert "launch: accelerate launch --num_processes=<GPUS>" in result.output and "note:" not in result.output
+
+
+# ===== lint: the DDP rules that hold under Accelerate check its scripts =========================
+DEFAULT_RULES = rule_set(frozenset(r.code for r in all_rules() if r.default_enabled))
+ACCELERATE_RULES = [r.code for r in all_rules() if ScriptKind.ACCELERATE in r.applies_to]
+
+
+def lint(code: str) -> list[tuple[str, int]]:
+    findings, errors = check_text(code, "train.py", DEFAULT_RULES)
+    assert not errors
+    return [(f.code, f.pos.line) for f in findings]
+
+
+def test_the_rules_that_check_accelerate_scripts():
+    assert {"DDP001", "DDP002", "DDP006", "DDP007", "DDP009"} <= set(ACCELERATE_RULES)
+    assert not {"DDP003", "DDP004", "DDP005"} & set(ACCELERATE_RULES)  # prepared loaders shard and reshuffle themselves
+
+
+@pytest.mark.parametrize("entry", TOP_LEVEL, ids=[e.name for e in TOP_LEVEL])
+def test_converted_fixture_lints_clean_under_the_rules_for_accelerate(entry):
+    output = convert_source(entry.script.read_text(), "accelerate", path=entry.script.name).output
+    assert analyze(output).kind is ScriptKind.ACCELERATE
+    assert lint(output) == []
+
+
+BUGGY = HEAD + """from accelerate import Accelerator
+
+
+def main():
+    accelerator = Accelerator()
+""" + DATA + """\
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for x, y in loader:
+        optimizer.zero_grad()
+        accelerator.backward(nn.functional.cross_entropy(model(x), y))
+        optimizer.step()
+    if accelerator.is_main_process:
+        accelerator.wait_for_everyone()
+        print("saving")
+    torch.save(accelerator.unwrap_model(model).state_dict(), "net.pt")
+"""
+
+
+def test_a_hand_written_accelerate_script_with_real_bugs_is_flagged():
+    lines = BUGGY.splitlines()
+    barrier = lines.index("        accelerator.wait_for_everyone()") + 1
+    save = next(i for i, line in enumerate(lines, 1) if line.lstrip().startswith("torch.save("))
+    assert lint(BUGGY) == [("DDP002", barrier), ("DDP006", save)]
+
+
+def test_a_hand_written_accelerate_script_without_the_bugs_is_clean():
+    fixed = BUGGY.replace("        accelerator.wait_for_everyone()\n", "").replace("    torch.save(", "    accelerator.save(")
+    assert lint(fixed) == []
 
 
 # ===== execution ===============================================================================

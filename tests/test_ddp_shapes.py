@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ddpify.anatomy import ScriptKind, analyze
+from ddpify.anatomy import analyze
 from ddpify.cli import cli
 from ddpify.codemods.ddp import DistributedSetup, RankDevices, RemoveDataParallel, WrapModel
 from ddpify.codemods.ddp.runtime import RELEASE_COMMENT
@@ -358,7 +358,7 @@ class TestDataParallel:
 @pytest.mark.parametrize("script", ALREADY_DISTRIBUTED, ids=[p.name for p in ALREADY_DISTRIBUTED])
 def test_scripts_distributed_by_a_library_are_left_alone_and_say_why(script: Path):
     source = script.read_text()
-    assert analyze(source).kind is ScriptKind.FRAMEWORK
+    assert analyze(source).kind.by_a_library
     library = {"accelerate": "Accelerate", "lightning": "Lightning", "fabric": "Lightning Fabric",
                "hf": "Hugging Face Trainer", "deepspeed": "DeepSpeed"}[script.stem.split("_")[0]]
     for target in ("ddp", "dp"):

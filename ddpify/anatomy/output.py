@@ -6,6 +6,8 @@ Rank-0 output is a print (and a progress bar's `write`), a log record below WARN
 an error tells what one rank saw: each rank keeps its own), a wandb call or a TensorBoard writer's,
 and a file written (`torch.save`, `np.save`, `pickle.dump`, `.savefig`, ...). Writers and progress
 bars are objects rank 0 alone keeps (`rank_zero_object`): built on rank 0 only, or shown there.
+Accelerate's `accelerator.print` and `accelerator.save*` are output every rank may call: they are
+made on the main process alone (`made_on_main_process`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import TYPE_CHECKING
 
 from ddpify.anatomy.syntax import method_name
 from ddpify.anatomy import ROLE_LOGGER, ROLE_PBAR, ROLE_WRITER
+from ddpify.anatomy.distributed.accelerate import accelerator_method
 from ddpify.anatomy.vocabulary import (
+    ACCELERATOR_OUTPUT,
     FILE_WRITE_CALLS,
     FILE_WRITE_METHODS,
     INFO_LOG_METHODS,
@@ -95,7 +99,14 @@ def rank_zero_object(a: Anatomy, call: ast.AST) -> str | None:
     return PROGRESS_BAR if q in TQDM_CONSTRUCTORS else None
 
 
+def made_on_main_process(a: Anatomy, call: ast.AST) -> bool:
+    """Output that every rank may call, made on the main process alone: `accelerator.print(...)`,
+    `accelerator.save(obj, path)`, `accelerator.save_model(model, dir)`, `accelerator.save_state(dir)`."""
+    return accelerator_method(a, call) in ACCELERATOR_OUTPUT
+
+
 def is_output_call(a: Anatomy, call: ast.Call) -> bool:
-    """Output, not work: rank-0 output, a log record at any level, a file opened (opened on every
-    rank, a file for writing would be truncated by each)."""
-    return output_kind(a, call) is not None or log_level(a, call) is not None or a.qualname(call.func) in OPEN_CALLS
+    """Output, not work: rank-0 output, output made on the main process alone, a log record at any
+    level, a file opened (opened on every rank, a file for writing would be truncated by each)."""
+    return (output_kind(a, call) is not None or made_on_main_process(a, call) or log_level(a, call) is not None
+            or a.qualname(call.func) in OPEN_CALLS)

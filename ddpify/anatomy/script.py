@@ -16,7 +16,7 @@ from ddpify.anatomy.sites import CallSite, LoaderSite, LoopSite, ScriptKind
 from ddpify.anatomy.syntax import argument, constant
 from ddpify.anatomy.trained_models import TrainedModels
 from ddpify.anatomy.values import ROLE_MODEL
-from ddpify.anatomy.vocabulary import DDP_WRAPPER, DISTRIBUTING_FRAMEWORKS, DP_WRAPPER
+from ddpify.anatomy.vocabulary import ACCELERATOR, DDP_WRAPPER, DISTRIBUTING_FRAMEWORKS, DP_WRAPPER
 
 
 class Anatomy(TrainedModels):
@@ -44,7 +44,7 @@ class Anatomy(TrainedModels):
         if DDP_WRAPPER in qualnames or "torch.distributed.init_process_group" in qualnames:
             return ScriptKind.DDP
         if self.framework is not None:
-            return ScriptKind.FRAMEWORK
+            return ScriptKind.ACCELERATE if self.framework[0] == DISTRIBUTING_FRAMEWORKS[ACCELERATOR] else ScriptKind.FRAMEWORK
         if DP_WRAPPER in qualnames:
             return ScriptKind.DATA_PARALLEL
         return ScriptKind.SINGLE

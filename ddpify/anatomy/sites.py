@@ -17,11 +17,17 @@ class ScriptKind(enum.Enum):
     DATA_PARALLEL = "dataparallel"
     DDP = "ddp"
     SPAWN = "mp.spawn"
-    FRAMEWORK = "framework"  # distributed by a library (Accelerate, Lightning, HF Trainer, DeepSpeed)
+    ACCELERATE = "accelerate"  # distributed by Hugging Face Accelerate: one process per device, as DDP
+    FRAMEWORK = "framework"  # distributed by another library (Lightning, HF Trainer, DeepSpeed)
 
     @property
     def distributed(self) -> bool:
-        return self in (ScriptKind.DDP, ScriptKind.SPAWN, ScriptKind.FRAMEWORK)
+        return self in (ScriptKind.DDP, ScriptKind.SPAWN, ScriptKind.ACCELERATE, ScriptKind.FRAMEWORK)
+
+    @property
+    def by_a_library(self) -> bool:
+        """Distributed by a library that launches, wraps and shards itself (`Anatomy.framework` names it)."""
+        return self in (ScriptKind.ACCELERATE, ScriptKind.FRAMEWORK)
 
 
 @dataclass(frozen=True)

@@ -249,6 +249,13 @@ def opens_for_writing(a: ScriptTree, call: ast.AST) -> bool:
 ACCELERATOR = "accelerate.Accelerator"
 DDP_KWARGS = "accelerate.DistributedDataParallelKwargs"  # the DDP wrap's options, for Accelerator(kwargs_handlers=...)
 LOADER_CONFIG = "accelerate.DataLoaderConfiguration"  # how prepared loaders shuffle and batch, for Accelerator(dataloader_config=...)
+# What an Accelerator offers in place of torch.distributed's spellings (its attribute and method names).
+ACCELERATOR_RANK_VALUES = frozenset({"process_index", "local_process_index"})  # `accelerator.process_index == 0`
+ACCELERATOR_COLLECTIVES = frozenset({"wait_for_everyone", "gather", "gather_for_metrics", "reduce", "pad_across_processes"})
+ACCELERATOR_OUTPUT = frozenset({"print", "save", "save_model", "save_state"})  # made on the main process only, called by every one
+ACCELERATOR_PREPARE = "prepare"  # wraps each model (DDP on several processes), shards each loader
+ACCELERATOR_UNWRAP = "unwrap_model"  # the prepared model's `.module`
+ACCELERATOR_SYNC_SKIPS = frozenset({"no_sync", "accumulate"})  # the wrapper's no_sync()
 DISTRIBUTING_FRAMEWORKS = {
     ACCELERATOR: "Accelerate",
     "lightning.Trainer": "Lightning", "lightning.pytorch.Trainer": "Lightning", "pytorch_lightning.Trainer": "Lightning",

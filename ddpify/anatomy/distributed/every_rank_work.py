@@ -12,23 +12,30 @@ from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.values import ROLE_MODEL
 from ddpify.anatomy.cache import per_anatomy
+from ddpify.anatomy.distributed.accelerate import accelerator_method
 from ddpify.anatomy.distributed.fsdp import after_shard, is_sharded_model, sharded_origins
 from ddpify.anatomy.distributed.names import COLLECTIVES
 from ddpify.anatomy.distributed.wrappers import is_wrapper
 from ddpify.anatomy.sites import CallSite
 from ddpify.anatomy.output import is_output_call
 from ddpify.anatomy.syntax import ancestors, argument, contains
-from ddpify.anatomy.vocabulary import is_pure_call
+from ddpify.anatomy.vocabulary import ACCELERATOR_COLLECTIVES, is_pure_call
 
 
 @per_anatomy
 def collectives(a: Anatomy) -> list[CallSite]:
-    return [c for c in a.calls if c.qualname in COLLECTIVES]
+    return [c for c in a.calls if is_collective(a, c.node)]
+
+
+def is_collective(a: Anatomy, call: ast.AST) -> bool:
+    """`dist.all_reduce(t)`, `accelerator.wait_for_everyone()`, `accelerator.gather(t)`."""
+    return isinstance(call, ast.Call) and (
+        a.qualname(call.func) in COLLECTIVES or accelerator_method(a, call) in ACCELERATOR_COLLECTIVES)
 
 
 def calls_collective(a: Anatomy, body: Iterable[ast.AST]) -> bool:
     """Does this code (or a local function it calls) run a collective?"""
-    return a.body_contains(body, lambda n: isinstance(n, ast.Call) and a.qualname(n.func) in COLLECTIVES)
+    return a.body_contains(body, lambda n: is_collective(a, n))
 
 
 def joins_every_rank(a: Anatomy, body: Iterable[ast.AST]) -> bool:
@@ -39,7 +46,7 @@ def joins_every_rank(a: Anatomy, body: Iterable[ast.AST]) -> bool:
 def _trains_or_syncs(a: Anatomy, node: ast.AST) -> bool:
     if not isinstance(node, ast.Call):
         return False
-    return a.is_training_call(node) or a.qualname(node.func) in COLLECTIVES or _runs_project_work(a, node)
+    return a.is_training_call(node) or is_collective(a, node) or _runs_project_work(a, node)
 
 
 def _runs_project_work(a: Anatomy, call: ast.Call) -> bool:

@@ -12,10 +12,12 @@ from typing import Iterator
 
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.cache import per_anatomy
+from ddpify.anatomy.distributed.accelerate import accelerator_attribute
 from ddpify.anatomy.distributed.names import DIST, ENVIRONMENT_READS, RANK_VARIABLES, SPAWN_CALLS
 from ddpify.anatomy.distributed.reaching import MAX_DEPTH, assignments, callers, callers_by_scope, returned_values
 from ddpify.anatomy.sites import MODULE_SCOPE, ScriptKind
 from ddpify.anatomy.syntax import ancestors, argument, constant, contains, enclosing_function, identifier
+from ddpify.anatomy.vocabulary import ACCELERATOR_RANK_VALUES
 
 _RANK_NAME = re.compile(r"^(?:\w+_)?rank(?:_id)?$|^(?:gpu|gpu_id|local_gpu)$", re.IGNORECASE)
 _MAIN_PROCESS_NAME = re.compile(
@@ -44,6 +46,8 @@ def is_rank_value(a: Anatomy, expr: ast.AST, depth: int = 0) -> bool:
     if isinstance(expr, ast.Subscript):  # os.environ["LOCAL_RANK"]
         key = expr.slice
         return constant(key, *RANK_VARIABLES)
+    if accelerator_attribute(a, expr) in ACCELERATOR_RANK_VALUES:  # accelerator.process_index
+        return True
     name = identifier(expr)
     if name is None:
         return False
