@@ -80,11 +80,11 @@ def test_a_mean_loss_on_whole_tensors_is_shared_by_rows():
 
 
 @pytest.mark.parametrize("options, why", [
-    ('reduction="sum"', "does not average over the rows"),
-    ('reduction="none"', "reduction is not 'mean'"),
-    ("size_average=False", "does not average over the rows"),
+    ('reduction="none"', "its reduction is neither 'mean' nor 'sum'"),
+    ("reduction=args.reduction", "takes its reduction at run time"),
+    ("reduce=False", "with reduce= is no plain mean or sum over the rows"),
 ])
-def test_a_loss_that_is_no_mean_over_rows_is_left_with_why(options, why):
+def test_a_loss_that_is_no_mean_or_sum_over_rows_is_left_with_why(options, why):
     result = convert_source(SCRIPT.format(options=options), "ddp")
     assert result.status is Status.INCOMPLETE
     assert "loss_of_rank_rows" not in result.output
@@ -96,7 +96,32 @@ def test_a_class_weighted_mean_is_no_plain_mean_over_rows():
     script = SCRIPT.replace("nn.MSELoss({options})", "nn.CrossEntropyLoss(weight=torch.ones(3))").replace("torch.randn(64, 1)", "torch.randint(0, 3, (64,))")
     result = convert_source(script.replace("nn.Linear(4, 1)", "nn.Linear(4, 3)"), "ddp")
     assert result.status is Status.INCOMPLETE
-    assert "with weight= is no plain mean over the rows" in result.missing[0].what
+    assert "with weight= is no plain mean or sum over the rows" in result.missing[0].what
+
+
+@pytest.mark.parametrize("options", ['reduction="sum"', "size_average=False"])
+def test_a_summed_loss_is_shared_by_rows_and_not_scaled_again(options, tmp_path):
+    """Each rank's share of the sum times WORLD_SIZE: DDP's average is the whole sum's gradient (sum_loss's
+    own `loss * WORLD_SIZE` would double it). Proven by verify in exact mode."""
+    result = convert_source(SCRIPT.format(options=options), "ddp")
+    assert result.status is Status.CONVERTED, result.missing
+    assert "loss_of_rank_rows(criterion, model(x), y)" in result.output and "* WORLD_SIZE)" not in result.output
+    assert any(c.transform == "rows" and "its sum by WORLD_SIZE" in c.message for c in result.changes)
+    (tmp_path / "train.py").write_text(SCRIPT.format(options=options))
+    verdict = verify(tmp_path, "train.py")
+    assert (verdict["verdict"], verdict["mode"]) == ("equivalent", "exact"), verdict["message"]
+
+
+def test_data_drawn_from_rngs_nothing_seeds_is_seeded_alike_on_every_rank():
+    """torch seeds each process apart: unseeded, each rank would draw data of its own and the shared rows
+    would be rows of different batches."""
+    script = "import numpy as np\n" + SCRIPT.format(options="").replace("torch.manual_seed(0)\n", "").replace(
+        "y = torch.randn(64, 1)", "y = torch.from_numpy(np.random.randn(64, 1)).float()")
+    result = convert_source(script, "ddp")
+    assert result.status is Status.CONVERTED, result.missing
+    head = result.output.split("def setup_distributed")[0]
+    assert "DDP\n\n# ddpify: every rank draws the same data, so the ranks can share its rows.\ntorch.manual_seed(0)\nnp.random.seed(0)\n" in head
+    assert convert_source(SCRIPT.format(options=""), "ddp").output.count("manual_seed(0)") == 1  # seeded already: left alone
 
 
 def test_random_offset_batches_with_the_models_own_loss_name_the_per_rank_draws_recipe():
@@ -120,9 +145,16 @@ def test_a_script_with_a_training_loader_keeps_its_losses():
 def test_verify_does_not_read_the_shared_loss_value_as_unsharded_data():
     """Every rank's loss is valued as the whole batch's, alike on every rank: by design, not a sign that
     the ranks train on the same data."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    completed = subprocess.run([sys.executable, "-m", "ddpify", "verify", "fixtures/full_batch_regression.py", "--to", "ddp",
-                                "--steps", "4", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    result = json.loads(completed.stdout)
-    assert (completed.returncode, result["verdict"], result["mode"]) == (0, "equivalent", "exact"), result["message"]
+    result = verify(ROOT, "fixtures/full_batch_regression.py")
+    assert (result["verdict"], result["mode"]) == ("equivalent", "exact"), result["message"]
     assert "same data" not in result["message"] and not any("same losses" in note for note in result["notes"])
+
+
+def verify(cwd: Path, script: str) -> dict:
+    """`ddpify verify SCRIPT --to ddp --json` over 4 steps, run from `cwd`: its verdict (exit 0 asserted)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    completed = subprocess.run([sys.executable, "-m", "ddpify", "verify", script, "--to", "ddp", "--steps", "4", "--json"],
+                               cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    result = json.loads(completed.stdout)
+    assert completed.returncode == 0, result["message"]
+    return result

@@ -4,7 +4,8 @@ A script that trains on `x = torch.linspace(...)`, on a graph's nodes picked by 
 `x[i:i + bs]` slices has no loader for a DistributedSampler. Its data is the same on every rank
 (built alike, or seeded alike), so the ranks can share the rows of each loss instead: a loss that
 is a mean over the rows of its arguments, computed on every WORLD_SIZE-th row and weighted by its
-share of the rows, gives under DDP's gradient average exactly the single-process gradient.
+share of the rows (a sum by WORLD_SIZE), gives under DDP's gradient average exactly the single-process
+gradient.
 
 `row_losses` finds the loss calls of every backward and says, for each one the ranks can't share
 that way, why not. `random_offset_draws` finds batches picked at random offsets (`get_batch()` in
@@ -24,10 +25,13 @@ from ddpify.anatomy.syntax import ancestors, keyword
 from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.values import ROLE_CRITERION, ROLE_SCALER
 from ddpify.anatomy.distributed.reaching import reaching_values
-from ddpify.anatomy.vocabulary import INDEX_DRAWS
+from ddpify.anatomy.vocabulary import INDEX_DRAWS, RANDOM_DRAWS
+from ddpify.anatomy.distributed.names import NUMPY, TORCH
+from ddpify.anatomy.distributed.seeding import numpy_draws, seeded_anywhere
+from ddpify.anatomy.sites import CallSite
 
-# options that make a loss other than the plain mean over its rows (a class-weighted or token mean)
-_NOT_A_ROW_MEAN = ("weight", "ignore_index", "size_average", "reduce")
+# options that make a loss other than a plain mean or sum over its rows (a class-weighted or token mean, no reduction)
+_NOT_A_ROW_MEAN = ("weight", "ignore_index", "reduce")
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,18 @@ def row_losses(a: Anatomy) -> RowLosses:
     return RowLosses(tuple(calls), tuple(refusals), tuple(from_model))
 
 
+def unseeded_rngs(a: Anatomy) -> list[str]:
+    """The global RNGs (torch's, numpy's) the script draws from and seeds nowhere: unseeded, each rank
+    draws its own data, so the ranks can't share its rows (torch seeds each process apart)."""
+    draws = {TORCH: any(_draws_from(call, TORCH) for call in a.calls), NUMPY: bool(numpy_draws(a))}
+    return [rng for rng, drawn in draws.items() if drawn and not seeded_anywhere(a, rng)]
+
+
+def _draws_from(call: CallSite, rng: str) -> bool:
+    module, _, name = call.qualname.rpartition(".")
+    return module == rng and name in RANDOM_DRAWS
+
+
 def random_offset_draws(a: Anatomy) -> list[ast.Call]:
     """`torch.randint(...)` (randperm, multinomial) in the loop around a backward or in a function of this
     file that the loop calls: each step's batch picked at random offsets (`get_batch()`)."""
@@ -98,14 +114,14 @@ def _why_not_row_mean(a: Anatomy, call: ast.Call) -> str | None:
     name = ast.unparse(call.func)
     if not call.args or any(isinstance(arg, ast.Starred) for arg in call.args):
         return f"{name}(...) takes no batch of rows as positional arguments"
-    if sums_over_batch(a, call) is not False:
-        return f"{name}(...) does not average over the rows (its reduction is 'sum' or chosen at run time)"
+    if sums_over_batch(a, call) is None:
+        return f"{name}(...) takes its reduction at run time"
     other = next((k for c in _loss_and_criterion(a, call) for k in _NOT_A_ROW_MEAN if keyword(c, k) is not None), None)
     if other:
-        return f"{name}(...) with {other}= is no plain mean over the rows"
+        return f"{name}(...) with {other}= is no plain mean or sum over the rows"
     reduction = [keyword(c, "reduction") for c in _loss_and_criterion(a, call)]
-    if any(k is not None and not (isinstance(k.value, ast.Constant) and k.value.value == "mean") for k in reduction):
-        return f"{name}(...) does not average over the rows (reduction is not 'mean')"
+    if any(k is not None and not (isinstance(k.value, ast.Constant) and k.value.value in ("mean", "sum")) for k in reduction):
+        return f"{name}(...) neither averages nor sums over the rows (its reduction is neither 'mean' nor 'sum')"
     return None
 
 

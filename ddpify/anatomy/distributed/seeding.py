@@ -291,12 +291,12 @@ def _model_statement(a: Anatomy) -> ast.stmt | None:
 
 def _unseeded_draws(a: Anatomy) -> Iterator[tuple[str, ast.Call]]:
     """The first draw from numpy's and from Python's global RNG, where that RNG is never seeded."""
-    for rng, draws in ((NUMPY, _numpy_draws(a)), (PYTHON, [c for c in a.calls if c.qualname in PYTHON_DRAWS])):
+    for rng, draws in ((NUMPY, numpy_draws(a)), (PYTHON, [c for c in a.calls if c.qualname in PYTHON_DRAWS])):
         if draws and not seeded_anywhere(a, rng):
             yield rng, draws[0].node  # type: ignore[misc]
 
 
-def _numpy_draws(a: Anatomy) -> list[CallSite]:
+def numpy_draws(a: Anatomy) -> list[CallSite]:
     return [c for c in a.calls if c.qualname.startswith(NUMPY_RANDOM) and c.qualname[len(NUMPY_RANDOM):] not in NUMPY_NON_DRAWS]
 
 

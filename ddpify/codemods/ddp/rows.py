@@ -3,11 +3,11 @@
 Whole tensors (`x = torch.linspace(...)`), a graph's nodes picked by a train mask, batches cut by
 hand (`x[i:i + bs]`): the data is the same on every rank, so there is no sampler to add. Each loss
 call of a backward becomes `loss_of_rank_rows(criterion, output, target)`: the mean over this
-rank's rows (every WORLD_SIZE-th), weighted by its share so that DDP's gradient average is exactly
+rank's rows (every WORLD_SIZE-th), weighted by its share (a sum by WORLD_SIZE) so that DDP's gradient average is exactly
 the single-process gradient, and valued as the whole batch's loss on every rank (one all_reduce of
 a number), so prints, stop tests and LBFGS's closure see the single-process loss. The forward still
 runs on the whole batch on every rank: what the ranks split is the loss. Where a loss is no plain
-mean over rows (summed, class-weighted, a token mean) or comes from the model itself, the data is
+mean or sum over rows (class-weighted, a token mean, unreduced) or comes from the model itself, the data is
 reported not sharded, naming why; where the model returns the loss of batches drawn at random
 offsets (`get_batch()`), the report names the recipe: each rank its own draws.
 """
@@ -19,12 +19,19 @@ import ast
 import libcst as cst
 
 from ddpify.anatomy import Anatomy
-from ddpify.anatomy.full_batch import random_offset_draws, row_losses, trains_without_loader
+from ddpify.anatomy.distributed.names import NUMPY, TORCH
+from ddpify.anatomy.full_batch import random_offset_draws, row_losses, trains_without_loader, unseeded_rngs
+from ddpify.anatomy.losses import sums_over_batch
+from ddpify.anatomy.syntax import spelling
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.evaluation import add_helpers
 from ddpify.codemods.ddp.runtime import ROWS_CALL
 from ddpify.codemods.ddp.samplers import DistributedSamplers
 from ddpify.codemods.options import Options
+from ddpify.edits.positions import last_leading_import
+
+SEEDS = {TORCH: "torch.manual_seed", NUMPY: "numpy.random.seed"}
+_SAME_DRAWS = "# ddpify: every rank draws the same data, so the ranks can share its rows.\n"
 
 
 class RowsOfEachRank(Transform):
@@ -48,14 +55,33 @@ class RowsOfEachRank(Transform):
                 self._missing_own_draws(line, draws[0])
             else:
                 self._missing_rows(line, "the loss comes from no loss function called in this file (written by hand, or returned by the model)")
-        if losses.refusals or losses.from_model or not losses.calls or not add_helpers(self, {ROWS_CALL}):
+        if losses.refusals or losses.from_model or not losses.calls or not self._same_draws_on_every_rank():
+            return
+        if not add_helpers(self, {ROWS_CALL}):
             return
         for call in losses.calls:
             self.rewrite_expression(call, _shared)
+            weight = "its sum by WORLD_SIZE" if sums_over_batch(self.anatomy, call) else "its mean weighted by its share of the rows"
             self.changed(call.lineno, f"{ast.unparse(call.func)}(...) -> {ROWS_CALL}(...): each rank takes every WORLD_SIZE-th row of "
-                                      "the batch, its mean weighted by its share of the rows (the averaged gradient is the "
-                                      "single-process one, exactly; the loss's value is the whole batch's)")
+                                      f"the batch, {weight} (the averaged gradient is the single-process one, exactly; the "
+                                      "loss's value is the whole batch's)")
         self.fulfil()
+
+    def _same_draws_on_every_rank(self) -> bool:
+        """Seed the RNGs the data may be drawn from, where nothing does, right after the opening imports:
+        torch seeds each process apart, so every rank would draw data of its own (False: no place)."""
+        unseeded = unseeded_rngs(self.anatomy)
+        if not unseeded:
+            return True
+        imports = last_leading_import(self.anatomy.tree)
+        seeds = [spelling(self.anatomy, SEEDS[rng]) for rng in unseeded]
+        if imports is None or None in seeds:
+            self._missing_rows(1, f"{' and '.join(unseeded)} draw(s) the data but nothing seeds them, so each rank would draw its own")
+            return False
+        self.insert_after(imports, f"\n{_SAME_DRAWS}{''.join(f'{seed}(0)' + chr(10) for seed in seeds)}")
+        self.changed(imports.lineno, f"{'(0), '.join(seeds)}(0) after the imports: nothing seeded the RNGs the data is drawn "
+                                     "from (torch seeds each process apart), and every rank must draw the same data to share its rows")
+        return True
 
     def _missing_rows(self, line: int, why: str) -> None:
         self.missing(line, f"the training data is not sharded (no DataLoader feeds it, and {why}): every rank trains on all of it",

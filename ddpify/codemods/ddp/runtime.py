@@ -121,18 +121,21 @@ def evaluation_module(model):
 ROWS_HELPER = '''
 
 def loss_of_rank_rows(loss_fn, *batch, **options):
-    """loss_fn's mean over this rank's rows of a whole batch (every WORLD_SIZE-th).
+    """loss_fn's mean (or sum) over this rank's rows of a whole batch (every WORLD_SIZE-th).
 
-    Weighted by its share of the rows, so DDP's average of the ranks' gradients
-    is the whole batch's gradient; its value is the whole batch's loss, alike on
-    every rank. Arguments whose rows don't pair up: the whole loss everywhere.
+    Weighted by its share of the rows (a sum by WORLD_SIZE), so DDP's average of
+    the ranks' gradients is the whole batch's gradient; its value is the whole
+    batch's loss, alike on every rank. Arguments whose rows don't pair up: the
+    whole loss everywhere.
     """
     sizes = {len(t) if torch.is_tensor(t) and t.dim() else 0 for t in batch}
     rows = sizes.pop() if len(sizes) == 1 else 0
     if rows < WORLD_SIZE:
         return loss_fn(*batch, **options)
     mine = torch.arange(RANK, rows, WORLD_SIZE, device=batch[0].device)
-    share = loss_fn(*(t[mine] for t in batch), **options) * (len(mine) * WORLD_SIZE / rows)
+    reduction = options.get("reduction", getattr(loss_fn, "reduction", "mean"))
+    sums = reduction == "sum" or options.get("size_average") is False
+    share = loss_fn(*(t[mine] for t in batch), **options) * (WORLD_SIZE if sums else len(mine) * WORLD_SIZE / rows)
     whole = share.detach().clone()
     dist.all_reduce(whole)
     return share + (whole / WORLD_SIZE - share.detach())

@@ -12,10 +12,12 @@ import ast
 
 import libcst as cst
 
-from ddpify.anatomy import ROLE_SCALER
+from ddpify.anatomy import ROLE_SCALER, Anatomy
+from ddpify.anatomy.full_batch import trains_without_loader
 from ddpify.anatomy.losses import loss_terms, sums_over_batch, token_mean
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import WORLD_SIZE
+from ddpify.codemods.options import Options
 from ddpify.edits.expressions import cst_type_of
 
 
@@ -27,6 +29,12 @@ class SumLossScaling(Transform):
     SEES_EDITS_OF = ()
 
     WORLD_SIZE = WORLD_SIZE  # how the script spells the number of processes
+    @classmethod
+    def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
+        # with no DataLoader, a DDP conversion shares each loss's rows, a sum weighted by WORLD_SIZE
+        # there (rows.py); other targets leave such data unsharded, incomplete
+        return not trains_without_loader(anatomy)
+
     def plan(self) -> None:
         for site in self.anatomy.training_calls:
             call: ast.Call = site.node  # type: ignore[assignment]
