@@ -20,6 +20,22 @@ NET = """class Net(nn.Module):
 """
 
 
+# An Accelerate script's head: the Accelerator, and the model of the cases prepared with its optimizer.
+ACCELERATE_HEAD = """import torch
+from torch import nn
+from accelerate import Accelerator
+
+
+""" + NET + """
+
+accelerator = Accelerator()
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = accelerator.prepare(model, optimizer)
+"""
+ON_MAIN_PROCESS = "accelerator.is_main_process"
+
+
 def guarded_case(before: str, statement: str, test: str = "rank == 0", after: str = "") -> Invalid:
     """A case reported on `statement`, between `before` and `after`, that its fix puts under
     `if <test>:` (`rank_zero_guard_fix`)."""

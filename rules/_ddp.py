@@ -10,13 +10,16 @@ from __future__ import annotations
 import ast
 from typing import Sequence
 
+import libcst as cst
+
 from ddpify.anatomy import Anatomy, Pos, ScriptKind, syntax
 from ddpify.anatomy.cache import per_anatomy
-from ddpify.anatomy.distributed.accelerate import accelerator_spelling
+from ddpify.anatomy.distributed.accelerate import accelerator_spelling, is_prepared_model, prepared_models
 from ddpify.anatomy.distributed.ranks import is_rank_zero_test, mentions_rank, spawn_workers
 from ddpify.anatomy.distributed.reaching import assignments
-from ddpify.anatomy.vocabulary import TORCH_SAVE
-from ddpify.edits.expressions import module_of, remove_keyword
+from ddpify.anatomy.distributed.wrappers import is_wrapper, wrap_calls
+from ddpify.anatomy.vocabulary import ACCELERATOR_UNWRAP, TORCH_SAVE
+from ddpify.edits.expressions import module_of, parse_expr, remove_keyword
 from ddpify.edits.hoist import hoisted_names, hoisted_then_guarded
 from ddpify.edits.statements import first_in_body, guard, parse_statements
 from ddpify.lint import Edit, Fix
@@ -52,9 +55,35 @@ def remove_keyword_fix(a: Anatomy, call: ast.Call, kw: ast.keyword, safe: bool, 
 
 
 def module_fix(a: Anatomy, wrapper_expr: ast.AST, safe: bool, description: str) -> Fix | None:
-    """`model.x` -> `model.module.x`, built by convert's `.module` rewrite (`module_of`)."""
-    edit = expression_edit(a, wrapper_expr, module_of)  # type: ignore[arg-type]
+    """`model.x` -> `model.module.x`, built by convert's `.module` rewrite (`module_of`); a model that
+    `accelerator.prepare` wrapped is read through `accelerator.unwrap_model(model)` instead."""
+    unwrap = _unwrap_model(a, wrapper_expr)
+    inner = module_of if unwrap is None else lambda node: cst.Call(func=parse_expr(unwrap), args=[cst.Arg(node)])
+    edit = expression_edit(a, wrapper_expr, inner)  # type: ignore[arg-type]
     return Fix((edit,), safe=safe, description=description) if edit else None
+
+
+def inner_model(a: Anatomy, wrapper_expr: ast.AST) -> str:
+    """How to name the model inside this wrapper: `model.module`, `accelerator.unwrap_model(model)`."""
+    text = ast.get_source_segment(a.text, wrapper_expr) or ast.unparse(wrapper_expr)
+    unwrap = _unwrap_model(a, wrapper_expr)
+    return f"{text}.module" if unwrap is None else f"{unwrap}({text})"
+
+
+def _unwrap_model(a: Anatomy, wrapper_expr: ast.AST) -> str | None:
+    """`accelerator.unwrap_model` for a model `accelerator.prepare` wrapped; None for a DDP wrapper."""
+    accelerator = accelerator_spelling(a, syntax.enclosing_function(a, wrapper_expr))
+    return f"{accelerator}.{ACCELERATOR_UNWRAP}" if accelerator and is_prepared_model(a, wrapper_expr) else None
+
+
+def is_ddp_wrapper(a: Anatomy, expr: ast.AST) -> bool:
+    """A DDP wrapper: built by `DDP(model)`, or a model `accelerator.prepare` wrapped."""
+    return is_wrapper(a, expr) or is_prepared_model(a, expr)
+
+
+def wraps_models(a: Anatomy) -> bool:
+    """Does the script wrap a model in DDP (itself, or with `accelerator.prepare`)?"""
+    return bool(wrap_calls(a) or prepared_models(a))
 
 
 def rank_zero_test(a: Anatomy, node: ast.AST) -> tuple[str, bool] | None:

@@ -6,10 +6,12 @@ import ast
 from typing import Iterable
 
 from ddpify.anatomy import MODULE_SCOPE, Anatomy, CallSite
+from ddpify.anatomy.distributed.accelerate import accelerator_spelling
 from ddpify.anatomy.vocabulary import TORCH_LOAD
 from ddpify.edits.expressions import add_keyword
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import expression_edit
+from ddpify.rules._cases import ACCELERATE_HEAD
 from ddpify.rules._ddp import DDP_AND_ACCELERATE, per_rank_target
 
 
@@ -17,7 +19,7 @@ class TorchLoadWithoutMapLocation(Rule, code="DDP001", name="torch-load-without-
     """
     ## What it does
     Checks for `torch.load(...)` calls without a `map_location` in scripts that run one process
-    per GPU (`init_process_group`, `DistributedDataParallel`, `mp.spawn`).
+    per GPU (`init_process_group`, `DistributedDataParallel`, `mp.spawn`, an Accelerate `Accelerator()`).
 
     ## Why is this bad?
     Without `map_location`, tensors are restored onto the device they were saved from, which for a
@@ -38,8 +40,8 @@ class TorchLoadWithoutMapLocation(Rule, code="DDP001", name="torch-load-without-
 
     ## Fix safety
     The fix adds `map_location=<device>` when the function (or module) binds a `torch.device(...)`
-    or a variable named `device` before the call; that is safe, it is where this rank's tensors
-    belong. Otherwise it adds `map_location="cpu"`, which is unsafe: `load_state_dict` copies
+    or a variable named `device` before the call, or `map_location=accelerator.device` in an
+    Accelerate script; that is safe, it is where this rank's tensors belong. Otherwise it adds `map_location="cpu"`, which is unsafe: `load_state_dict` copies
     CPU tensors to the model's device, but tensors used directly would now stay on the CPU.
     """
 
@@ -58,6 +60,7 @@ class TorchLoadWithoutMapLocation(Rule, code="DDP001", name="torch-load-without-
         "queue = torch.load(f'queue{dist.get_rank()}.pth')\n",
         # single-GPU script: one process, nothing to collide with
         "import torch\n\nstate = torch.load('ckpt.pt')\n",
+        ACCELERATE_HEAD + "state = torch.load('ckpt.pt', map_location=accelerator.device)\n",
     )
     INVALID = (
         Invalid.fixed_by(
@@ -72,6 +75,9 @@ class TorchLoadWithoutMapLocation(Rule, code="DDP001", name="torch-load-without-
             "    state = torch.load(\n        'ckpt.pt',\n    )\n\n\nmp.spawn(worker, nprocs=2)\n",
             old="        'ckpt.pt',\n", new="        'ckpt.pt',\n        map_location=\"cpu\",\n", line=6,
         ),
+        # every Accelerate process loads onto the GPU the file was saved from
+        Invalid.fixed_by(ACCELERATE_HEAD + "state = torch.load('ckpt.pt')\n",
+                         old="torch.load('ckpt.pt')", new="torch.load('ckpt.pt', map_location=accelerator.device)"),
     )
 
     def check(self, anatomy: Anatomy) -> Iterable[Finding]:
@@ -97,13 +103,17 @@ def _fix(anatomy: Anatomy, site: CallSite, call: ast.Call) -> Fix | None:
 
 
 def _device_name(anatomy: Anatomy, site: CallSite) -> str | None:
-    """A variable holding this process's device, bound before the call where the call can see it."""
+    """A variable holding this process's device, bound before the call where the call can see it, or
+    the Accelerator's `accelerator.device`."""
     visible = _bound_names(anatomy, site.scope, site.pos.line)
     if site.scope != MODULE_SCOPE:
         visible = {**_bound_names(anatomy, MODULE_SCOPE, None), **visible}
     devices = [name for name, is_device in visible.items() if is_device]
     if devices:
         return devices[0]
+    accelerator = accelerator_spelling(anatomy, site.scope)
+    if accelerator is not None:
+        return f"{accelerator}.device"
     return "device" if "device" in visible else None
 
 

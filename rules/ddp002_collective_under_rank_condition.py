@@ -6,10 +6,10 @@ import ast
 
 from ddpify.anatomy.distributed.every_rank_work import collectives
 from ddpify.anatomy.distributed.ranks import rank_guard, rank_guarded
-from ddpify.anatomy.distributed.wrappers import is_wrapper, wrap_calls
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._ddp import DDP_AND_ACCELERATE, module_fix
+from ddpify.rules._cases import ACCELERATE_HEAD, ON_MAIN_PROCESS
+from ddpify.rules._ddp import DDP_AND_ACCELERATE, inner_model, is_ddp_wrapper, module_fix, wraps_models
 
 
 class CollectiveUnderRankCondition(Rule, code="DDP002", name="collective-under-rank-condition", severity="error"):
@@ -19,6 +19,12 @@ class CollectiveUnderRankCondition(Rule, code="DDP002", name="collective-under-r
     or a forward pass of the DDP-wrapped model that only some ranks reach: it sits under
     `if rank == 0:` (or `if dist.get_rank() == 0`, `if is_main_process():`, ...), after an early
     `return` taken by the other ranks, or in a function that is only called from such places.
+
+    In a Hugging Face Accelerate script the collectives are the Accelerator's
+    (`accelerator.wait_for_everyone()`, `gather`, `gather_for_metrics`, `reduce`,
+    `pad_across_processes`), the rank tests `accelerator.is_main_process`,
+    `is_local_main_process` and `accelerator.process_index == 0`, and the wrapped model is the
+    one `accelerator.prepare` returned (its plain module: `accelerator.unwrap_model(model)`).
 
     ## Why is this bad?
     A collective completes only when every rank of the group calls it. When only rank 0 calls it,
@@ -42,10 +48,12 @@ class CollectiveUnderRankCondition(Rule, code="DDP002", name="collective-under-r
     if rank == 0:
         print(loss.item())
     ```
-    and evaluate on rank 0 only through the plain module: `model.module(x)`.
+    and evaluate on rank 0 only through the plain module: `model.module(x)`
+    (`accelerator.unwrap_model(model)(x)` under Accelerate).
 
     ## Fix safety
-    A DDP forward gets an unsafe fix that calls `model.module(...)` instead (no synchronisation;
+    A DDP forward gets an unsafe fix that calls `model.module(...)` (or
+    `accelerator.unwrap_model(model)(...)`) instead (no synchronisation;
     unsafe because gradients of a backward through it are no longer averaged). Collectives have no
     fix: whether to move them out of the branch or drop them needs a decision.
     """
@@ -62,7 +70,7 @@ class CollectiveUnderRankCondition(Rule, code="DDP002", name="collective-under-r
             yield Finding(
                 a.pos(call),
                 "forward of the DDP wrapper runs on some ranks only (it syncs buffers and gradients "
-                "with all ranks); call the plain module (`.module(...)`) for rank-0-only work",
+                f"with all ranks); call the plain module (`{inner_model(a, call.func)}(...)`) for rank-0-only work",
                 module_fix(a, call.func, safe=False, description="call the module inside the DDP wrapper"),
             )
 
@@ -89,13 +97,13 @@ def _has_complementary_partner(a, site) -> bool:
 
 
 def _guarded_ddp_forwards(a) -> list[ast.Call]:
-    if not wrap_calls(a):
+    if not wraps_models(a):
         return []
     return [
         site.node
         for site in a.calls
         if isinstance(site.node.func, (ast.Name, ast.Attribute))
-        and is_wrapper(a, site.node.func)
+        and is_ddp_wrapper(a, site.node.func)
         and rank_guarded(a, site.node)
     ]
 
@@ -118,6 +126,9 @@ if local_rank != -1:
     dist.init_process_group("nccl")
     dist.barrier()
 """,
+    # Accelerate: every process waits, then the main process prints; rank-0 evaluation through unwrap_model
+    ACCELERATE_HEAD + "accelerator.wait_for_everyone()\nif accelerator.is_main_process:\n    print('done')\n",
+    ACCELERATE_HEAD + f"if {ON_MAIN_PROCESS}:\n    out = accelerator.unwrap_model(model)(torch.ones(1, 4))\n",
     # rank-0 evaluation through the plain module
     _HEAD + """from torch.nn.parallel import DistributedDataParallel as DDP
 model = DDP(torch.nn.Linear(2, 2))
@@ -127,6 +138,11 @@ if rank == 0:
 """,
 )
 CollectiveUnderRankCondition.INVALID = (
+    Invalid(ACCELERATE_HEAD + f"if {ON_MAIN_PROCESS}:\n    accelerator.wait_for_everyone()\n", line=ACCELERATE_HEAD.count("\n") + 2),
+    Invalid(ACCELERATE_HEAD + "if accelerator.process_index == 0:\n    total = accelerator.gather(torch.ones(1))\n",
+            line=ACCELERATE_HEAD.count("\n") + 2),
+    Invalid.fixed_by(ACCELERATE_HEAD + f"if {ON_MAIN_PROCESS}:\n    out = model(torch.ones(1, 4))\n",
+                     old="model(torch.ones(1, 4))", new="accelerator.unwrap_model(model)(torch.ones(1, 4))"),
     Invalid(_HEAD + "loss = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(loss)\n", line=7),
     Invalid(_HEAD + "import torch.distributed.checkpoint as dcp\nif rank == 0:\n    dcp.save({'w': torch.ones(1)}, checkpoint_id='ckpt')\n", line=7),
     Invalid(_HEAD + "if dist.get_rank() == 0:\n    dist.barrier()\n", line=6),

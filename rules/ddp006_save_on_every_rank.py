@@ -10,7 +10,7 @@ from ddpify.anatomy import syntax
 from ddpify.anatomy.output import FILE_WRITTEN, output_kind
 from ddpify.anatomy.vocabulary import OPEN_CALLS, TORCH_SAVE, opens_for_writing
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._cases import guarded_case
+from ddpify.rules._cases import ACCELERATE_HEAD, ON_MAIN_PROCESS, guarded_case
 from ddpify.rules._ddp import DDP_AND_ACCELERATE, per_rank_target, rank_zero_guard_fix
 
 class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="error"):
@@ -21,6 +21,11 @@ class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="
     called from such places. A write in a function of the script's own that some calls run on rank
     0 only is reported at its other calls, the ones to guard (naming the write's line). Writes to a path that contains the rank
     (`f"ckpt_{rank}.pt"`) are per-rank on purpose and not reported.
+
+    Hugging Face Accelerate scripts are checked too: there `accelerator.save(obj, path)`,
+    `accelerator.save_model(model, dir)`, `accelerator.save_state(dir)` and
+    `save_pretrained(dir, is_main_process=accelerator.is_main_process)` are fine on every process
+    (they write on the main process only); a plain `torch.save` is not.
 
     ## Why is this bad?
     All ranks write the same file at the same time. The writes race: on a shared filesystem the
@@ -43,7 +48,7 @@ class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="
     ## Fix safety
     Unsafe: wraps the statement (a `torch.save(...)` statement or a whole `with open(...)` block) in
     `if <rank-0 test>:`, reusing the script's own rank-0 test when the function already has one,
-    else `dist.get_rank() == 0`. Other ranks that read the file afterwards now need a barrier,
+    else `accelerator.is_main_process` in an Accelerate script, else `dist.get_rank() == 0`. Other ranks that read the file afterwards now need a barrier,
     which the fix does not add.
     """
 
@@ -122,9 +127,15 @@ if dist.get_rank() == 0:
     _HEAD + "with open('config.json') as f:\n    text = f.read()\n",
     # the ImageNet example's condition
     _HEAD + "ngpus_per_node = 8\nif rank % ngpus_per_node == 0:\n    torch.save(model.state_dict(), 'model.pt')\n",
+    # Accelerate's own writes: on the main process only, called by every process
+    ACCELERATE_HEAD + "accelerator.save(accelerator.unwrap_model(model).state_dict(), 'model.pt')\n"
+    "accelerator.save_model(model, 'out')\naccelerator.save_state('ckpt')\n",
+    ACCELERATE_HEAD + f"accelerator.unwrap_model(model).save_pretrained('out', is_main_process={ON_MAIN_PROCESS})\n",
 )
 SaveOnEveryRank.INVALID = (
     guarded_case(_HEAD, "torch.save(model.state_dict(), 'model.pt')\n"),
+    guarded_case(ACCELERATE_HEAD, "torch.save(accelerator.unwrap_model(model).state_dict(), 'model.pt')\n", test=ON_MAIN_PROCESS),
+    guarded_case(ACCELERATE_HEAD, "accelerator.unwrap_model(model).save_pretrained('out')\n", test=ON_MAIN_PROCESS),
     # no rank-0 test in the function to reuse
     guarded_case(
         _HEAD + "\n\ndef finish(net):\n",

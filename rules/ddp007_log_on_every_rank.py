@@ -12,7 +12,7 @@ from ddpify.anatomy.output import (
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import BUILTIN_PRINT, PRINT, is_pure_call
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._cases import guarded_case
+from ddpify.rules._cases import ACCELERATE_HEAD, ON_MAIN_PROCESS, guarded_case
 from ddpify.rules._ddp import DDP_AND_ACCELERATE, call_arguments, per_rank_target, rank_zero_guard_fix
 
 _LOGGING_SETUP = frozenset({"logging.basicConfig"})
@@ -27,6 +27,9 @@ class LogOnEveryRank(Rule, code="DDP007", name="log-on-every-rank", severity="wa
     logging setup whose level depends on the rank, or that runs on rank 0 only, already silences
     the other ranks; and a script that replaces `builtins.print` (the `setup_for_distributed`
     idiom) has its own rank-0 print. None of these is reported.
+
+    Hugging Face Accelerate scripts are checked too: `accelerator.print(...)` prints on the main
+    process only and is fine; a plain `print` (or `logging.info`, a `SummaryWriter`) is not.
 
     ## Why is this bad?
     Each line is printed world-size times, interleaved; progress bars overwrite each other; every
@@ -47,7 +50,8 @@ class LogOnEveryRank(Rule, code="DDP007", name="log-on-every-rank", severity="wa
 
     ## Fix safety
     A print or log statement is put under `if <rank-0 test>:`. The fix is safe when it reuses a
-    rank-0 test that the same function already uses earlier; otherwise (a new `dist.get_rank() == 0`
+    rank-0 test that the same function already uses earlier, or an Accelerate script's
+    `accelerator.is_main_process`; otherwise (a new `dist.get_rank() == 0`
     that needs an initialised process group at that point) it is unsafe. A call in the arguments
     that is not known to only format or read (an evaluation, a function of another file, a library
     call) is first computed on every rank into a fresh variable, left to right, as `ddpify convert`
@@ -148,6 +152,8 @@ def evaluate(t):
 _STARTED = _HEAD + "if rank == 0:\n    print('start')\n"
 
 LogOnEveryRank.VALID = (
+    ACCELERATE_HEAD + "accelerator.print('epoch done')\n",
+    ACCELERATE_HEAD + "from tqdm import tqdm\nfor i in tqdm(range(3), disable=not accelerator.is_local_main_process):\n    pass\n",
     _HEAD + "if rank == 0:\n    print(f'loss {loss.item():.4f}')\n",
     _HEAD + "print(f'[rank {rank}] ready')\n",
     _HEAD + "import logging\nlogging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING)\nlogging.info('start')\n",
@@ -192,6 +198,13 @@ if __name__ == "__main__":
 """,
 )
 LogOnEveryRank.INVALID = (
+    guarded_case(ACCELERATE_HEAD, "print('epoch done')\n", test=ON_MAIN_PROCESS),
+    # the gather every process joins is computed first, on every process
+    Invalid(
+        ACCELERATE_HEAD + "print(accelerator.gather(torch.ones(1)).sum())\n",
+        line=ACCELERATE_HEAD.count("\n") + 1,
+        fixed=ACCELERATE_HEAD + f"gather_result = accelerator.gather(torch.ones(1))\nif {ON_MAIN_PROCESS}:\n    print(gather_result.sum())\n",
+    ),
     guarded_case(_STARTED, "print(f'loss {loss.item():.4f}')\n"),
     guarded_case(_HEAD + "import logging\nlogger = logging.getLogger(__name__)\n", "logger.info('loss %f', loss.item())\n"),
     Invalid(_HEAD + "from torch.utils.tensorboard import SummaryWriter\nwriter = SummaryWriter('runs/exp')\n", line=8),

@@ -6,12 +6,11 @@ import ast
 
 from ddpify.anatomy import ROLE_MODEL
 from ddpify.anatomy.distributed.reaching import reaching_values
-from ddpify.anatomy.distributed.wrappers import is_wrapper, wrap_calls
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import DDP_WRAPPER, TORCH_SAVE, wrapper_lacks
 from ddpify.lint import Finding, Invalid, Rule
-from ddpify.rules._cases import NET
-from ddpify.rules._ddp import DDP_AND_ACCELERATE, is_saved, module_fix
+from ddpify.rules._cases import ACCELERATE_HEAD, NET
+from ddpify.rules._ddp import DDP_AND_ACCELERATE, inner_model, is_ddp_wrapper, is_saved, module_fix, wraps_models
 
 
 class WrapperAttribute(Rule, code="DDP009", name="wrapper-attribute", severity="error"):
@@ -23,6 +22,10 @@ class WrapperAttribute(Rule, code="DDP009", name="wrapper-attribute", severity="
 
     Methods every module has (`train`, `eval`, `parameters`, `zero_grad`, `to`, `named_parameters`,
     ...) and DDP's own (`no_sync`, `module`, `join`, ...) are fine on the wrapper.
+
+    In a Hugging Face Accelerate script the wrapper is the model `accelerator.prepare` returned
+    (DistributedDataParallel on several processes, the model itself on one: the bug shows only
+    once launched on several), and its model is `accelerator.unwrap_model(model)`.
 
     ## Why is this bad?
     DDP stores the network as `self.module` and does not forward attribute lookups to it, so
@@ -45,7 +48,8 @@ class WrapperAttribute(Rule, code="DDP009", name="wrapper-attribute", severity="
     ```
 
     ## Fix safety
-    Inserting `.module` before an attribute the wrapper lacks is safe (that line raised before).
+    Inserting `.module` (`accelerator.unwrap_model(...)` around a prepared model) before an
+    attribute the wrapper lacks is safe (that line raised before).
     For `load_state_dict` it is unsafe: a checkpoint saved from another DDP wrapper has `module.`
     keys and loads into the wrapper as written.
     """
@@ -54,7 +58,7 @@ class WrapperAttribute(Rule, code="DDP009", name="wrapper-attribute", severity="
     applies_to = DDP_AND_ACCELERATE
 
     def check(self, a):
-        if not wrap_calls(a):
+        if not wraps_models(a):
             return
         for node in a.nodes:
             if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)):
@@ -70,14 +74,15 @@ class WrapperAttribute(Rule, code="DDP009", name="wrapper-attribute", severity="
 
 
 def _receiver_is_wrapper(a, node: ast.Attribute) -> bool:
-    return isinstance(node.value, (ast.Name, ast.Attribute)) and a.has_role(node.value, ROLE_MODEL) and is_wrapper(a, node.value)
+    return isinstance(node.value, (ast.Name, ast.Attribute)) and a.has_role(node.value, ROLE_MODEL) and is_ddp_wrapper(a, node.value)
 
 
 def _missing_attribute(a, node: ast.Attribute) -> Finding | None:
     if not _receiver_is_wrapper(a, node):
         return None
-    fix = module_fix(a, node.value, safe=True, description=f"read `{node.attr}` from `.module`")
-    return Finding(a.pos(node), f"the DDP wrapper has no attribute `{node.attr}` (AttributeError); use `.module.{node.attr}`", fix)
+    inner = inner_model(a, node.value)
+    fix = module_fix(a, node.value, safe=True, description=f"read `{node.attr}` from `{inner}`")
+    return Finding(a.pos(node), f"the DDP wrapper has no attribute `{node.attr}` (AttributeError); use `{inner}.{node.attr}`", fix)
 
 
 def _load_into_wrapper(a, node: ast.Attribute) -> Finding | None:
@@ -86,19 +91,16 @@ def _load_into_wrapper(a, node: ast.Attribute) -> Finding | None:
         return None
     if _comes_from_wrapper_state_dict(a, call.args[0]) or _saves_wrapper_state_dict(a):
         return None
-    fix = module_fix(a, node.value, safe=False, description="load into `.module`")
-    return Finding(
-        a.pos(node),
-        "load_state_dict on the DDP wrapper expects `module.`-prefixed keys; load into `.module` instead",
-        fix,
-    )
+    inner = inner_model(a, node.value)
+    fix = module_fix(a, node.value, safe=False, description=f"load into `{inner}`")
+    return Finding(a.pos(node), f"load_state_dict on the DDP wrapper expects `module.`-prefixed keys; load into `{inner}` instead", fix)
 
 
 def _saves_wrapper_state_dict(a) -> bool:
     """Does the script save the wrapper's own `state_dict()` (keys prefixed `module.`, DDP008's)?
     Then its checkpoints load back into the wrapper as they are (Barlow Twins, VICReg resuming)."""
     return any(
-        isinstance(n, ast.Call) and syntax.method_name(n) == "state_dict" and is_wrapper(a, n.func.value)  # type: ignore[attr-defined]
+        isinstance(n, ast.Call) and syntax.method_name(n) == "state_dict" and is_ddp_wrapper(a, n.func.value)  # type: ignore[attr-defined]
         and (is_saved(a, n) or _handed_to_a_saving_function(a, n))
         for n in a.nodes
     )
@@ -119,7 +121,7 @@ def _comes_from_wrapper_state_dict(a, expr: ast.AST) -> bool:
         if isinstance(node, ast.Name):
             values += reaching_values(a, node)
     return any(
-        syntax.method_name(n) == "state_dict" and is_wrapper(a, n.func.value)  # type: ignore[attr-defined]
+        syntax.method_name(n) == "state_dict" and is_ddp_wrapper(a, n.func.value)  # type: ignore[attr-defined]
         for v in values for n in ast.walk(v)
     )
 
@@ -136,6 +138,9 @@ dist.init_process_group("gloo")
 """
 
 WrapperAttribute.VALID = (
+    ACCELERATE_HEAD + "z = accelerator.unwrap_model(model).predict(torch.ones(1, 4))\nmodel.train()\n",
+    # read before prepare wraps it
+    ACCELERATE_HEAD.replace("model, optimizer = accelerator.prepare", "z = model.predict(torch.ones(1, 4))\nmodel, optimizer = accelerator.prepare"),
     # a method called from __init__ before the wrap still sees the plain network
     _HEAD + """class Trainer:
     def __init__(self):
@@ -189,6 +194,10 @@ z = raw_model.predict(torch.ones(1, 4))
 """,
 )
 WrapperAttribute.INVALID = (
+    Invalid.fixed_by(ACCELERATE_HEAD + "z = model.predict(torch.ones(1, 4))\n", old="model.predict",
+                     new="accelerator.unwrap_model(model).predict"),
+    Invalid.fixed_by(ACCELERATE_HEAD + "model.load_state_dict(torch.load('net.pt', map_location='cpu'))\n",
+                     old="model.load_state_dict", new="accelerator.unwrap_model(model).load_state_dict"),
     Invalid.fixed_by(_HEAD + "model = DDP(Net())\nz = model.predict(torch.ones(1, 4))\n", old="model.predict", new="model.module.predict"),
     Invalid.fixed_by(
         _HEAD + """

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import ast
+import textwrap
 
-from ddpify.anatomy.distributed.wrappers import uses_no_sync, wrap_calls
+from ddpify.anatomy.distributed.wrappers import uses_no_sync
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._cases import ACCELERATE_HEAD
+from ddpify.rules._ddp import DDP_AND_ACCELERATE, wraps_models
 
 
 class AccumulationWithoutNoSync(Rule, code="DDP012", name="accumulation-without-no-sync", severity="warning"):
     """## What it does
     Flags `loss.backward()` in a training loop that accumulates gradients — the optimizer steps
     only under a condition like `if (i + 1) % accum_steps == 0:` while backward runs on every
-    batch — when the script never uses `model.no_sync()`.
+    batch — when the script never uses `model.no_sync()`. In a Hugging Face Accelerate script
+    (the model `accelerator.prepare` wrapped, `accelerator.backward(loss)`) the skips are
+    `accelerator.no_sync(model)` and `accelerator.accumulate(model)`.
 
     ## Why is this bad?
     DDP all-reduces the gradients during every backward. With accumulation only the last
@@ -49,9 +54,10 @@ class AccumulationWithoutNoSync(Rule, code="DDP012", name="accumulation-without-
     """
 
     message = "gradient accumulation without `model.no_sync()`: DDP all-reduces gradients on every micro-batch"
+    applies_to = DDP_AND_ACCELERATE
 
     def check(self, a):
-        if not wrap_calls(a) or uses_no_sync(a):
+        if not wraps_models(a) or uses_no_sync(a):
             return
         for loop in a.step_loops:
             if not loop.trains:
@@ -104,7 +110,20 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 accum_steps = 4
 """
 
+# Accelerate: the prepared model, and a loader prepared after it; a loss averaged over 4 micro-batches.
+_ACCELERATE = ACCELERATE_HEAD + """from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,))), batch_size=2)
+loader = accelerator.prepare(loader)
+"""
+_ACCELERATE_STEP = """    accelerator.backward(nn.functional.cross_entropy(model(x), y) / 4)
+    if (i + 1) % 4 == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
 AccumulationWithoutNoSync.VALID = (
+    _ACCELERATE + "for i, (x, y) in enumerate(loader):\n    with accelerator.accumulate(model):\n"
+    + textwrap.indent(_ACCELERATE_STEP, "    "),
     _HEAD + """import contextlib
 for i, (x, y) in enumerate(loader):
     sync = (i + 1) % accum_steps == 0
@@ -161,6 +180,7 @@ for i, (x, y) in enumerate(loader):
 """,
 )
 AccumulationWithoutNoSync.INVALID = (
+    Invalid(_ACCELERATE + "for i, (x, y) in enumerate(loader):\n" + _ACCELERATE_STEP, line=_ACCELERATE.count("\n") + 2),
     Invalid(
         _HEAD + """for i, (x, y) in enumerate(loader):
     loss = (model(x) - y).pow(2).mean() / accum_steps

@@ -15,9 +15,10 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from ddpify.anatomy.syntax import method_name
+from ddpify.anatomy.syntax import keyword, method_name
 from ddpify.anatomy import ROLE_LOGGER, ROLE_PBAR, ROLE_WRITER
 from ddpify.anatomy.distributed.accelerate import accelerator_method
+from ddpify.anatomy.distributed.ranks import is_rank_test
 from ddpify.anatomy.vocabulary import (
     ACCELERATOR_OUTPUT,
     FILE_WRITE_CALLS,
@@ -50,6 +51,7 @@ PROGRESS_BAR = "progress bar"
 # `init_distributed_mode(args)`, which calls `setup_for_distributed(args.rank == 0)`).
 RANK_ZERO_PRINT_SETUPS = frozenset({"init_distributed_mode", "setup_for_distributed"})
 PROCESS_ID = "os.getpid"  # output that names its process is per-process on purpose
+MAIN_PROCESS_KEYWORD = "is_main_process"  # Hugging Face's save_pretrained(..., is_main_process=...) writes there only
 
 
 def log_level(a: Anatomy, call: ast.AST) -> str | None:
@@ -72,7 +74,7 @@ def output_kind(a: Anatomy, call: ast.AST) -> str | None:
     if q in (PRINT, TORCH_SAVE) or q.endswith(TQDM_WRITE):
         return q
     if q in FILE_WRITE_CALLS or method in FILE_WRITE_METHODS:
-        return FILE_WRITTEN
+        return None if made_on_main_process(a, call) else FILE_WRITTEN
     level = log_level(a, call)
     if level is not None:
         return LOG if level in INFO_LOG_METHODS else None
@@ -101,8 +103,12 @@ def rank_zero_object(a: Anatomy, call: ast.AST) -> str | None:
 
 def made_on_main_process(a: Anatomy, call: ast.AST) -> bool:
     """Output that every rank may call, made on the main process alone: `accelerator.print(...)`,
-    `accelerator.save(obj, path)`, `accelerator.save_model(model, dir)`, `accelerator.save_state(dir)`."""
-    return accelerator_method(a, call) in ACCELERATOR_OUTPUT
+    `accelerator.save(obj, path)`, `accelerator.save_model(model, dir)`, `accelerator.save_state(dir)`,
+    and a Hugging Face `save_pretrained(dir, is_main_process=<rank-0 test>)`."""
+    if accelerator_method(a, call) in ACCELERATOR_OUTPUT:
+        return True
+    told = keyword(call, MAIN_PROCESS_KEYWORD) if isinstance(call, ast.Call) else None
+    return told is not None and is_rank_test(a, told.value)
 
 
 def is_output_call(a: Anatomy, call: ast.Call) -> bool:

@@ -1,7 +1,7 @@
 """Hugging Face Accelerate's spellings of the DDP facts: which variables hold the `Accelerator`, and
 what its attributes and methods mean (`is_main_process` a rank-0 test, `process_index` a rank,
 `wait_for_everyone` a collective, `print`/`save` output made on the main process only, `prepare` the
-wrap, `unwrap_model` the wrapper's `.module`, `no_sync`/`accumulate` the wrapper's no_sync).
+wrap, whose model `unwrap_model` gives as `.module` does).
 
 An Accelerate script runs one process per device as a DDP one does, so the DDP questions (ranks,
 collectives, rank-0 output) read these names where a DDP script spells torch.distributed's.
@@ -17,7 +17,7 @@ from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.sites import MODULE_SCOPE, Ref
 from ddpify.anatomy.syntax import argument
 from ddpify.anatomy.values import ROLE_MODEL
-from ddpify.anatomy.vocabulary import ACCELERATOR, ACCELERATOR_PREPARE, ACCELERATOR_UNWRAP
+from ddpify.anatomy.vocabulary import ACCELERATOR, ACCELERATOR_PREPARE
 
 
 @per_anatomy
@@ -85,7 +85,7 @@ def accelerator_spelling(a: Anatomy, scope: str) -> str | None:
 
 
 @per_anatomy
-def _prepared(a: Anatomy) -> dict[Ref, list[ast.stmt]]:
+def prepared_models(a: Anatomy) -> dict[Ref, list[ast.stmt]]:
     """The variables a model is bound to by `accelerator.prepare(...)` (`model, opt = accelerator.prepare(model, opt)`)
     and the statements that bind them."""
     found: dict[Ref, list[ast.stmt]] = {}
@@ -109,10 +109,5 @@ def is_prepared_model(a: Anatomy, expr: ast.AST) -> bool:
     here = a.scope_of.get(expr, MODULE_SCOPE)
     return ref is not None and any(
         a.scope_of.get(stmt, MODULE_SCOPE) != here or stmt.lineno < expr.lineno  # type: ignore[attr-defined]
-        for stmt in _prepared(a).get(ref, ())
+        for stmt in prepared_models(a).get(ref, ())
     )
-
-
-def is_unwrapped_model(a: Anatomy, expr: ast.AST) -> bool:
-    """`accelerator.unwrap_model(model)`: the model inside the wrapper, as `.module` gives it."""
-    return accelerator_method(a, expr) == ACCELERATOR_UNWRAP

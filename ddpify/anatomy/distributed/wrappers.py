@@ -10,11 +10,12 @@ from typing import Callable
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.values import ROLE_MODEL
 from ddpify.anatomy.cache import per_anatomy
+from ddpify.anatomy.distributed.accelerate import accelerator_attribute
 from ddpify.anatomy.distributed.names import FULLY_SHARD, SYNC_BATCHNORM_CONVERT
 from ddpify.anatomy.distributed.reaching import MAX_DEPTH, reaching_values, returned_values
 from ddpify.anatomy.sites import CallSite
 from ddpify.anatomy.syntax import argument, method_name
-from ddpify.anatomy.vocabulary import DDP_WRAPPER, MODULE_RETURNING_SELF
+from ddpify.anatomy.vocabulary import ACCELERATOR_SYNC_SKIPS, DDP_WRAPPER, MODULE_RETURNING_SELF
 
 
 @per_anatomy
@@ -135,7 +136,10 @@ def wrapped_origins(a: Anatomy) -> set[ast.Call]:
 
 @per_anatomy
 def uses_no_sync(a: Anatomy) -> bool:
-    """Does the script skip gradient sync anywhere (`model.no_sync()`, `require_backward_grad_sync`)?"""
+    """Does the script skip gradient sync anywhere (`model.no_sync()`, `require_backward_grad_sync`,
+    Accelerate's `accelerator.no_sync(model)` and `accelerator.accumulate(model)`)?"""
     return any(
-        isinstance(n, ast.Attribute) and n.attr in ("no_sync", "require_backward_grad_sync") for n in a.nodes
+        isinstance(n, ast.Attribute) and (n.attr in ("no_sync", "require_backward_grad_sync")
+                                          or accelerator_attribute(a, n) in ACCELERATOR_SYNC_SKIPS)
+        for n in a.nodes
     )
