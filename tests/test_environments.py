@@ -77,13 +77,16 @@ class Agent:
         self.optimizer.step()
 
 
+def play(agent, env):
+    for episode in range(10):
+        state, done = env.reset(), False
+        while not done:
+            state, reward, done = env.step(0)
+        agent.learn(state)
+
+
 env = Walk()
-agent = Agent()
-for episode in range(10):
-    state, done = env.reset(), False
-    while not done:
-        state, reward, done = env.step(0)
-    agent.learn(state)
+play(Agent(), env)
 '''
 
 WARMUP_BUFFER = ENVIRONMENT + '''

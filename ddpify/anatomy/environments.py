@@ -148,10 +148,20 @@ def _control_paths(a: Anatomy, node: ast.AST, depth: int) -> list[list[ast.stmt]
               and parent is not a.main_guard and enclosing_function(a, parent) == scope][::-1]
     if scope == MODULE_SCOPE:
         return [inside]
-    callers = [c for c in a.calls if a.callee(c.node) == scope]  # type: ignore[arg-type]
+    callers = [c for c in a.calls if a.callee(c.node) == scope or _calls_method_of_instance(a, c.node, scope)]  # type: ignore[arg-type]
     if not callers or depth == 0:
         return [[_UNFOLLOWED, *inside]]
     return [outer + inside for caller in callers for outer in _control_paths(a, caller.node, depth - 1)]
+
+
+def _calls_method_of_instance(a: Anatomy, call: ast.Call, scope: str) -> bool:
+    """`agent.learn()` where `agent = Agent(...)` and `scope` is `Agent.learn`."""
+    cls, _, method = scope.rpartition(".")
+    if not cls or method_name(call) != method:
+        return False
+    receiver = identifier(call.func.value)  # type: ignore[attr-defined]
+    return any(isinstance(site.stmt, ast.Assign) and site.stmt.value is site.node and receiver in {identifier(t) for t in site.stmt.targets}
+               for site in a.calls_to(cls))
 
 
 def _invariant(a: Anatomy, expr: ast.expr, outer: ast.stmt, counters: set[str]) -> bool:
