@@ -12,12 +12,10 @@ import ast
 
 import libcst as cst
 
-from ddpify.anatomy import ROLE_SCALER, Anatomy
-from ddpify.anatomy.full_batch import trains_without_loader
+from ddpify.anatomy.full_batch import backward_loss
 from ddpify.anatomy.losses import loss_terms, sums_over_batch, token_mean
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import WORLD_SIZE
-from ddpify.codemods.options import Options
 from ddpify.edits.expressions import cst_type_of
 
 
@@ -26,27 +24,14 @@ class SumLossScaling(Transform):
     """Scale a loss summed over the batch by WORLD_SIZE before backward (ranks average gradients)."""
 
     NAME = "sum_loss"
-    SEES_EDITS_OF = ()
+    SEES_EDITS_OF = ("rows",)  # a loss whose rows the ranks share (rows.py) is weighted there, sums included
 
     WORLD_SIZE = WORLD_SIZE  # how the script spells the number of processes
-    @classmethod
-    def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
-        # with no DataLoader, a DDP conversion shares each loss's rows, a sum weighted by WORLD_SIZE
-        # there (rows.py); other targets leave such data unsharded, incomplete
-        return not trains_without_loader(anatomy)
-
     def plan(self) -> None:
         for site in self.anatomy.training_calls:
             call: ast.Call = site.node  # type: ignore[assignment]
             if isinstance(call.func, ast.Attribute) and call.func.attr == "backward":
-                self._plan_backward(site.line, self._loss_of(call.func.value))
-
-    def _loss_of(self, receiver: ast.expr) -> ast.expr:
-        """`loss` in `loss.backward()` and in `scaler.scale(loss).backward()`."""
-        if (isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Attribute) and receiver.func.attr == "scale"
-                and receiver.args and self.anatomy.has_role(receiver.func.value, ROLE_SCALER)):
-            return receiver.args[0]
-        return receiver
+                self._plan_backward(site.line, backward_loss(self.anatomy, call.func.value))
 
     def _plan_backward(self, line: int, loss: ast.expr) -> None:
         tokens = token_mean(self.anatomy, loss)
