@@ -252,3 +252,15 @@ def test_parameter_groups_built_in_a_resume_branch_wrap_the_model_once_after_its
     assert lines.count(lines[wrap]) == 1
     assert lines[wrap + 1] == "prior = model.module.prior.to(device)"
     assert not result.missing and lint_codes(result.output) == []
+
+
+def test_numpy_and_random_drawn_unseeded_beside_a_seeded_torch_are_seeded_apart_on_each_rank():
+    out, _ = convert("""\
+        from random import randint
+        print(np.random.rand() + randint(0, 3))
+    """)
+    lines = [line.strip() for line in out.splitlines()]
+    seeded = lines.index("torch.manual_seed(0)")
+    assert lines[seeded + 1:seeded + 3] == ["np.random.seed(0 + RANK)", "random.seed(0 + RANK)"]
+    assert "import random" in lines
+    assert lint_codes(out) == []

@@ -263,7 +263,7 @@ def not_reproducible(a: Anatomy) -> list[Unseeded]:
                                      "drop out alike", _model_statement(a))]
     return [
         Unseeded(draw, f"not reproducible: {rng} drives sampling or augmentation here but is never seeded (torch is)")
-        for rng, draw in _unseeded_draws(a)
+        for rng, draw in unseeded_draws(a)
     ]
 
 
@@ -289,7 +289,7 @@ def _model_statement(a: Anatomy) -> ast.stmt | None:
     return _earliest_statement(a, list(origins)) or (a.trained_models[0].stmt if a.trained_models else None)
 
 
-def _unseeded_draws(a: Anatomy) -> Iterator[tuple[str, ast.Call]]:
+def unseeded_draws(a: Anatomy) -> Iterator[tuple[str, ast.Call]]:
     """The first draw from numpy's and from Python's global RNG, where that RNG is never seeded."""
     for rng, draws in ((NUMPY, numpy_draws(a)), (PYTHON, [c for c in a.calls if c.qualname in PYTHON_DRAWS])):
         if draws and not seeded_anywhere(a, rng):

@@ -8,6 +8,12 @@ broadcast rank 0's weights, and model initialisation after it still runs alike o
 script's own seed call is made again with the rank added (`torch.manual_seed(seed + RANK)`). Where
 that call can't be repeated there (its seed is a variable of another function, it takes no
 argument, training is not reached from the wrap's block), the transform advises.
+
+numpy's or Python's global RNG that the script draws from but never seeds, next to a seeded torch
+(pair sampling in a Dataset with `random.randint`, mixup's `np.random.beta`), gave each process its
+own values: right after torch's seed call it is seeded with that seed plus the rank
+(`random.seed(args.seed + RANK)`), so each rank still draws its own values and runs repeat (ddpify
+lint's DDP024 finds nothing left unseeded).
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import MODULE_SCOPE, Anatomy, CallSite
+from ddpify.anatomy.distributed.names import TORCH
 from ddpify.anatomy.distributed.randomness import draws_alike_on_every_rank, seed_calls
+from ddpify.anatomy.distributed.seeding import Seed, seeds, unseeded_draws
 from ddpify.anatomy.distributed.wrappers import wrap_calls
 from ddpify.anatomy.syntax import enclosing_function
 from ddpify.codemods.base import Transform
@@ -34,9 +42,11 @@ class NoiseOfEachRank(Transform):
 
     @classmethod
     def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
-        return bool(draws_alike_on_every_rank(anatomy))  # seeds and draws are the user's; no transform adds one
+        # seeds and draws are the user's; no transform adds one
+        return bool(draws_alike_on_every_rank(anatomy)) or bool(_unseeded_beside_torch(anatomy))
 
     def plan(self) -> None:
+        self._seed_the_unseeded_rngs()
         draws = draws_alike_on_every_rank(self.anatomy)
         if not draws:
             return
@@ -51,6 +61,20 @@ class NoiseOfEachRank(Transform):
                                      "to give each rank its own, seed with the rank once the model is wrapped, e.g. "
                                      f"`torch.manual_seed(seed + {RANK})` just before the training loop (DDP has already "
                                      "broadcast rank 0's weights, so the models stay identical)")
+
+    def _seed_the_unseeded_rngs(self) -> None:
+        """After torch's seed call: numpy's and Python's RNG, drawn from but never seeded, seeded with
+        the same seed plus the rank."""
+        unseeded = _unseeded_beside_torch(self.anatomy)
+        if not unseeded:
+            return
+        seed = unseeded[0][0]
+        stmt = self.anatomy.parents.get(seed.site.node)
+        argument = ast.unparse(seed.site.node.args[0])  # type: ignore[attr-defined]
+        lines = [f"{_seeder(self, draw)}({argument} + {RANK})" for _, draw in unseeded]
+        self.insert_after(stmt, "\n".join(lines) + "\n")  # type: ignore[arg-type]
+        self.changed(seed.site.line, f"{'; '.join(lines)}: drawn from but never seeded, now seeded apart on each rank "
+                                     "(each rank still draws its own values, and runs repeat)")
 
     def _training_start(self) -> ast.stmt | None:
         """The first statement after the last DDP wrap, in the wrap's block, that trains (holds a training
@@ -79,3 +103,25 @@ class NoiseOfEachRank(Transform):
 def _reseeded(seed: CallSite) -> str:
     call: ast.Call = seed.node  # type: ignore[assignment]
     return f"{ast.unparse(call.func)}({ast.unparse(call.args[0])} + {RANK})"
+
+
+def _unseeded_beside_torch(a: Anatomy) -> list[tuple[Seed, ast.Call]]:
+    """(torch's seed call, the first draw) for numpy's and Python's RNG drawn from but never seeded,
+    where one statement of its own seeds torch with one argument and no rank."""
+    torch_seed = next((s for s in seeds(a) if s.rngs == {TORCH} and not s.per_rank), None)
+    if torch_seed is None:
+        return []
+    call: ast.Call = torch_seed.site.node  # type: ignore[assignment]
+    if len(call.args) != 1 or call.keywords or isinstance(call.args[0], ast.Starred) or not isinstance(a.parents.get(call), ast.Expr):
+        return []
+    return [(torch_seed, draw) for _, draw in unseeded_draws(a)]
+
+
+def _seeder(transform: Transform, draw: ast.Call) -> str:
+    """How the script spells the seed function of the RNG `draw` reads: `np.random.seed` beside
+    `np.random.rand(...)`, `random.seed` beside `random.randint(...)`, imported where the draw's own name was."""
+    if isinstance(draw.func, ast.Attribute):
+        return f"{ast.unparse(draw.func.value)}.seed"
+    module = transform.anatomy.qualname(draw.func).rpartition(".")[0]
+    transform.add_import(module.partition(".")[0])
+    return f"{module}.seed"
