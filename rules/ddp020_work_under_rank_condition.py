@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.distributed.every_rank_work import calls_collective, hands_wrapper_to_work, joins_by_itself
-from ddpify.anatomy.distributed.names import COLLECTIVES
+from ddpify.anatomy.distributed.every_rank_work import calls_collective, hands_wrapper_to_work, is_collective, joins_by_itself
 from ddpify.anatomy.distributed.ranks import conditions_on, is_rank_test
 from ddpify.anatomy.distributed.wrappers import wrap_calls
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._cases import ACCELERATE_HEAD, ON_MAIN_PROCESS
+from ddpify.rules._ddp import DDP_AND_ACCELERATE
 
 
 class WorkUnderRankCondition(Rule, code="DDP020", name="work-under-rank-condition", severity="error"):
@@ -20,6 +21,10 @@ class WorkUnderRankCondition(Rule, code="DDP020", name="work-under-rank-conditio
     or one that is handed the DDP wrapper and may run its forward (`print(evaluate(model, loader))`
     where `evaluate` calls `model(x)`, a library function given the wrapper). The collectives
     themselves and a forward written under the rank test are DDP002's.
+
+    Hugging Face Accelerate scripts are checked too: `accelerator.backward(loss)` trains, and the
+    wrapper is the model `accelerator.prepare` returned (`accelerator.unwrap_model(model)` is its
+    plain module).
 
     ## Why is this bad?
     The work hides collectives. A DDP forward broadcasts buffers (BatchNorm statistics) from rank
@@ -48,6 +53,7 @@ class WorkUnderRankCondition(Rule, code="DDP020", name="work-under-rank-conditio
     """
 
     message = "runs on some ranks only but joins every rank (training, or the DDP wrapper's forward): the job hangs"
+    applies_to = DDP_AND_ACCELERATE
 
     def check(self, a):
         for site in a.calls:
@@ -68,7 +74,7 @@ def _hidden_work(a, call: ast.Call) -> str | None:
     """What `call` makes every rank join, unless DDP002 reports it (a collective, in a function of
     this file too, or the wrapper's own forward)."""
     callee = a.callee(call)
-    if a.qualname(call.func) in COLLECTIVES or (callee and a.function_contains(callee, lambda n: calls_collective(a, [n]))):
+    if is_collective(a, call) or (callee and a.function_contains(callee, lambda n: calls_collective(a, [n]))):
         return None
     if joins_by_itself(a, call) and not _before_every_wrap(a, call):
         return "trains (DDP's backward all-reduces the gradients, a collective every rank must join)"
@@ -111,7 +117,16 @@ def describe(net):
     return type(net).__name__
 """
 
+_ACCELERATE_EVALUATE = ACCELERATE_HEAD + """
+
+def evaluate(net):
+    with torch.no_grad():
+        return net(torch.ones(2, 4)).sum().item()
+
+"""
+
 WorkUnderRankCondition.VALID = (
+    _ACCELERATE_EVALUATE + f"if {ON_MAIN_PROCESS}:\n    print(evaluate(accelerator.unwrap_model(model)))\n",
     # computed on every rank, printed on rank 0
     _HEAD + "acc = evaluate(model, batches)\nif rank == 0:\n    print(f'acc {acc:.4f}')\n",
     # rank 0 alone evaluates the plain module
@@ -135,6 +150,10 @@ def main():
 """,
 )
 WorkUnderRankCondition.INVALID = (
+    Invalid(_ACCELERATE_EVALUATE + f"if {ON_MAIN_PROCESS}:\n    print(evaluate(model))\n",
+            line=_ACCELERATE_EVALUATE.count("\n") + 2),
+    Invalid(ACCELERATE_HEAD + f"if {ON_MAIN_PROCESS}:\n    accelerator.backward(model(torch.ones(2, 4)).sum())\n",
+            line=ACCELERATE_HEAD.count("\n") + 2),
     Invalid(_HEAD + "if rank == 0:\n    print(f'acc {evaluate(model, batches):.4f}')\n", line=26),
     Invalid(_HEAD + "if dist.get_rank() == 0 and evaluate(model, batches) > 0:\n    print('positive')\n", line=25),
     Invalid(_HEAD + "for x in batches:\n    if rank == 0:\n        train_step(x)\n", line=27),

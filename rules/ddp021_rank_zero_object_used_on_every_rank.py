@@ -10,6 +10,8 @@ from ddpify.anatomy.distributed.reaching import assignments, reaching_values
 from ddpify.edits.statements import guard
 from ddpify.lint import Finding, Fix, Invalid, Rule
 from ddpify.lint.cst_fixes import statement_edit
+from ddpify.rules._cases import ACCELERATE_HEAD, ON_MAIN_PROCESS
+from ddpify.rules._ddp import DDP_AND_ACCELERATE
 
 _MAX_DEPTH = 4
 
@@ -21,7 +23,8 @@ class RankZeroObjectUsedOnEveryRank(Rule, code="DDP021", name="rank-zero-object-
     wandb.init()`): a method call (`writer.add_scalar(...)`) or an attribute read
     (`os.path.join(writer.log_dir, "ckpt.pt")`) that runs on every rank, without a rank test or a
     `writer is not None` check around it. The object is followed into the functions it is passed
-    to and onto `self`.
+    to and onto `self`. Hugging Face Accelerate scripts are checked too (`SummaryWriter() if
+    accelerator.is_main_process else None`).
 
     ## Why is this bad?
     On every rank but 0 the name holds None, so the call raises `AttributeError: 'NoneType' object
@@ -56,6 +59,7 @@ class RankZeroObjectUsedOnEveryRank(Rule, code="DDP021", name="rank-zero-object-
     """
 
     message = "the object is None on ranks other than 0, which use it: AttributeError there, and the job hangs"
+    applies_to = DDP_AND_ACCELERATE
 
     def check(self, a):
         for node in a.nodes:
@@ -117,6 +121,10 @@ RankZeroObjectUsedOnEveryRank.VALID = (
     _HEAD + "writer = SummaryWriter(f'runs/rank{rank}')\nwriter.add_scalar('loss', 1.0, 0)\n",
 )
 RankZeroObjectUsedOnEveryRank.INVALID = (
+    # Accelerate: the writer of the main process only
+    Invalid(ACCELERATE_HEAD + "from torch.utils.tensorboard import SummaryWriter\n"
+            f"writer = SummaryWriter() if {ON_MAIN_PROCESS} else None\nwriter.add_scalar('loss', 1.0, 0)\n",
+            line=ACCELERATE_HEAD.count("\n") + 3),
     Invalid(_HEAD + "writer = SummaryWriter() if rank == 0 else None\nwriter.add_scalar('loss', 1.0, 0)\n", line=9,
             fixed=_HEAD + "writer = SummaryWriter() if rank == 0 else None\nif writer is not None:\n    writer.add_scalar('loss', 1.0, 0)\n"),
     Invalid(_HEAD + "writer = SummaryWriter() if rank == 0 else None\nckpt = os.path.join(writer.log_dir, 'model.pt')\n", line=9),

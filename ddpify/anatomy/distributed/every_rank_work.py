@@ -12,14 +12,14 @@ from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.values import ROLE_MODEL
 from ddpify.anatomy.cache import per_anatomy
-from ddpify.anatomy.distributed.accelerate import accelerator_method
+from ddpify.anatomy.distributed.accelerate import accelerator_method, is_prepared_model
 from ddpify.anatomy.distributed.fsdp import after_shard, is_sharded_model, sharded_origins
 from ddpify.anatomy.distributed.names import COLLECTIVES
 from ddpify.anatomy.distributed.wrappers import is_wrapper
 from ddpify.anatomy.sites import CallSite
 from ddpify.anatomy.output import is_output_call
 from ddpify.anatomy.syntax import ancestors, argument, contains
-from ddpify.anatomy.vocabulary import ACCELERATOR_COLLECTIVES, is_pure_call
+from ddpify.anatomy.vocabulary import ACCELERATOR_COLLECTIVES, ACCELERATOR_UNWRAP, is_pure_call
 
 
 @per_anatomy
@@ -60,11 +60,11 @@ def must_run_on_every_rank(a: Anatomy, call: ast.Call) -> bool:
     arguments): must this call run on every rank instead? Yes when it trains or calls a
     collective (itself, or through a function of this project), and when what it does is not
     known: a library's function, a method that is not a known read. No for pure formatting and
-    reads (`vocabulary.is_pure_call`), output calls, this file's functions that join nothing,
+    reads (`_only_reads`), output calls, this file's functions that join nothing,
     and calls on a model (rank-0 code calls the module inside the wrapper)."""
     if joins_by_itself(a, call) or runs_sharded_model(a, call):
         return True
-    if is_pure_call(a, call) or is_output_call(a, call) or a.callee(call) is not None or calls_model(a, call):
+    if _only_reads(a, call) or is_output_call(a, call) or a.callee(call) is not None or calls_model(a, call):
         return False
     return a.qualname(call.func) not in a.facts.imported  # another file's function joins nothing: judged there
 
@@ -162,7 +162,7 @@ def hands_wrapper_to_work(a: Anatomy, call: ast.Call) -> bool:
     """`evaluate(model, loader)` with `model` the DDP wrapper: the callee may run the wrapper's
     forward, which broadcasts buffers to every rank. This file's function when it calls that
     parameter; another function unless it only formats, reads or writes output."""
-    if is_pure_call(a, call) or is_output_call(a, call) or calls_model(a, call):
+    if _only_reads(a, call) or is_output_call(a, call) or calls_model(a, call):
         return False
     callee = a.callee(call)
     if callee is None:
@@ -171,8 +171,15 @@ def hands_wrapper_to_work(a: Anatomy, call: ast.Call) -> bool:
                for i, p in enumerate(a.functions[callee].params))
 
 
+def _only_reads(a: Anatomy, call: ast.Call) -> bool:
+    """A call that only formats, reads or measures (`vocabulary.is_pure_call`), or hands back the
+    model inside a wrapper (`accelerator.unwrap_model(model)`, as `.module` does)."""
+    return is_pure_call(a, call) or accelerator_method(a, call) == ACCELERATOR_UNWRAP
+
+
 def _is_wrapper_value(a: Anatomy, expr: ast.AST | None) -> bool:
-    return isinstance(expr, (ast.Name, ast.Attribute)) and is_wrapper(a, expr)
+    """The DDP wrapper: `DDP(model)`'s, or the model `accelerator.prepare` returned."""
+    return isinstance(expr, (ast.Name, ast.Attribute)) and (is_wrapper(a, expr) or is_prepared_model(a, expr))
 
 
 def _calls_parameter(a: Anatomy, scope: str, param: str) -> bool:
