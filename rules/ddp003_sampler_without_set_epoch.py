@@ -14,6 +14,8 @@ class SamplerWithoutSetEpoch(Rule, code="DDP003", name="sampler-without-set-epoc
     """## What it does
     Flags an epoch loop around a training loader whose `DistributedSampler` shuffles, when nothing
     in the loop (or in the functions it calls) calls `set_epoch(...)`.
+    Hugging Face Accelerate scripts are not checked: a loader handed to `accelerator.prepare` gets
+    Accelerate's own sharding sampler, which reshuffles every epoch by itself.
 
     ## Why is this bad?
     `DistributedSampler` seeds its shuffle with `seed + epoch`. Without `set_epoch(epoch)` the epoch

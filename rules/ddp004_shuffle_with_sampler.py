@@ -11,6 +11,8 @@ from ddpify.rules._ddp import remove_keyword_fix
 class ShuffleWithSampler(Rule, code="DDP004", name="shuffle-with-sampler", severity="error"):
     """## What it does
     Flags a `DataLoader(...)` given both `shuffle=True` and a `sampler=` (or `batch_sampler=`).
+    Hugging Face Accelerate scripts are not checked: a loader handed to `accelerator.prepare` gets
+    Accelerate's own sharding sampler, which takes the loader's `shuffle=` over.
 
     ## Why is this bad?
     The sampler decides the order; `DataLoader` refuses the combination with

@@ -14,6 +14,8 @@ class LoaderWithoutDistributedSampler(
     """## What it does
     Flags a DataLoader that a training loop iterates, in a DDP script, when it has no `sampler=`
     or `batch_sampler=` and its dataset does not depend on the rank.
+    Hugging Face Accelerate scripts are not checked: a loader handed to `accelerator.prepare` gets
+    Accelerate's own sharding sampler, which gives each process its share of the batches.
 
     ## Why is this bad?
     Every rank then iterates the whole dataset: an epoch costs world-size times the work of a
