@@ -264,3 +264,15 @@ def test_numpy_and_random_drawn_unseeded_beside_a_seeded_torch_are_seeded_apart_
     assert lines[seeded + 1:seeded + 3] == ["np.random.seed(0 + RANK)", "random.seed(0 + RANK)"]
     assert "import random" in lines
     assert lint_codes(out) == []
+
+
+def test_cuda_visible_devices_set_in_code_is_removed_with_a_comment_unless_nothing_follows_it():
+    out, advice = convert("""\
+        os.environ["CUDA_VISIBLE_DEVICES"] = "1"
+        if loss.item() > 0:
+            os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+    """)
+    assert '# ddpify: removed `os.environ["CUDA_VISIBLE_DEVICES"] = "1"`' in out
+    assert out.count('os.environ["CUDA_VISIBLE_DEVICES"] = "0"') == 1  # the last of its block: advised, kept
+    assert any("CUDA_VISIBLE_DEVICES is set in the script" in message for message in advice)
+    assert lint_codes(out) == ["DDP014"]

@@ -17,6 +17,7 @@ import libcst as cst
 from ddpify.anatomy.distributed.launch import holds_integer
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import LOCAL_RANK
+from ddpify.codemods.dp._edits import remove_statement
 from ddpify.edits.expressions import parse_expr
 
 _INDEXED_CUDA = re.compile(r"^cuda:\d+$")
@@ -37,7 +38,7 @@ class RankDevices(Transform):
             elif isinstance(node, ast.JoinedStr):
                 self._rewrite_formatted_index(node)
             elif isinstance(node, ast.Subscript) and self._is_visible_devices(node):
-                self.advise(node.lineno, "CUDA_VISIBLE_DEVICES is set in the script; torchrun gives each rank its GPU via LOCAL_RANK, remove it")
+                self._remove_visible_devices(node)
 
     def _rewrite_indexed_string(self, node: ast.Constant) -> None:
         quote = '"'
@@ -76,6 +77,19 @@ class RankDevices(Transform):
             if call.func.attr == "cuda" or (call.func.attr == "to" and holds_integer(self.anatomy, call.args[0])):
                 return call.args[0]
         return None
+
+    def _remove_visible_devices(self, node: ast.Subscript) -> None:
+        """`os.environ["CUDA_VISIBLE_DEVICES"] = ...` alone on its statement, with one after it in its
+        block, is removed with a comment: each rank's GPU is LOCAL_RANK, and a list pinned here would
+        have every rank number the same GPU 0 (ddpify lint's DDP014). Otherwise the transform advises."""
+        stmt = self.anatomy.parents.get(node)
+        block = self.anatomy.block_of(stmt) if isinstance(stmt, ast.Assign) and stmt.targets == [node] else []
+        if not block or block[-1] is stmt:
+            self.advise(node.lineno, "CUDA_VISIBLE_DEVICES is set in the script; torchrun gives each rank its GPU via LOCAL_RANK, remove it")
+            return
+        code = ast.get_source_segment(self.anatomy.text, stmt)
+        remove_statement(self, self.anatomy, stmt, f"# ddpify: removed `{code}`: each rank uses GPU LOCAL_RANK; choose the GPUs in the launching shell")
+        self.changed(node.lineno, f"{code} removed: torchrun gives each rank its GPU (LOCAL_RANK); set CUDA_VISIBLE_DEVICES in the shell that launches it")
 
     def _is_visible_devices(self, node: ast.Subscript) -> bool:
         key = node.slice

@@ -10,9 +10,9 @@ from ddpify.anatomy import Anatomy
 from ddpify.codemods.base import Transform
 from ddpify.edits.statements import one_statement_a_line
 
-def remove_statement(transform: Transform, anatomy: Anatomy, stmt: ast.stmt) -> None:
-    """Drop `stmt`; the comments and blank lines above it move to the statement after it. The
-    others of a line it shares (`a; b`) stay, one a line, as the lint's fix leaves them."""
+def remove_statement(transform: Transform, anatomy: Anatomy, stmt: ast.stmt, note: str = "") -> None:
+    """Drop `stmt`; the comments and blank lines above it (and `note`, a comment saying why) move to
+    the statement after it. The others of a line it shares (`a; b`) stay, one a line, as the lint's fix leaves them."""
     block = anatomy.block_of(stmt)
     line = _sharing_its_line(block, stmt)
     if len(line) > 1:
@@ -21,9 +21,10 @@ def remove_statement(transform: Transform, anatomy: Anatomy, stmt: ast.stmt) -> 
         return
     following = block[block.index(stmt) + 1]
     kept: list[cst.EmptyLine] = []
+    why = [cst.EmptyLine(comment=cst.Comment(note))] if note else []
 
     def drop(removed: cst.BaseStatement) -> list[cst.BaseStatement]:
-        kept.extend(getattr(removed, "leading_lines", ()))
+        kept.extend([*getattr(removed, "leading_lines", ()), *why])
         return []
 
     def take_comments(after: cst.BaseStatement) -> list[cst.BaseStatement]:
