@@ -24,6 +24,7 @@ from ddpify.anatomy import analyze
 from ddpify.cli import cli
 from ddpify.codemods.ddp import DistributedSetup, RankDevices, RemoveDataParallel, WrapModel
 from ddpify.codemods.ddp.runtime import RELEASE_COMMENT
+from ddpify.codemods.ddp.wrap import GRADIENT_VIEWS, NO_BUFFER_BROADCAST, option_comments
 from ddpify.codemods.options import Options
 from ddpify.codemods.pipeline import run_pipeline
 from ddpify.convert import convert_source
@@ -39,7 +40,22 @@ except ImportError:  # e.g. pytest --import-mode=importlib
 SHAPES = sorted((FIXTURES_DIR / "real").glob("shape_*.py"))
 ALREADY_DISTRIBUTED = sorted((Path(__file__).parent / "data" / "already_distributed").glob("*.py"))
 TIMEOUT = 180
-WRAP = "DDP({0}, device_ids=[LOCAL_RANK] if next({0}.parameters()).is_cuda else None)"
+WRAP = "DDP({0}, device_ids=[LOCAL_RANK] if next({0}.parameters()).is_cuda else None)"  # each model of a dict or list
+
+
+def wrap(name: str, indent: str = "") -> str:
+    """The statements that wrap the one model `name` (of torch.nn layers, no BatchNorm): the options' comments,
+    then the wrap with gradients as bucket views and no buffer broadcast."""
+    options = (GRADIENT_VIEWS, NO_BUFFER_BROADCAST)
+    call = WRAP.format(name)[:-1] + "".join(f", {option}" for option, _ in options) + ")"
+    return textwrap.indent(option_comments(*options), indent) + f"{indent}{name} = {call}\n"
+
+
+def wrap_line(name: str) -> str:
+    """The wrap statement alone, as ast.unparse writes it."""
+    return wrap(name).splitlines()[-1]
+
+
 DDP_IMPORT = "from torch.nn.parallel import DistributedDataParallel as DDP\n"
 
 
@@ -154,7 +170,7 @@ class TestModuleLevelGroup:
     def test_the_converted_module_level_script_wraps_after_joining(self):
         output = convert_source(textwrap.dedent(self.SCRIPT), "ddp").output
         statements = [ast.unparse(s) for s in ast.parse(output).body]
-        assert statements.index("setup_distributed()") < statements.index(f"model = {WRAP.format('model')}")
+        assert statements.index("setup_distributed()") < statements.index(wrap_line("model"))
 
     def test_training_inside_main_still_joins_in_main(self):
         code = "import torch\n\n\nif __name__ == '__main__':\n    torch.ones(1)\n"
@@ -194,7 +210,7 @@ class TestTrainedModels:
             """
         before = textwrap.dedent(before)
         after = before.replace("from torch import nn\n", "from torch import nn\n" + DDP_IMPORT).replace(
-            "    model = Net().to(device)\n", f"    model = Net().to(device)\n    model = {WRAP.format('model')}\n"
+            "    model = Net().to(device)\n", "    model = Net().to(device)\n" + wrap("model", "    ")
         )
         result = assert_codemod([WrapModel], before, after)
         assert not result.advice
@@ -210,7 +226,7 @@ class TestTrainedModels:
             "                p -= 0.1 * p.grad\n"
         )
         after = before.replace("import torch\n", "import torch\n" + DDP_IMPORT, 1).replace(
-            ".to(device)\n", f".to(device)\n    model = {WRAP.format('model')}\n"
+            ".to(device)\n", ".to(device)\n" + wrap("model", "    ")
         )
         assert_codemod([WrapModel], before, after)
 
@@ -271,7 +287,7 @@ class TestMovedInsideATrainer:
             TRAINER,
             TRAINER.replace("import torch\n", "import torch\n" + DDP_IMPORT).replace(
                 "        self.model = model.to(device)\n",
-                f"        self.model = model.to(device)\n        self.model = {WRAP.format('self.model')}\n",
+                "        self.model = model.to(device)\n" + wrap("self.model", "        "),
             ),
         )
         assert not result.advice  # the move exists: no "never moved to a GPU"
@@ -286,7 +302,7 @@ class TestMovedInsideATrainer:
                     and any("self.model" in ast.unparse(s) for s in n.body))
         lines = [ast.unparse(s) for s in init.body]
         move = lines.index("self.model = model.to(device)")
-        wrap = lines.index(f"self.model = {WRAP.format('self.model')}")
+        wrap = lines.index(wrap_line("self.model"))
         assert move < wrap
         wraps_anywhere = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "DDP"]
         assert len(wraps_anywhere) == 1, "the model is wrapped once, inside the Trainer"
@@ -307,7 +323,7 @@ class TestMovedInsideATrainer:
                 opt = torch.optim.SGD(model.parameters(), lr=0.1)
             """)
         result = run_pipeline(source, "snippet.py", [WrapModel], Options())
-        assert f"    model = build(device)\n    model = {WRAP.format('model')}\n" in result.output
+        assert "    model = build(device)\n" + wrap("model", "    ") in result.output
         assert not result.advice
         unmoved = run_pipeline(source.replace("    model.to(device)\n", ""), "snippet.py", [WrapModel], Options())
         assert any("never moved to a GPU" in m for m in messages(unmoved))

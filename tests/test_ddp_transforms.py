@@ -33,6 +33,7 @@ from ddpify.codemods.ddp import (
 )
 from ddpify.codemods.ddp.per_node import PerNodeDownloads
 from ddpify.codemods.ddp.runtime import HELPERS
+from ddpify.codemods.ddp.wrap import GRADIENT_VIEWS, NO_BUFFER_BROADCAST, option_comments
 from ddpify.codemods.pipeline import ConversionResult, Status, run_pipeline
 from ddpify.convert import convert_source
 from helpers import one_line
@@ -314,7 +315,10 @@ def main():
             loss.backward()
             opt.step()
 {after}"""
-WRAP = "DDP(model, device_ids=[LOCAL_RANK] if next(model.parameters()).is_cuda else None)"
+WRAP = "DDP(model, device_ids=[LOCAL_RANK] if next(model.parameters()).is_cuda else None, gradient_as_bucket_view=True)"
+NO_BROADCAST_WRAP = WRAP[:-1] + ", broadcast_buffers=False)"  # a model of torch.nn layers without BatchNorm
+WHY = option_comments(GRADIENT_VIEWS)
+NO_BROADCAST_WHY = option_comments(GRADIENT_VIEWS, NO_BUFFER_BROADCAST)
 DDP_IMPORT = "from torch.nn.parallel import DistributedDataParallel as DDP\n"
 
 
@@ -385,7 +389,7 @@ class TestWrap:
         result = assert_codemod(
             [WrapModel],
             train("model = nn.Linear(2, 1)\nmodel.to(device)\n"),
-            train(f"model = nn.Linear(2, 1)\nmodel.to(device)\nmodel = {WRAP}\n", wrap_import=True),
+            train(f"model = nn.Linear(2, 1)\nmodel.to(device)\n{NO_BROADCAST_WHY}model = {NO_BROADCAST_WRAP}\n", wrap_import=True),
         )
         assert [(c.line, c.transform) for c in result.changes] == [(10, "wrap")]
         assert not result.advice
@@ -394,7 +398,7 @@ class TestWrap:
         assert_codemod(
             [WrapModel],
             train("model = nn.Linear(2, 1).to(device)\n"),
-            train(f"model = nn.Linear(2, 1).to(device)\nmodel = {WRAP}\n", wrap_import=True),
+            train(f"model = nn.Linear(2, 1).to(device)\n{NO_BROADCAST_WHY}model = {NO_BROADCAST_WRAP}\n", wrap_import=True),
         )
 
     def test_a_model_on_self(self):
@@ -420,7 +424,9 @@ class TestWrap:
         ).replace(
             "self.model = nn.Linear(2, 1).to(device)\n",
             "self.model = nn.Linear(2, 1).to(device)\n"
-            "        self.model = DDP(self.model, device_ids=[LOCAL_RANK] if next(self.model.parameters()).is_cuda else None)\n",
+            + textwrap.indent(NO_BROADCAST_WHY, "        ")
+            + "        self.model = DDP(self.model, device_ids=[LOCAL_RANK] if next(self.model.parameters()).is_cuda else None, "
+            "gradient_as_bucket_view=True, broadcast_buffers=False)\n",
         )
         assert_codemod([WrapModel], before, after)
 
@@ -433,7 +439,7 @@ class TestWrap:
                 model
                 + "if next(model.parameters()).is_cuda:  # SyncBatchNorm runs on GPUs only\n"
                 + "    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"
-                + f"model = {WRAP}\n",
+                + f"{WHY}model = {WRAP}\n",
                 wrap_import=True,
             ),
         )
@@ -447,7 +453,7 @@ class TestWrap:
         result = assert_codemod(
             [WrapModel],
             train("model = nn.Linear(2, 1)\n"),
-            train(f"model = nn.Linear(2, 1)\nmodel = {WRAP}\n", wrap_import=True),
+            train(f"model = nn.Linear(2, 1)\n{NO_BROADCAST_WHY}model = {NO_BROADCAST_WRAP}\n", wrap_import=True),
         )
         assert any("never moved to a GPU" in m for m in messages(result))
 
@@ -461,7 +467,7 @@ class TestWrap:
         assert_codemod(
             [WrapModel],
             train("model = nn.Linear(2, 1)\nif torch.cuda.is_available():\n    model = model.cuda()\n"),
-            train(f"model = nn.Linear(2, 1)\nif torch.cuda.is_available():\n    model = model.cuda()\nmodel = {WRAP}\n",
+            train(f"model = nn.Linear(2, 1)\nif torch.cuda.is_available():\n    model = model.cuda()\n{NO_BROADCAST_WHY}model = {NO_BROADCAST_WRAP}\n",
                   wrap_import=True),
         )
 
@@ -1431,7 +1437,7 @@ class TestWholeConversions:
         source = textwrap.dedent(self.ALIASED).format(imports=imports, loader=loader)
         result = convert_source(source, "ddp")
         out = result.output
-        assert "net = DDP(net, device_ids=[LOCAL_RANK] if next(net.parameters()).is_cuda else None)\n" in one_line(out)
+        assert f"net = {NO_BROADCAST_WRAP.replace('model', 'net')}\n" in one_line(out)
         assert f"dl = {loader}(ds, batch_size=4, sampler=DistributedSampler(ds, shuffle=True))" in one_line(out)
         assert "    dl.sampler.set_epoch(epoch)\n" in out
         assert "    if RANK == 0:\n        print(epoch, loss.item())\n" in out

@@ -217,7 +217,9 @@ def test_dp_port_that_does_not_average_the_loss_from_forward_fails_with_the_reas
 
 def test_a_port_that_wraps_before_the_move_is_caught_on_cpu(tmp_path):
     """On CPU the late move changes nothing and the losses match; on GPUs DDP would be built on CPU parameters."""
-    wrap = "    model = DDP(\n        model,\n        device_ids=[LOCAL_RANK] if next(model.parameters()).is_cuda else None,\n    )\n"
+    snapshot = (ROOT / "fixtures" / "expected" / "ddp" / "basic_main.py").read_text()
+    moved = snapshot.index("    model.to(device)\n") + len("    model.to(device)\n")
+    wrap = snapshot[moved:snapshot.index("    )\n", moved) + len("    )\n")]  # the options' comments and the wrap
     code, result = verify_against_edited_snapshot(tmp_path, "basic_main", "ddp", "    model.to(device)\n" + wrap, wrap + "    model.to(device)\n")
     assert (code, result["verdict"]) == (1, "diverged"), result["message"]
     assert result["message"].startswith("wrapped before its move: DistributedDataParallel.to(...) at basic_main_wrong.py:")

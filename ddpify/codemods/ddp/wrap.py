@@ -3,16 +3,19 @@
 A DataParallel wrap is removed first (DDP never wraps DataParallel: each rank would spread over
 every visible GPU). The wrapper goes right after the model reaches its device: after the statement
 that binds it, or after the last statement of that block that moves it (`model.to(device)`,
-`if ...: model.cuda()`), or inside the class it is handed to when that class moves it.
+`if ...: model.cuda()`), or inside the class it is handed to when that class moves it. Its options
+are chosen from the analysis, each with a comment in the output saying why (ddp_options).
 """
 
 from __future__ import annotations
 
 import ast
+from typing import Sequence
 
 import libcst as cst
 
 from ddpify.anatomy import DP_WRAPPER, ModelSite, syntax
+from ddpify.anatomy.ddp_options import buffers_need_no_broadcast, compiled_where_bound, writes_gradients
 from ddpify.anatomy.distributed.names import SYNC_BATCHNORM_CONVERT
 from ddpify.anatomy.unused_parameters import may_leave_parameters_unused
 from ddpify.anatomy.vocabulary import MODEL_CONTAINERS
@@ -21,6 +24,19 @@ from ddpify.codemods.containers import wrap_each
 from ddpify.codemods.ddp.runtime import LOCAL_RANK
 from ddpify.codemods.duties import wrap_duty
 from ddpify.edits.expressions import parse_expr, sync_batchnorm_of
+
+
+# DistributedDataParallel's options the analysis may choose, each with the reason its comment gives.
+UNUSED_PARAMETERS = ("find_unused_parameters=True", "a backward may leave some of this model's parameters without a gradient")
+GRADIENT_VIEWS = ("gradient_as_bucket_view=True", "gradients stay in the all-reduce buckets, uncopied (nothing here rebinds a .grad)")
+NO_BUFFER_BROADCAST = ("broadcast_buffers=False", "no buffer of this model changes in training (no BatchNorm): none to sync")
+COMPILE_AFTER = ("# ddpify: wrapped before torch.compile, the order the PyTorch docs give: the compiled\n"
+                 "# model then overlaps the wrapper's gradient communication with its backward\n")
+
+
+def option_comments(*options: tuple[str, str]) -> str:
+    """A `# ddpify: option: why` line for each option."""
+    return "".join(f"# ddpify: {option}: {why}\n" for option, why in options)
 
 
 class RemoveDataParallel(Transform):
@@ -60,6 +76,7 @@ class WrapModel(Transform):
     SEES_EDITS_OF = ("dataparallel",)  # DataParallel calls gone, models rebound
     DUTY = wrap_duty("DistributedDataParallel", "on its device", "model = DDP(model, device_ids=[local_rank])")
     PLACES_THE_MODEL = False  # does the wrap move the model to this rank's device itself?
+    WRAPS_BEFORE_COMPILE = True  # wrap a model compiled where it is bound before the compile (DDP's order)
 
     def plan(self) -> None:
         models = self.models_to_wrap("DistributedDataParallel")
@@ -84,6 +101,9 @@ class WrapModel(Transform):
         if model.container:
             self.insert_after(anchor, self._wrap_each(model, name))
             self.changed(anchor.lineno, self.wrapped_message(f"each model in {name}"))
+        elif self.WRAPS_BEFORE_COMPILE and compiled_where_bound(self.anatomy, model):
+            self.insert_before(anchor, self._sync_batchnorm(model, name, anchor.lineno) + COMPILE_AFTER + self.wrapper_code(model, name))
+            self.changed(anchor.lineno, self.wrapped_message(name) + " before torch.compile (the PyTorch docs' order)")
         else:
             self.insert_after(anchor, self._sync_batchnorm(model, name, anchor.lineno) + self.wrapper_code(model, name))
             self.changed(anchor.lineno, self.wrapped_message(name))
@@ -112,14 +132,22 @@ class WrapModel(Transform):
     def add_wrapper_import(self) -> None:
         self.add_import("torch.nn.parallel", "DistributedDataParallel", "DDP")
 
-    def wrap_expression(self, name: str, find_unused: bool = False) -> str:
-        """The expression that wraps the model `name` (its value replaces the model)."""
-        unused = ", find_unused_parameters=True" if find_unused else ""
-        return f"DDP({name}, device_ids=[{LOCAL_RANK}] if next({name}.parameters()).is_cuda else None{unused})"
+    def wrap_expression(self, name: str, find_unused: bool = False, options: Sequence[str] = ()) -> str:
+        """The expression that wraps the model `name` (its value replaces the model), with `options`."""
+        chosen = ["find_unused_parameters=True"] if find_unused else []
+        extra = "".join(f", {option}" for option in [*chosen, *options])
+        return f"DDP({name}, device_ids=[{LOCAL_RANK}] if next({name}.parameters()).is_cuda else None{extra})"
 
     def wrapper_code(self, model: ModelSite, name: str) -> str:
-        """The statements that wrap `name` once it is on its device."""
-        return f"{name} = {self.wrap_expression(name, self.finds_unused(model))}\n"
+        """The statements that wrap `name` once it is on its device: a comment for each option chosen, then the wrap."""
+        options = self.ddp_options(model)
+        return option_comments(*options) + f"{name} = {self.wrap_expression(name, options=[option for option, _ in options])}\n"
+
+    def ddp_options(self, model: ModelSite) -> list[tuple[str, str]]:
+        """(option, why) for each DistributedDataParallel option the analysis chooses for `model`."""
+        chosen = [(UNUSED_PARAMETERS, self.finds_unused(model)), (GRADIENT_VIEWS, not writes_gradients(self.anatomy)),
+                  (NO_BUFFER_BROADCAST, buffers_need_no_broadcast(self.anatomy, model))]
+        return [option for option, applies in chosen if applies]
 
     def finds_unused(self, model: ModelSite) -> bool:
         return may_leave_parameters_unused(self.anatomy, model)
