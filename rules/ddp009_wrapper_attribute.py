@@ -25,7 +25,9 @@ class WrapperAttribute(Rule, code="DDP009", name="wrapper-attribute", severity="
 
     In a Hugging Face Accelerate script the wrapper is the model `accelerator.prepare` returned
     (DistributedDataParallel on several processes, the model itself on one: the bug shows only
-    once launched on several), and its model is `accelerator.unwrap_model(model)`.
+    once launched on several), and its model is `accelerator.unwrap_model(model)`; not where the
+    Accelerator is built with an FSDP, DeepSpeed, Megatron or ND-parallel option (their wrappers
+    answer the model's attributes).
 
     ## Why is this bad?
     DDP stores the network as `self.module` and does not forward attribute lookups to it, so
@@ -139,6 +141,8 @@ dist.init_process_group("gloo")
 
 WrapperAttribute.VALID = (
     ACCELERATE_HEAD + "z = accelerator.unwrap_model(model).predict(torch.ones(1, 4))\nmodel.train()\n",
+    # prepare wraps in FSDP here, whose wrapper answers the model's attributes
+    ACCELERATE_HEAD.replace("Accelerator()", "Accelerator(fsdp_plugin=plugin)") + "z = model.predict(torch.ones(1, 4))\n",
     # read before prepare wraps it
     ACCELERATE_HEAD.replace("model, optimizer = accelerator.prepare", "z = model.predict(torch.ones(1, 4))\nmodel, optimizer = accelerator.prepare"),
     # a method called from __init__ before the wrap still sees the plain network

@@ -256,6 +256,8 @@ ACCELERATOR_OUTPUT = frozenset({"print", "save", "save_model", "save_state"})  #
 ACCELERATOR_PREPARE = "prepare"  # wraps each model (DDP on several processes), shards each loader
 ACCELERATOR_UNWRAP = "unwrap_model"  # the prepared model's `.module`
 ACCELERATOR_SYNC_SKIPS = frozenset({"no_sync", "accumulate"})  # the wrapper's no_sync()
+# Accelerator(...) options under which prepare wraps a model in something else than DDP (FSDP, DeepSpeed, Megatron, ND parallelism).
+ACCELERATOR_OTHER_WRAPS = frozenset({"fsdp_plugin", "deepspeed_plugin", "deepspeed_plugins", "megatron_lm_plugin", "parallelism_config"})
 DISTRIBUTING_FRAMEWORKS = {
     ACCELERATOR: "Accelerate",
     "lightning.Trainer": "Lightning", "lightning.pytorch.Trainer": "Lightning", "pytorch_lightning.Trainer": "Lightning",

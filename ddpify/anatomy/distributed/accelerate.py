@@ -17,7 +17,7 @@ from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.sites import MODULE_SCOPE, Ref
 from ddpify.anatomy.syntax import argument
 from ddpify.anatomy.values import ROLE_MODEL
-from ddpify.anatomy.vocabulary import ACCELERATOR, ACCELERATOR_PREPARE
+from ddpify.anatomy.vocabulary import ACCELERATOR, ACCELERATOR_OTHER_WRAPS, ACCELERATOR_PREPARE
 
 
 @per_anatomy
@@ -102,12 +102,21 @@ def prepared_models(a: Anatomy) -> dict[Ref, list[ast.stmt]]:
     return found
 
 
+@per_anatomy
+def _prepare_wraps_in_ddp(a: Anatomy) -> bool:
+    """Does `accelerator.prepare` wrap models in DDP: no Accelerator built with an FSDP, DeepSpeed,
+    Megatron or ND-parallel option (their wrappers answer the model's attributes themselves)?"""
+    classes = _accelerator_classes(a)
+    return not any(kw.arg in ACCELERATOR_OTHER_WRAPS for site in a.calls if site.qualname in classes
+                   for kw in site.node.keywords)  # type: ignore[attr-defined]
+
+
 def is_prepared_model(a: Anatomy, expr: ast.AST) -> bool:
-    """Does `expr` hold a model that `accelerator.prepare` wrapped (DDP on several processes), read
-    after the wrap (in its function) or from another function?"""
+    """Does `expr` hold a model that `accelerator.prepare` wrapped in DDP (on several processes),
+    read after the wrap (in its function) or from another function?"""
     ref = a.ref(expr) if isinstance(expr, (ast.Name, ast.Attribute)) else None
     here = a.scope_of.get(expr, MODULE_SCOPE)
-    return ref is not None and any(
+    return ref is not None and _prepare_wraps_in_ddp(a) and any(
         a.scope_of.get(stmt, MODULE_SCOPE) != here or stmt.lineno < expr.lineno  # type: ignore[attr-defined]
         for stmt in prepared_models(a).get(ref, ())
     )
