@@ -5,12 +5,15 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import MODULE_SCOPE
+from ddpify.anatomy.distributed.accelerate import is_prepared_loader
 from ddpify.anatomy.distributed.every_rank_work import calls_collective
 from ddpify.anatomy.distributed.samplers import loader_sampler
 from ddpify.anatomy.distributed.reaching import callers
 from ddpify.anatomy import syntax
 from ddpify.anatomy.evaluation import statements_after
 from ddpify.lint import Finding, Invalid, Rule
+from ddpify.rules._cases import ACCELERATE_HEAD
+from ddpify.rules._ddp import DDP_AND_ACCELERATE
 
 
 class UnreducedMetric(Rule, code="DDP013", name="unreduced-metric", severity="warning"):
@@ -18,7 +21,9 @@ class UnreducedMetric(Rule, code="DDP013", name="unreduced-metric", severity="wa
     Flags a metric accumulated (`correct += ...`, `total_loss += ...`) in an evaluation loop over a
     loader with a `DistributedSampler`, and used after the loop, when neither that function nor
     any function calling it runs a collective (`all_reduce`, `all_gather`, `reduce`, ...) and the
-    script does not use torchmetrics (which syncs its metrics itself).
+    script does not use torchmetrics (which syncs its metrics itself). In a Hugging Face
+    Accelerate script the shard is a loader handed to `accelerator.prepare`, and the collectives
+    are the Accelerator's (`gather_for_metrics`, `gather`, `reduce`).
 
     ## Why is this bad?
     The sampler gives each rank 1/world-size of the evaluation set, so the sum covers one shard:
@@ -46,12 +51,16 @@ class UnreducedMetric(Rule, code="DDP013", name="unreduced-metric", severity="wa
     """
 
     message = "metric accumulated over this rank's shard only (DistributedSampler); all_reduce it before using it"
+    applies_to = DDP_AND_ACCELERATE
 
     def check(self, a):
         if a.names.imports("torchmetrics"):
             return
         for loop in a.step_loops:
-            if loop.trains or loop.loader is None or loader_sampler(a, loop.loader) is None:
+            if loop.trains or loop.loader is None:
+                continue
+            shard = _sharded_by(a, loop.loader)
+            if shard is None:
                 continue
             scope = syntax.enclosing_function(a, loop.node)
             if _reduces(a, scope):
@@ -59,7 +68,14 @@ class UnreducedMetric(Rule, code="DDP013", name="unreduced-metric", severity="wa
             accumulated = _first_used_accumulation(a, loop.node)
             if accumulated is not None:
                 name = ast.get_source_segment(a.text, accumulated.target)
-                yield Finding(a.pos(accumulated), f"`{name}` sums this rank's shard only (DistributedSampler); all_reduce it before using it")
+                yield Finding(a.pos(accumulated), f"`{name}` sums this rank's shard only ({shard}); all_reduce it before using it")
+
+
+def _sharded_by(a, loader) -> str | None:
+    """What gives each rank its own share of this loader's data: its sampler, or `accelerator.prepare`."""
+    if is_prepared_loader(a, loader):
+        return "a prepared loader: accelerator.gather_for_metrics or reduce"
+    return "DistributedSampler" if loader_sampler(a, loader) is not None else None
 
 
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -127,7 +143,21 @@ _SHARD_HEAD = _HEAD.replace(
     "\n\ndef shard(size):\n    return range(dist.get_rank(), size, dist.get_world_size())\n\n\nval_loader = DataLoader(data, sampler=shard(len(data)))\n",
 )
 
+# Accelerate: an evaluation loader handed to accelerator.prepare gives each process its share
+_ACCELERATE = ACCELERATE_HEAD + """from torch.utils.data import DataLoader, TensorDataset
+val_loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,))), batch_size=2)
+val_loader = accelerator.prepare(val_loader)
+correct = 0
+for x, y in val_loader:
+"""
+UnreducedMetric.VALID += (
+    _ACCELERATE + "    preds, y = accelerator.gather_for_metrics((model(x).argmax(1), y))\n"
+    "    correct += (preds == y).sum().item()\naccelerator.print(correct / 8)\n",
+)
+
 UnreducedMetric.INVALID = (
+    Invalid(_ACCELERATE + "    correct += (model(x).argmax(1) == y).sum().item()\naccelerator.print(correct / 8)\n",
+            line=_ACCELERATE.count("\n") + 1),
     Invalid(_HEAD + _EVAL + "    return correct / total\n", line=15),
     # a local function handing each rank its own indices shards the set too
     Invalid(_SHARD_HEAD + _EVAL + "    return correct / total\n", line=21),

@@ -305,7 +305,7 @@ def lint(code: str) -> list[tuple[str, int]]:
 
 
 def test_the_rules_that_check_accelerate_scripts():
-    assert {"DDP001", "DDP002", "DDP006", "DDP007", "DDP009", "DDP012", "DDP020", "DDP021"} <= set(ACCELERATE_RULES)
+    assert {"DDP001", "DDP002", "DDP006", "DDP007", "DDP009", "DDP012", "DDP013", "DDP020", "DDP021"} <= set(ACCELERATE_RULES)
     assert not {"DDP003", "DDP004", "DDP005"} & set(ACCELERATE_RULES)  # prepared loaders shard and reshuffle themselves
 
 

@@ -14,9 +14,9 @@ import ast
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.reaching import MAX_DEPTH, assignments, callers
 from ddpify.anatomy.script import Anatomy
-from ddpify.anatomy.sites import MODULE_SCOPE, Ref
+from ddpify.anatomy.sites import MODULE_SCOPE, LoaderSite, Ref
 from ddpify.anatomy.syntax import argument
-from ddpify.anatomy.values import ROLE_MODEL
+from ddpify.anatomy.values import ROLE_LOADER, ROLE_MODEL
 from ddpify.anatomy.vocabulary import ACCELERATOR, ACCELERATOR_OTHER_WRAPS, ACCELERATOR_PREPARE
 
 
@@ -85,21 +85,35 @@ def accelerator_spelling(a: Anatomy, scope: str) -> str | None:
 
 
 @per_anatomy
-def prepared_models(a: Anatomy) -> dict[Ref, list[ast.stmt]]:
-    """The variables a model is bound to by `accelerator.prepare(...)` (`model, opt = accelerator.prepare(model, opt)`)
-    and the statements that bind them."""
-    found: dict[Ref, list[ast.stmt]] = {}
+def _prepared(a: Anatomy) -> list[tuple[Ref, ast.Assign, ast.AST]]:
+    """What `accelerator.prepare(...)` binds: each variable, the statement, and what it was handed
+    (`model, opt = accelerator.prepare(model, opt)`)."""
+    found = []
     for node in a.nodes:
         if not (isinstance(node, ast.Assign) and accelerator_method(a, node.value) == ACCELERATOR_PREPARE):
             continue
         for target in node.targets:
             items = target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]
             given = node.value.args if len(items) == len(node.value.args) else []  # type: ignore[attr-defined]
-            for item, arg in zip(items, given):
-                ref = a.ref(item)
-                if ref is not None and a.has_role(arg, ROLE_MODEL):
-                    found.setdefault(ref, []).append(node)
+            found += [(ref, node, arg) for item, arg in zip(items, given) if (ref := a.ref(item)) is not None]
     return found
+
+
+@per_anatomy
+def prepared_models(a: Anatomy) -> dict[Ref, list[ast.stmt]]:
+    """The variables `accelerator.prepare(...)` binds a model to, and the statements that bind them."""
+    found: dict[Ref, list[ast.stmt]] = {}
+    for ref, stmt, handed in _prepared(a):
+        if a.has_role(handed, ROLE_MODEL):
+            found.setdefault(ref, []).append(stmt)
+    return found
+
+
+def is_prepared_loader(a: Anatomy, loader: LoaderSite) -> bool:
+    """Is this DataLoader handed to `accelerator.prepare` (each process then walks its share of the batches)?"""
+    if loader.call is not None and accelerator_method(a, a.parents.get(loader.call)) == ACCELERATOR_PREPARE:
+        return True
+    return any(ref == loader.target and a.has_role(handed, ROLE_LOADER) for ref, _, handed in _prepared(a))
 
 
 @per_anatomy
