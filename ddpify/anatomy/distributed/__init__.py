@@ -4,6 +4,8 @@ One module a question, each importing only those above it:
 
 - `names`: the torch.distributed vocabulary (collectives, FSDP entry points, samplers, seeding).
 - `reaching`: assignments and the value that reaches a use; callers and returned values.
+- `accelerate`: Hugging Face Accelerate's spellings: the variables holding the `Accelerator`, its
+  rank values, collectives and main-process output, and the models and loaders `prepare` wraps.
 - `ranks`: rank values, rank conditions (`if rank == 0:`, `is_main_process()`, early exits under
   them) and which code runs on every rank.
 - `wrappers`: DDP and DataParallel wrappers, what they wrap, and the models' constructor calls.
