@@ -1,5 +1,5 @@
 """The DDP wrap's options come from the analysis (issue 26): gradient_as_bucket_view where no .grad is
-written, broadcast_buffers=False where no buffer changes in training, each with its comment."""
+written, broadcast_buffers=False where the buffers are constants, each with its comment."""
 
 from __future__ import annotations
 
@@ -66,6 +66,13 @@ def test_a_buffer_the_forward_writes_keeps_the_broadcast(write: str) -> None:
     assert not buffers_need_no_broadcast(a, model)
 
 
+def test_a_model_without_buffers_is_given_no_broadcast_option() -> None:
+    """DDP copies nothing for it anyway, and torch 2.13 warns that broadcast_buffers is deprecated."""
+    a, model = model_of(SCRIPT.replace('        self.register_buffer("mask", torch.ones(2))\n', "").replace(
+        '        self.register_buffer("seen", torch.zeros(()))\n', "").replace(" * self.mask", ""))
+    assert not buffers_need_no_broadcast(a, model)
+
+
 def test_batchnorm_keeps_the_broadcast() -> None:
     a, model = model_of(SCRIPT.replace("self.fc = nn.Linear(4, 2)", "self.fc = nn.Sequential(nn.Linear(4, 2), nn.BatchNorm1d(2))"))
     assert not buffers_need_no_broadcast(a, model)
@@ -85,7 +92,7 @@ def test_the_wrap_says_why_it_chose_each_option() -> None:
     output = convert_source(SCRIPT, "ddp", path="train.py").output
     wrap = output[output.index("    # ddpify: gradient_as_bucket_view"):output.index("optimizer = ")]
     assert "gradient_as_bucket_view=True,\n" in wrap and "broadcast_buffers=False,\n" in wrap
-    assert "# ddpify: broadcast_buffers=False: no buffer of this model changes in training" in wrap
+    assert "# ddpify: broadcast_buffers=False: this model's buffers are constants" in wrap
 
 
 def test_a_script_that_writes_gradients_gets_the_default_wrap() -> None:

@@ -24,7 +24,7 @@ from ddpify.anatomy import analyze
 from ddpify.cli import cli
 from ddpify.codemods.ddp import DistributedSetup, RankDevices, RemoveDataParallel, WrapModel
 from ddpify.codemods.ddp.runtime import RELEASE_COMMENT
-from ddpify.codemods.ddp.wrap import GRADIENT_VIEWS, NO_BUFFER_BROADCAST, option_comments
+from ddpify.codemods.ddp.wrap import GRADIENT_VIEWS, option_comments
 from ddpify.codemods.options import Options
 from ddpify.codemods.pipeline import run_pipeline
 from ddpify.convert import convert_source
@@ -44,11 +44,10 @@ WRAP = "DDP({0}, device_ids=[LOCAL_RANK] if next({0}.parameters()).is_cuda else 
 
 
 def wrap(name: str, indent: str = "") -> str:
-    """The statements that wrap the one model `name` (of torch.nn layers, no BatchNorm): the options' comments,
-    then the wrap with gradients as bucket views and no buffer broadcast."""
-    options = (GRADIENT_VIEWS, NO_BUFFER_BROADCAST)
-    call = WRAP.format(name)[:-1] + "".join(f", {option}" for option, _ in options) + ")"
-    return textwrap.indent(option_comments(*options), indent) + f"{indent}{name} = {call}\n"
+    """The statements that wrap the one model `name`: the comment of its option, then the wrap with gradients
+    as bucket views."""
+    option, _ = GRADIENT_VIEWS
+    return textwrap.indent(option_comments(GRADIENT_VIEWS), indent) + f"{indent}{name} = {WRAP.format(name)[:-1]}, {option})\n"
 
 
 def wrap_line(name: str) -> str:

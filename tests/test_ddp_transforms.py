@@ -33,7 +33,7 @@ from ddpify.codemods.ddp import (
 )
 from ddpify.codemods.ddp.per_node import PerNodeDownloads
 from ddpify.codemods.ddp.runtime import HELPERS
-from ddpify.codemods.ddp.wrap import GRADIENT_VIEWS, NO_BUFFER_BROADCAST, option_comments
+from ddpify.codemods.ddp.wrap import GRADIENT_VIEWS, option_comments
 from ddpify.codemods.pipeline import ConversionResult, Status, run_pipeline
 from ddpify.convert import convert_source
 from helpers import one_line
@@ -316,9 +316,7 @@ def main():
             opt.step()
 {after}"""
 WRAP = "DDP(model, device_ids=[LOCAL_RANK] if next(model.parameters()).is_cuda else None, gradient_as_bucket_view=True)"
-NO_BROADCAST_WRAP = WRAP[:-1] + ", broadcast_buffers=False)"  # a model of torch.nn layers without BatchNorm
 WHY = option_comments(GRADIENT_VIEWS)
-NO_BROADCAST_WHY = option_comments(GRADIENT_VIEWS, NO_BUFFER_BROADCAST)
 DDP_IMPORT = "from torch.nn.parallel import DistributedDataParallel as DDP\n"
 
 
@@ -389,7 +387,7 @@ class TestWrap:
         result = assert_codemod(
             [WrapModel],
             train("model = nn.Linear(2, 1)\nmodel.to(device)\n"),
-            train(f"model = nn.Linear(2, 1)\nmodel.to(device)\n{NO_BROADCAST_WHY}model = {NO_BROADCAST_WRAP}\n", wrap_import=True),
+            train(f"model = nn.Linear(2, 1)\nmodel.to(device)\n{WHY}model = {WRAP}\n", wrap_import=True),
         )
         assert [(c.line, c.transform) for c in result.changes] == [(10, "wrap")]
         assert not result.advice
@@ -398,7 +396,7 @@ class TestWrap:
         assert_codemod(
             [WrapModel],
             train("model = nn.Linear(2, 1).to(device)\n"),
-            train(f"model = nn.Linear(2, 1).to(device)\n{NO_BROADCAST_WHY}model = {NO_BROADCAST_WRAP}\n", wrap_import=True),
+            train(f"model = nn.Linear(2, 1).to(device)\n{WHY}model = {WRAP}\n", wrap_import=True),
         )
 
     def test_a_model_on_self(self):
@@ -424,9 +422,9 @@ class TestWrap:
         ).replace(
             "self.model = nn.Linear(2, 1).to(device)\n",
             "self.model = nn.Linear(2, 1).to(device)\n"
-            + textwrap.indent(NO_BROADCAST_WHY, "        ")
+            + textwrap.indent(WHY, "        ")
             + "        self.model = DDP(self.model, device_ids=[LOCAL_RANK] if next(self.model.parameters()).is_cuda else None, "
-            "gradient_as_bucket_view=True, broadcast_buffers=False)\n",
+            "gradient_as_bucket_view=True)\n",
         )
         assert_codemod([WrapModel], before, after)
 
@@ -453,7 +451,7 @@ class TestWrap:
         result = assert_codemod(
             [WrapModel],
             train("model = nn.Linear(2, 1)\n"),
-            train(f"model = nn.Linear(2, 1)\n{NO_BROADCAST_WHY}model = {NO_BROADCAST_WRAP}\n", wrap_import=True),
+            train(f"model = nn.Linear(2, 1)\n{WHY}model = {WRAP}\n", wrap_import=True),
         )
         assert any("never moved to a GPU" in m for m in messages(result))
 
@@ -467,7 +465,7 @@ class TestWrap:
         assert_codemod(
             [WrapModel],
             train("model = nn.Linear(2, 1)\nif torch.cuda.is_available():\n    model = model.cuda()\n"),
-            train(f"model = nn.Linear(2, 1)\nif torch.cuda.is_available():\n    model = model.cuda()\n{NO_BROADCAST_WHY}model = {NO_BROADCAST_WRAP}\n",
+            train(f"model = nn.Linear(2, 1)\nif torch.cuda.is_available():\n    model = model.cuda()\n{WHY}model = {WRAP}\n",
                   wrap_import=True),
         )
 
@@ -1437,7 +1435,7 @@ class TestWholeConversions:
         source = textwrap.dedent(self.ALIASED).format(imports=imports, loader=loader)
         result = convert_source(source, "ddp")
         out = result.output
-        assert f"net = {NO_BROADCAST_WRAP.replace('model', 'net')}\n" in one_line(out)
+        assert f"net = {WRAP.replace('model', 'net')}\n" in one_line(out)
         assert f"dl = {loader}(ds, batch_size=4, sampler=DistributedSampler(ds, shuffle=True))" in one_line(out)
         assert "    dl.sampler.set_epoch(epoch)\n" in out
         assert "    if RANK == 0:\n        print(epoch, loss.item())\n" in out

@@ -5,7 +5,9 @@ after every backward, one gradient's memory less); it is safe unless the script 
 or changes one in place through a method (`p.grad.detach_()`). `broadcast_buffers=False` spares the
 copy of rank 0's buffers before every forward; it is safe when the model has no BatchNorm
 statistics and no other buffer that training changes (buffers registered as constants, like a
-causal mask, are equal on every rank anyway). A model compiled where it is bound
+causal mask, are equal on every rank anyway), and it is chosen only where such constant buffers
+exist: without buffers DDP copies nothing, and torch 2.13 warns that the option is deprecated
+(`forward_sync_buffers`, which older torch lacks, replaces it). A model compiled where it is bound
 (`model = torch.compile(model)`) is wrapped before the compile: the PyTorch docs' order, in which
 the compiled graph breaks at DDP's buckets and their all-reduces overlap the backward.
 """
@@ -41,10 +43,11 @@ def writes_gradients(a: Anatomy) -> bool:
 
 
 def buffers_need_no_broadcast(a: Anatomy, model: ModelSite) -> bool:
-    """Is `model` built from this file's classes or torch.nn layers, with no BatchNorm and no buffer
-    that a method other than `__init__` writes?"""
+    """Is `model` built from this file's classes or torch.nn layers, with no BatchNorm, buffers registered
+    by this file's model classes, and none of them written by a method other than `__init__`?"""
     known = model.class_name in a.model_classes or model.class_name.startswith(BUILTIN_LAYERS)
-    return known and model.has_batchnorm is False and not model.container and not _training_changes_buffers(a)
+    registered = any(_registered_buffers(model_class.node) for model_class in a.model_classes.values())
+    return known and model.has_batchnorm is False and not model.container and registered and not _training_changes_buffers(a)
 
 
 def _training_changes_buffers(a: Anatomy) -> bool:

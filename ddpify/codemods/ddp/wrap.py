@@ -29,7 +29,8 @@ from ddpify.edits.expressions import parse_expr, sync_batchnorm_of
 # DistributedDataParallel's options the analysis may choose, each with the reason its comment gives.
 UNUSED_PARAMETERS = ("find_unused_parameters=True", "a backward may leave some of this model's parameters without a gradient")
 GRADIENT_VIEWS = ("gradient_as_bucket_view=True", "gradients stay in the all-reduce buckets, uncopied (nothing here rebinds a .grad)")
-NO_BUFFER_BROADCAST = ("broadcast_buffers=False", "no buffer of this model changes in training (no BatchNorm): none to sync")
+NO_BUFFER_BROADCAST = ("broadcast_buffers=False", "this model's buffers are constants (no BatchNorm, none written in "
+                                                "training): no copy from rank 0 before each forward")
 COMPILE_AFTER = ("# ddpify: wrapped before torch.compile, the order the PyTorch docs give: the compiled\n"
                  "# model then overlaps the wrapper's gradient communication with its backward\n")
 
