@@ -246,11 +246,12 @@ def test_parameter_groups_built_in_a_resume_branch_wrap_the_model_once_after_its
     fresh-start branch; the other branch reloads. One wrap, after the branches and the device move."""
     path = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "param_groups_resume_branch.py"
     result = convert_source(path.read_text(), "ddp", path=str(path))
-    lines = [line.strip() for line in result.output.splitlines()]
-    wrap = lines.index("model = DDP(model, device_ids=[LOCAL_RANK] if next(model.parameters()).is_cuda else None)")
-    assert lines[wrap - 1] == "model = model.to(device)"
-    assert lines.count(lines[wrap]) == 1
-    assert lines[wrap + 1] == "prior = model.module.prior.to(device)"
+    main = next(fn for fn in ast.parse(result.output).body if isinstance(fn, ast.FunctionDef) and fn.name == "main")
+    statements = [ast.unparse(stmt) for stmt in main.body]
+    wraps = [i for i, s in enumerate(statements) if s.startswith("model = DDP(model")]
+    assert len(wraps) == 1
+    assert statements[wraps[0] - 1:wraps[0]] == ["model = model.to(device)"]
+    assert statements[wraps[0] + 1] == "prior = model.module.prior.to(device)"
     assert not result.missing and lint_codes(result.output) == []
 
 
@@ -263,6 +264,28 @@ def test_numpy_and_random_drawn_unseeded_beside_a_seeded_torch_are_seeded_apart_
     seeded = lines.index("torch.manual_seed(0)")
     assert lines[seeded + 1:seeded + 3] == ["np.random.seed(0 + RANK)", "random.seed(0 + RANK)"]
     assert "import random" in lines
+    assert lint_codes(out) == []
+
+
+def test_an_rng_a_model_draws_its_structure_from_is_seeded_alike_on_every_rank():
+    """A depth chosen by `random.randint` in forward: ranks seeded apart would run different graphs."""
+    out, _ = convert("", extra="""
+
+import random
+
+
+class Deep(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x):
+        for _ in range(random.randint(0, 2)):
+            x = self.layer(x)
+        return x
+""")
+    lines = [line.strip() for line in out.splitlines()]
+    assert lines[lines.index("torch.manual_seed(0)") + 1] == "random.seed(0)"
     assert lint_codes(out) == []
 
 

@@ -13,7 +13,8 @@ numpy's or Python's global RNG that the script draws from but never seeds, next 
 (pair sampling in a Dataset with `random.randint`, mixup's `np.random.beta`), gave each process its
 own values: right after torch's seed call it is seeded with that seed plus the rank
 (`random.seed(args.seed + RANK)`), so each rank still draws its own values and runs repeat (ddpify
-lint's DDP024 finds nothing left unseeded).
+lint's DDP024 finds nothing left unseeded). Where a method of the script's models draws from it (a
+depth chosen by `random.randint` in forward), every rank gets the same seed: the ranks must agree.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import MODULE_SCOPE, Anatomy, CallSite
-from ddpify.anatomy.distributed.names import TORCH
+from ddpify.anatomy.distributed.names import NUMPY, PYTHON_DRAWS, TORCH
 from ddpify.anatomy.distributed.randomness import draws_alike_on_every_rank, seed_calls
-from ddpify.anatomy.distributed.seeding import Seed, seeds, unseeded_draws
+from ddpify.anatomy.distributed.seeding import Seed, numpy_draws, seeds, unseeded_draws
 from ddpify.anatomy.distributed.wrappers import wrap_calls
 from ddpify.anatomy.syntax import enclosing_function
 from ddpify.codemods.base import Transform
@@ -64,17 +65,17 @@ class NoiseOfEachRank(Transform):
 
     def _seed_the_unseeded_rngs(self) -> None:
         """After torch's seed call: numpy's and Python's RNG, drawn from but never seeded, seeded with
-        the same seed plus the rank."""
+        the same seed (plus the rank, unless a model draws from it)."""
         unseeded = _unseeded_beside_torch(self.anatomy)
         if not unseeded:
             return
-        seed = unseeded[0][0]
+        seed: Seed = _torch_seed(self.anatomy)  # type: ignore[assignment]
         stmt = self.anatomy.parents.get(seed.site.node)
         argument = ast.unparse(seed.site.node.args[0])  # type: ignore[attr-defined]
-        lines = [f"{_seeder(self, draw)}({argument} + {RANK})" for _, draw in unseeded]
+        lines = [f"{_seeder(self, draw)}({argument}{_rank_offset(self.anatomy, rng)})" for rng, draw in unseeded]
         self.insert_after(stmt, "\n".join(lines) + "\n")  # type: ignore[arg-type]
-        self.changed(seed.site.line, f"{'; '.join(lines)}: drawn from but never seeded, now seeded apart on each rank "
-                                     "(each rank still draws its own values, and runs repeat)")
+        self.changed(seed.site.line, f"{'; '.join(lines)}: drawn from but never seeded; seeded apart on each rank where it "
+                                     "draws data (each rank its own), alike where a model draws its structure (every rank the same)")
 
     def _training_start(self) -> ast.stmt | None:
         """The first statement after the last DDP wrap, in the wrap's block, that trains (holds a training
@@ -105,16 +106,29 @@ def _reseeded(seed: CallSite) -> str:
     return f"{ast.unparse(call.func)}({ast.unparse(call.args[0])} + {RANK})"
 
 
-def _unseeded_beside_torch(a: Anatomy) -> list[tuple[Seed, ast.Call]]:
-    """(torch's seed call, the first draw) for numpy's and Python's RNG drawn from but never seeded,
+def _unseeded_beside_torch(a: Anatomy) -> list[tuple[str, ast.Call]]:
+    """(the RNG, its first draw) for numpy's and Python's RNG drawn from but never seeded,
     where one statement of its own seeds torch with one argument and no rank."""
-    torch_seed = next((s for s in seeds(a) if s.rngs == {TORCH} and not s.per_rank), None)
+    torch_seed = _torch_seed(a)
     if torch_seed is None:
         return []
     call: ast.Call = torch_seed.site.node  # type: ignore[assignment]
     if len(call.args) != 1 or call.keywords or isinstance(call.args[0], ast.Starred) or not isinstance(a.parents.get(call), ast.Expr):
         return []
-    return [(torch_seed, draw) for _, draw in unseeded_draws(a)]
+    return list(unseeded_draws(a))
+
+
+def _torch_seed(a: Anatomy) -> Seed | None:
+    """The first call that seeds torch alone, with no rank."""
+    return next((s for s in seeds(a) if s.rngs == {TORCH} and not s.per_rank), None)
+
+
+def _rank_offset(a: Anatomy, rng: str) -> str:
+    """` + RANK`, unless a method of this file's models draws from `rng` (`random.randint(0, 3)` layers
+    in forward): there every rank must draw alike, or the ranks' graphs and gradients differ."""
+    draws = numpy_draws(a) if rng == NUMPY else a.calls_to(*PYTHON_DRAWS)
+    in_models = any(enclosing_function(a, d.node).split(".")[0] in a.model_classes for d in draws)
+    return "" if in_models else f" + {RANK}"
 
 
 def _seeder(transform: Transform, draw: ast.Call) -> str:
