@@ -19,6 +19,7 @@ from ddpify.codemods.ddp import (
     DDP_TRANSFORMS,
     DDPModuleAccess,
     DistributedSamplers,
+    EnvironmentsOfEachRank,
     EvaluationSharding,
     DistributedSetup,
     NoSyncAccumulation,
@@ -26,6 +27,7 @@ from ddpify.codemods.ddp import (
     RankZeroDuties,
     ReducedLossPrints,
     RemoveDataParallel,
+    RowsOfEachRank,
     NoiseOfEachRank,
     SameSplitOnEveryRank,
     SumLossScaling,
@@ -61,7 +63,8 @@ def messages(result: ConversionResult) -> list[str]:
 def test_the_ddp_transforms_in_order():
     assert DDP_TRANSFORMS == (
         DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank,
-        DistributedSamplers, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
+        DistributedSamplers, RowsOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints, RankZeroDuties,
+        NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
     )
     for transform in DDP_TRANSFORMS:
         assert transform.NAME and transform.__doc__, transform
