@@ -48,6 +48,7 @@ class FileJob:
     error: Exception | None = None
     output: str | None = None  # write mode: the mirrored path; None: the command's own choice
     entry_incomplete: bool = False  # an imported module whose entry's conversion is incomplete: held with it
+    failed_member: str = ""  # another file of the project that failed to convert: this one is held with it
 
     def convert(self) -> ConversionResult:
         if self.error is not None:
@@ -79,6 +80,11 @@ class ProjectConversion:
     def entry_incomplete(self) -> bool:
         return any(job.entry and (job.error is not None or job.result.status is Status.INCOMPLETE) for job in self.jobs)  # type: ignore[union-attr]
 
+    @property
+    def failed_member(self) -> str:
+        """The first file of the project whose conversion raised ('' if none): then no file of it is written."""
+        return next((str(job.path) for job in self.jobs if job.error is not None), "")
+
 
 @dataclass
 class ConversionPlan:
@@ -97,10 +103,10 @@ class ConversionPlan:
 
     def copy_unchanged_modules(self, partial: bool = False) -> list[SourceError]:
         """Write mode: complete each mirror with the project's Python files that needed no change (not
-        the mirror of an incomplete project, unless `partial`)."""
+        the mirror of an incomplete project, unless `partial`, nor ever that of a project a file of which failed)."""
         errors: list[SourceError] = []
         for conversion in self.projects:
-            if conversion.mirror is not None and (partial or not conversion.entry_incomplete):
+            if conversion.mirror is not None and not conversion.failed_member and (partial or not conversion.entry_incomplete):
                 errors += _complete_mirror(conversion)
         return errors
 
@@ -215,6 +221,7 @@ def _convert_projects(projects: list[Project], sources: dict[Path, Source], targ
         distributed = _entries_already_distributed(conversion)
         for job in conversion.jobs:
             job.entry_incomplete = not job.entry and conversion.entry_incomplete
+            job.failed_member = conversion.failed_member if job.error is None else ""
             if distributed and not job.entry and job.result is not None:
                 job.result = ConversionResult(job.result.source, job.result.source, note=f"imported by {distributed}, already distributed")
     return list(conversions.values())

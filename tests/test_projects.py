@@ -130,6 +130,31 @@ def test_several_files_never_go_to_stdout_or_over_the_project(tmp_path):
     assert python_files(project) == python_files(PROJECTS / "optimizer_helper")
 
 
+
+@pytest.mark.parametrize("mode", [[], ["--in-place"], ["--in-place", "--partial"]])
+def test_a_project_a_module_of_which_fails_to_convert_is_written_not_at_all(tmp_path, monkeypatch, mode):
+    """An internal error in one module (utils.py) leaves every file of the project as it was, the entry
+    included: the project is written whole or not at all; each file says what became of it, and exit 2."""
+    import ddpify.convert
+
+    real = ddpify.convert.convert_source
+
+    def failing_on_utils(text, target, path=None, **options):
+        if path and Path(path).name == "utils.py":
+            raise RuntimeError("a planted bug")
+        return real(text, target, path=path, **options)
+
+    monkeypatch.setattr(ddpify.convert, "convert_source", failing_on_utils)
+    project = copy_project(tmp_path, "classic")
+    result = invoke(project / "train.py", "--to", "ddp", *mode)
+    assert result.exit_code == 2, result.output
+    assert python_files(project) == python_files(PROJECTS / "classic")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["classic"]  # no mirror either
+    lines = result.output.splitlines()
+    assert f"error: {project / 'utils.py'}: internal error while converting (RuntimeError: a planted bug); please report it" in lines
+    held = [line for line in lines if "failed to convert; nothing written" in line]
+    assert [line.split(":")[0] for line in held] == [str(project / "train.py"), str(project / "data.py")], result.output
+
 def test_a_directory_is_searched_for_entry_points(tmp_path):
     for name in ENTRIES:
         copy_project(tmp_path, name)

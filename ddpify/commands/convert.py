@@ -203,26 +203,32 @@ def _convert_one(item, job: _Job, explicit: bool, member=None) -> Outcome:
         _report(item, result, job)
     launched = member is None or member.entry  # an imported module is not launched
     return _settle(item, result, job, lambda: _preview(item, result, job) or _emit(item, source, result, job, launched),
-                   mirrored=bool(member and member.output), entry_incomplete=bool(member and member.entry_incomplete))
+                   mirrored=bool(member and member.output), entry_incomplete=bool(member and member.entry_incomplete),
+                   failed_member=member.failed_member if member else "")
 
 
 def _settle(item, result: ConversionResult, job: _Job, emit: Callable[[], Outcome], mirrored: bool = False,
-            entry_incomplete: bool = False) -> Outcome:
+            entry_incomplete: bool = False, failed_member: str = "") -> Outcome:
     """Emit (write, print or diff) what may be emitted, and say so when the conversion is incomplete.
 
     An incomplete conversion is written only with --partial; --diff and --check show it as usual. So
     is a module imported by an entry whose conversion is incomplete (`entry_incomplete`): the project
-    is written whole or not at all. An entry left unchanged inside a project mirror is still written
-    there (`mirrored`).
+    is written whole or not at all. No file of a project another file of which failed to convert
+    (`failed_member`) is written, not even with --partial. An entry left unchanged inside a project
+    mirror is still written there (`mirrored`).
     """
     status = result.status
     if status is Status.NOTHING_TO_DO and not (mirrored and job.mode == "write"):
         return UNCHANGED
-    held = (status is Status.INCOMPLETE or entry_incomplete) and job.writes and not job.partial
+    held = job.writes and (bool(failed_member) or (status is Status.INCOMPLETE or entry_incomplete) and not job.partial)
     outcome = Outcome(status, would_change=True) if held else emit()
+    with_failure = f"held: {failed_member}, of the same project, failed to convert; nothing written"
     if status is Status.INCOMPLETE and not outcome.failed:
-        done = f"; {_HELD}" if held else "; written anyway (--partial): finish it by hand" if job.writes else ""
+        done = f"; {with_failure}" if held and failed_member else f"; {_HELD}" if held else \
+            "; written anyway (--partial): finish it by hand" if job.writes else ""
         click.echo(f"{item}: incomplete: {result.reason}{done}", err=job.to_stderr)
+    elif held and failed_member:
+        click.echo(f"{item}: {with_failure}", err=job.to_stderr)
     elif held:
         click.echo(f"{item}: held with its project's incomplete entry; nothing written (use --partial to write it anyway)", err=job.to_stderr)
     return outcome if outcome.failed else Outcome(status, would_change=True)
