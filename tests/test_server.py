@@ -138,7 +138,7 @@ async def shut_down(client: Client) -> int:
     return code
 
 
-CONVERTED = {"basic_main.py": "basic_main.py", "fullbatch_regression.py": "real/fullbatch_regression.py"}  # converts; incomplete
+CONVERTED = {"basic_main.py": "basic_main.py", "weighted_sampler.py": "real/weighted_sampler.py"}  # converts; incomplete
 
 
 async def run_session(folder: Path) -> Session:
@@ -241,10 +241,10 @@ def test_convert_command_applies_the_ddp_conversion(session):
 
 
 def test_convert_command_reports_an_incomplete_conversion_with_its_missing_items(session):
-    result, text, message = session.converted["fullbatch_regression.py"]
+    result, text, message = session.converted["weighted_sampler.py"]
     assert result["status"] == "incomplete" and result["missing"]
     assert message.type == lsp.MessageType.Warning and "incomplete" in message.message
-    assert "the training data is not sharded" in message.message
+    assert "training loader not sharded" in message.message
 
 
 def test_server_exits_cleanly_after_shutdown(session):
