@@ -351,6 +351,46 @@ class Heads(nn.Module):
         return out, self.b(h)
 
 
+class Leftover(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.act, self.fc = nn.Embedding(3, 2), nn.ReLU(), nn.Linear(2, 1)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class Walked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(2, 2), nn.Linear(2, 1)
+
+    def forward(self, x):
+        for layer in self.children():
+            x = layer(x)
+        return x
+
+
+class Aliased(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2, 1)
+        fc = self.fc
+        self.run = lambda x: fc(x)
+
+    def forward(self, x):
+        return self.run(x)
+
+
+class Unused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act, self.drop, self.fc = nn.ReLU(), nn.Dropout(0.1), nn.Linear(2, 1)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
 class WithLoss(nn.Module):
     def __init__(self):
         super().__init__()
@@ -378,6 +418,16 @@ class TestUnusedParameters:
     def test_a_step_that_drops_an_output_a_head_computes(self):
         assert unused_wrap("Heads()", "out, _ = model(x)\n            loss = (out - y).pow(2).mean()")
         assert unused_wrap("Heads()", "loss = (model(x)[0] - y).pow(2).mean()")
+
+    def test_a_layer_built_that_the_forward_never_calls(self):
+        assert unused_wrap("Leftover()", "loss = (model(x) - y).pow(2).mean()")
+
+    def test_a_dropped_output_of_a_model_moved_where_it_is_built(self):
+        assert unused_wrap("Heads().to(device)", "out, _ = model(x)\n            loss = (out - y).pow(2).mean()")
+
+    def test_layers_reached_without_their_names_or_without_parameters(self):
+        for model in ("Walked()", "Aliased()", "Unused()"):
+            assert not unused_wrap(model, "loss = (model(x) - y).pow(2).mean()"), model
 
     def test_every_output_used_or_a_dropped_output_computed_from_the_others(self):
         assert not unused_wrap("Heads()", "a, b = model(x)\n            loss = (a + b - y).pow(2).mean()")

@@ -2,9 +2,10 @@
 
 DDP expects every parameter to get a gradient in every backward unless it is built with
 `find_unused_parameters=True`; otherwise the next iteration fails ("Expected to have finished
-reduction in the prior iteration"). Two shapes do that: a forward that calls a submodule only on some
-path (`if self.do_bn: x = self.bn(x)`), and a step that back-propagates only some of the outputs of
-a model that returns several (`validity, _, _ = discriminator(x)`).
+reduction in the prior iteration"). Three shapes do that: a forward that calls a submodule only on some
+path (`if self.do_bn: x = self.bn(x)`), a submodule `__init__` builds that the forward never calls
+(`self.label_emb = nn.Embedding(...)` left over from a conditional model), and a step that
+back-propagates only some of the outputs of a model that returns several (`validity, _, _ = discriminator(x)`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ast
 
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.values import ROLE_MODEL, ModelClass
+from ddpify.anatomy.vocabulary import NOT_MODELS, PARAMETER_CONSTRUCTOR, PARAMETER_FREE_LAYERS, SUBMODULE_WALKS
 from ddpify.anatomy.sites import ModelSite
 
 BRANCHES = (ast.If, ast.IfExp, ast.Try, ast.While, ast.Break, ast.Match)
@@ -20,7 +22,9 @@ BRANCHES = (ast.If, ast.IfExp, ast.Try, ast.While, ast.Break, ast.Match)
 
 def may_leave_parameters_unused(a: Anatomy, model: ModelSite) -> bool:
     """Can a backward of `model` leave parameters without a gradient (judged where the model is in sight)?"""
-    return any(calls_submodules_on_some_paths(c) for c in _classes_of(a, model)) or _drops_outputs(a, model)
+    classes = _classes_of(a, model)
+    return (any(calls_submodules_on_some_paths(c) or submodules_never_called(a, c) for c in classes)
+            or _drops_outputs(a, model))
 
 
 def _classes_of(a: Anatomy, model: ModelSite) -> list[ModelClass]:
@@ -54,6 +58,57 @@ def calls_submodules_on_some_paths(model_class: ModelClass) -> bool:
     )
 
 
+def submodules_never_called(a: Anatomy, model_class: ModelClass) -> set[str]:
+    """The submodules and parameters the class assigns (`self.label_emb = nn.Embedding(...)`) that no method
+    its forward reaches names; empty when the forward may reach them without naming them (`self.children()`,
+    `getattr(self, name)`, `self` handed on)."""
+    reached = methods_reached(model_class)
+    if not reached or any(_reaches_submodules_unnamed(a, method) for method in reached):
+        return set()
+    named = {n.attr for method in reached for n in ast.walk(method) if is_self_attribute(n)}
+    return {attr for attr, value in _assigned_attributes(model_class)
+            if attr not in named | _aliased_in_init(model_class) and _holds_parameters(a, value)}
+
+
+def _aliased_in_init(model_class: ModelClass) -> set[str]:
+    """Attributes `__init__` reads (`m = self.mlp; self.mlpf = lambda x: m.c_proj(x)`): the forward may call them so."""
+    init = next((n for n in model_class.node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    return {n.attr for n in ast.walk(init) if is_self_attribute(n) and isinstance(n.ctx, ast.Load)} if init else set()
+
+
+def _reaches_submodules_unnamed(a: Anatomy, method: ast.FunctionDef) -> bool:
+    """Does the method use `self` but as `self.<attribute>`, or walk its submodules (`self.children()`)?"""
+    me = method.args.args[0].arg if method.args.args else None
+    for node in ast.walk(method):
+        if isinstance(node, ast.Name) and node.id == me:
+            parent = a.parents.get(node)
+            if not isinstance(parent, ast.Attribute) or parent.attr in SUBMODULE_WALKS:
+                return True
+    return False
+
+
+def _assigned_attributes(model_class: ModelClass) -> list[tuple[str, ast.expr]]:
+    """(attribute, value) of each `self.<attribute> = <value>` in the class (`self.a, self.b = x, y` too)."""
+    pairs = []
+    for node in ast.walk(model_class.node):
+        for target in node.targets if isinstance(node, ast.Assign) else []:
+            if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple) and len(target.elts) == len(node.value.elts):
+                pairs += zip(target.elts, node.value.elts)
+            else:
+                pairs.append((target, node.value))
+    return [(t.attr, value) for t, value in pairs if is_self_attribute(t)]  # type: ignore[attr-defined]
+
+
+def _holds_parameters(a: Anatomy, value: ast.expr) -> bool:
+    """Is `value` a call that builds a layer (`nn.Embedding(...)`), a model of this file, or an `nn.Parameter`?"""
+    if not isinstance(value, ast.Call):
+        return False
+    qualname = a.qualname(value.func) or ""
+    layer = (qualname.startswith("torch.nn.") and qualname.rsplit(".", 1)[-1][:1].isupper()
+             and qualname not in NOT_MODELS and not PARAMETER_FREE_LAYERS.match(qualname))
+    return layer or qualname == PARAMETER_CONSTRUCTOR or qualname in a.model_classes
+
+
 def is_self_attribute(node: ast.AST) -> bool:
     return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
 
@@ -64,7 +119,7 @@ def _drops_outputs(a: Anatomy, model: ModelSite) -> bool:
     heads = {i for c in _classes_of(a, model) for i in _head_outputs(c)}
     for node in a.nodes:
         if not (heads and isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute))
-                and any(o.node is model.node for o in a.origins(node.func, ROLE_MODEL))):
+                and any(_built_by(model, o.node) for o in a.origins(node.func, ROLE_MODEL))):
             continue
         parent = a.parents.get(node)
         if isinstance(parent, ast.Subscript) and parent.value is node and isinstance(parent.slice, ast.Constant):
@@ -76,6 +131,11 @@ def _drops_outputs(a: Anatomy, model: ModelSite) -> bool:
         if dropped & heads:
             return True
     return False
+
+
+def _built_by(model: ModelSite, origin: ast.AST) -> bool:
+    """Is `origin` the model's constructor call (`Discriminator()` of `Discriminator().to(device)`)?"""
+    return any(n is origin for n in ast.walk(model.node))
 
 
 def _head_outputs(model_class: ModelClass) -> set[int]:

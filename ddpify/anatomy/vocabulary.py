@@ -118,6 +118,13 @@ NOT_MODELS = frozenset({"torch.nn.Parameter", "torch.nn.ParameterList", "torch.n
 MODEL_CONTAINERS = frozenset({"torch.nn.ModuleList", "torch.nn.ModuleDict"})
 BLOCK_SEQUENCES = frozenset({"torch.nn.ModuleList", "torch.nn.Sequential"})  # what FSDP shards block by block
 PARAMETER_CONSTRUCTOR = "torch.nn.Parameter"
+# Layers without parameters: one the forward never calls leaves no parameter without a gradient.
+PARAMETER_FREE_LAYERS = re.compile(
+    r"^torch\.nn\.(ReLU6?|LeakyReLU|R?ReLU|ELU|SELU|CELU|GELU|SiLU|Mish|Tanh|Sigmoid|Hardtanh|Hardsigmoid|Hardswish|Softplus"
+    r"|Softsign|Softmax2?d?|LogSoftmax|Softmin|Threshold|Identity|Flatten|Unflatten|Upsample|Upsampling\w+|\w*Dropout\w*"
+    r"|\w*Pool[123]d|PixelU?n?[Ss]huffle|\w+Pad[123]d|\w*Loss)$")
+# nn.Module methods that reach every submodule without naming one (`for m in self.children(): x = m(x)`).
+SUBMODULE_WALKS = frozenset({"children", "named_children", "modules", "named_modules", "_modules", "apply"})
 MODEL_FACTORIES = ("torchvision.models.", "timm.create_model", "transformers.")
 RECURRENT_LAYERS = frozenset({"torch.nn.RNN", "torch.nn.LSTM", "torch.nn.GRU"})  # hidden state: (layers, batch, hidden)
 PAD_PACKED = "torch.nn.utils.rnn.pad_packed_sequence"  # pads to the longest sequence in its batch unless total_length=

@@ -110,7 +110,7 @@ class WrapModel(Transform):
             self.changed(anchor.lineno, self.wrapped_message(name))
         if self.finds_unused(model):
             self.changed(anchor.lineno, f"find_unused_parameters=True: a backward may leave some of {name}'s parameters without a "
-                                        "gradient (a branch of its forward, or outputs a step drops)")
+                                        "gradient (a branch of its forward, a layer it never calls, or outputs a step drops)")
         if not self.PLACES_THE_MODEL and not self.anatomy.moved_where_bound(model):
             self.advise(model.line, f"{name} is never moved to a GPU; the DDP script will train it on CPU (gloo)")
 
