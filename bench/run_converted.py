@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -40,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from ddpify.project_conversion import convert_entry  # noqa: E402
 from ddpify.verify.diagnose import exception_line, stuck_in  # noqa: E402
-from ddpify.verify.reaper import kill_tree  # noqa: E402
+from ddpify.verify.reaper import LAUNCH_VARIABLE, kill_launch  # noqa: E402
 
 FIXTURES = ROOT / "fixtures"
 RANK_PREFIX = re.compile(r"^\[rank(\d+)\]: ?")
@@ -145,17 +146,26 @@ def environment(bootstrap: Path, stacks: Path, timeout: float) -> dict[str, str]
 
 def run_real(command: list, cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess | None:
     """Run `command` as real processes; None when it outlives `timeout`. Every process it started is killed
-    at the end, torchrun's workers (in sessions of their own) and anything left behind included."""
-    process = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
-    try:
-        out, err = process.communicate(timeout=timeout)
-        return subprocess.CompletedProcess(command, process.returncode, out, err)
-    except subprocess.TimeoutExpired:
-        return None
-    finally:
-        kill_tree(process.pid)
-        process.communicate()
+    at the end, torchrun's workers (in sessions of their own) and anything left behind included (see
+    ddpify.verify.reaper.kill_launch). Its output goes to files, not pipes: a survivor that holds them
+    cannot stall the read."""
+    token = uuid.uuid4().hex
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        process = subprocess.Popen(command, cwd=cwd, env={**env, LAUNCH_VARIABLE: token}, stdin=subprocess.DEVNULL,
+                                   stdout=out, stderr=err, start_new_session=True)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            kill_launch(process.pid, token)
+            process.wait()
+        return subprocess.CompletedProcess(command, process.returncode, _text(out), _text(err))
+
+
+def _text(file) -> str:
+    file.seek(0)
+    return file.read().decode(errors="replace")
 
 
 def run_one(entry: Entry, target: str, work: Path, launch: Launch = run_real, timeout: float = TIMEOUT_S) -> Outcome:

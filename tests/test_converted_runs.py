@@ -33,6 +33,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -109,7 +110,7 @@ json.dump(dict(os.environ), open(f"env-{os.environ['RANK']}.json", "w"))
 
 def test_forked_ranks_get_the_variables_torchruns_workers_get(tmp_path):
     """The fork server's ranks (and verify's, which share rank_environment) see what torchrun's workers see,
-    but the error file of torchrun's own @record decorator."""
+    but the error file of torchrun's own @record decorator (and the mark run_real gives its processes)."""
     if not FORK_LAUNCHES:
         pytest.skip("every launch is a real torchrun (DDPIFY_TEST_FORK=0)")
     seen = {}
@@ -122,7 +123,7 @@ def test_forked_ranks_get_the_variables_torchruns_workers_get(tmp_path):
         seen[how] = [json.loads((folder / f"env-{rank}.json").read_text()) for rank in range(bench.NPROC)]
     for real, forked in zip(seen["real"], seen["forked"]):
         given = child_environment()
-        added = {name for name in real if name not in given} - {"TORCHELASTIC_ERROR_FILE"}
+        added = {name for name in real if name not in given} - {"TORCHELASTIC_ERROR_FILE", bench.LAUNCH_VARIABLE}
         assert added == {name for name in forked if name not in given}
         assert {name: real[name] for name in added if "RANK" in name or "SIZE" in name} == \
                {name: forked[name] for name in added if "RANK" in name or "SIZE" in name}
@@ -140,6 +141,38 @@ def test_a_hung_rank_is_reported_with_its_stack(tmp_path):
     assert bench.hung_ranks(stacks, ["0", "1"], script) == "rank 0: finished; rank 1: at hang.py:3 in <module> `time.sleep(600)`"
     assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _cwd(pid) == str(tmp_path)]
 
+
+
+ESCAPER = """import os, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+open("child.pid", "w").write(str(child.pid))
+print("left", flush=True)
+"""
+
+
+def test_a_launch_that_leaves_a_detached_child_holding_its_output_is_reaped_at_once(tmp_path):
+    """A script exits, leaving a child in a session of its own that holds its stdout and stderr: the launch
+    ends when the script does, with its output, and the child is killed (it was re-parented away)."""
+    (tmp_path / "escaper.py").write_text(ESCAPER)
+    started = time.monotonic()
+    done = bench.run_real(python_argv(tmp_path / "escaper.py"), tmp_path, child_environment(), 60)
+    assert time.monotonic() - started < 20
+    assert done is not None and done.returncode == 0 and done.stdout == "left\n", done
+    assert _ends(int((tmp_path / "child.pid").read_text()))
+
+
+def _ends(pid: int, within: float = 5.0) -> bool:
+    """Is `pid` gone (or a zombie) within `within` seconds?"""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
 
 def _cwd(pid: str) -> str | None:
     try:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import click
 import pytest
@@ -180,6 +182,39 @@ def test_verify_leaves_no_process_behind_even_one_that_called_setsid(tmp_path):
             if _alive(pid):
                 os.kill(pid, 9)
 
+
+
+STUCK_LAUNCHER = """import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+open(sys.argv[1], "w").write(str(child.pid))
+sys.stdin.readline()
+time.sleep(120)
+"""
+
+
+def test_a_launcher_past_its_timeout_is_reported_and_killed_with_its_group(tmp_path, monkeypatch):
+    """verify's timeout path: a launcher that never writes its verdict is an error within the plan's
+    timeout plus the slack, and kill_group ends it and the rank it started in its group."""
+    from types import SimpleNamespace
+
+    from ddpify.verify import runner
+
+    monkeypatch.setattr(runner, "LAUNCHER_SLACK_S", 1.0)
+    pid_file = tmp_path / "rank.pid"
+    launcher = subprocess.Popen([sys.executable, "-c", STUCK_LAUNCHER, str(pid_file)], stdin=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    plan = SimpleNamespace(save=lambda: "plan.json", timeout=2, result_path=str(tmp_path / "result.json"), outdir=str(tmp_path))
+    result = runner.run_plan(launcher, plan)
+    rank = int(pid_file.read_text())
+    try:
+        assert result["verdict"] == "error" and "did not finish within 3 s" in result["message"], result
+        runner.kill_group(launcher)
+        assert launcher.returncode == -signal.SIGKILL
+        time.sleep(0.5)  # the orphaned rank is reaped by init
+        assert not _alive(rank)
+    finally:
+        if _alive(rank):
+            os.kill(rank, signal.SIGKILL)
 
 def test_a_script_with_1500_top_level_statements_converts():
     from ddpify.convert import convert_source

@@ -5,6 +5,11 @@ that called setsid() is in a session of its own, and once its parent is gone it 
 away from verify. While verify runs, the command's process is therefore a child subreaper
 (Linux prctl PR_SET_CHILD_SUBREAPER): such orphans are re-parented to it instead, so they stay
 in its process tree, where `kill_descendants` finds them through /proc. Standard library only.
+
+A launch that runs beside others in the same process (bench/run_converted.py's threads) cannot be a
+subreaper's alone: it marks its processes instead, with LAUNCH_VARIABLE in their environment, and
+`kill_launch` ends every process carrying its mark, wherever it moved (kill_tree misses the orphans of
+a root that already ended: they are re-parented away from it).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 PR_SET_CHILD_SUBREAPER = 36
+LAUNCH_VARIABLE = "DDPIFY_LAUNCH"  # every process of one marked launch inherits its token
 KILL_GRACE_S = 5.0  # a process killed with SIGKILL is gone within this, even on a loaded machine
 
 
@@ -51,6 +57,37 @@ def kill_tree(root: int) -> None:
     workers): the tree is read before anything is killed, since the orphans of a killed parent move away."""
     for pid in [root, *_process_tree(root)]:
         _kill(pid)
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL the process group `pgid` (that of a process started with start_new_session=True)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def kill_launch(root: int, token: str) -> None:
+    """SIGKILL a marked launch started as `root` in a session of its own: its tree (while `root` lives),
+    its group, and every process whose environment carries LAUNCH_VARIABLE=`token`."""
+    kill_tree(root)
+    kill_group(root)
+    for pid in _marked(token):
+        _kill(pid)
+
+
+def _marked(token: str) -> list[int]:
+    """The processes whose environment (as they were started) holds LAUNCH_VARIABLE=`token`."""
+    mark = f"{LAUNCH_VARIABLE}={token}".encode()
+    found = []
+    for pid in _process_table():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    found.append(pid)
+        except OSError:  # it ended meanwhile, or is not ours to read
+            continue
+    return found
 
 
 def _process_tree(root: int, spared: frozenset[int] = frozenset()) -> dict[int, tuple[int, str]]:

@@ -13,7 +13,6 @@ import ast
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from ddpify.codemods.ddp.environments import EnvironmentsOfEachRank
 from ddpify.codemods.ddp.rows import RowsOfEachRank
 from ddpify.verify.diagnose import exception_line_in
 from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan, Run
+from ddpify.verify import reaper
 from ddpify.verify.reaper import adopting_orphans, kill_descendants
 from ddpify.verify.result import error_result
 from ddpify.verify.workspace import mirror, relative_inside
@@ -215,10 +215,7 @@ def start_launcher(workspace: str, device: str) -> subprocess.Popen:
 
 def kill_group(process: subprocess.Popen) -> None:
     """SIGKILL every process left in the launcher's group, then reap the launcher."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    reaper.kill_group(process.pid)
     process.stdin.close()
     process.wait()
 
