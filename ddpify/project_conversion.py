@@ -261,9 +261,19 @@ def _convert_module(work: tuple, target: str, options: dict) -> tuple[Conversion
 
     text, path, facts, library, anatomy = work
     try:
-        return convert_source(text, target, path=path, **options, facts=facts, library=library, anatomy=anatomy), None
+        result = convert_source(text, target, path=path, **options, facts=facts, library=library, anatomy=anatomy)
+        ensure_compiles(path, result.output)  # before any file of the project is written
+        return result, None
     except Exception as error:  # the others go on
         return None, error
+
+
+def ensure_compiles(path, text: str) -> None:
+    """Raise a SourceError at the line where a converted `text` is not valid Python."""
+    try:
+        compile(text, str(path), "exec", dont_inherit=True)
+    except SyntaxError as error:
+        raise SourceError(str(path), f"conversion produced invalid code ({error.msg}); nothing written, please report it", line=error.lineno) from None
 
 
 def _lay_out(conversion: ProjectConversion, target: str, mode: str, output: str | None) -> None:

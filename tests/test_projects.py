@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from ddpify.cli import cli
+from ddpify.codemods.pipeline import ConversionResult
 from ddpify.project_conversion import convert_entry
 
 try:
@@ -131,18 +132,29 @@ def test_several_files_never_go_to_stdout_or_over_the_project(tmp_path):
 
 
 
+def _planted_bug(text, target, path=None, **options):
+    raise RuntimeError("a planted bug")
+
+
+def _invalid_output(text, target, path=None, **options):
+    return ConversionResult(text, text + "def broken(:\n")
+
+
 @pytest.mark.parametrize("mode", [[], ["--in-place"], ["--in-place", "--partial"]])
-def test_a_project_a_module_of_which_fails_to_convert_is_written_not_at_all(tmp_path, monkeypatch, mode):
-    """An internal error in one module (utils.py) leaves every file of the project as it was, the entry
-    included: the project is written whole or not at all; each file says what became of it, and exit 2."""
+@pytest.mark.parametrize("failure, message", [
+    (_planted_bug, "utils.py: internal error while converting (RuntimeError: a planted bug); please report it"),
+    (_invalid_output, "utils.py:{after}: conversion produced invalid code (invalid syntax); nothing written, please report it"),
+])
+def test_a_project_a_module_of_which_fails_to_convert_is_written_not_at_all(tmp_path, monkeypatch, mode, failure, message):
+    """A module (utils.py) whose conversion raises or produces invalid code leaves every file of the project
+    as it was, the entry included: the project is written whole or not at all; each file says what became
+    of it, and exit 2."""
     import ddpify.convert
 
     real = ddpify.convert.convert_source
 
     def failing_on_utils(text, target, path=None, **options):
-        if path and Path(path).name == "utils.py":
-            raise RuntimeError("a planted bug")
-        return real(text, target, path=path, **options)
+        return (failure if path and Path(path).name == "utils.py" else real)(text, target, path=path, **options)
 
     monkeypatch.setattr(ddpify.convert, "convert_source", failing_on_utils)
     project = copy_project(tmp_path, "classic")
@@ -151,7 +163,8 @@ def test_a_project_a_module_of_which_fails_to_convert_is_written_not_at_all(tmp_
     assert python_files(project) == python_files(PROJECTS / "classic")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["classic"]  # no mirror either
     lines = result.output.splitlines()
-    assert f"error: {project / 'utils.py'}: internal error while converting (RuntimeError: a planted bug); please report it" in lines
+    after = len((project / "utils.py").read_text().splitlines()) + 1  # the line _invalid_output appends
+    assert f"error: {project}/{message.format(after=after)}" in lines, result.output
     held = [line for line in lines if "failed to convert; nothing written" in line]
     assert [line.split(":")[0] for line in held] == [str(project / "train.py"), str(project / "data.py")], result.output
 

@@ -188,9 +188,13 @@ def _convert_one(item, job: _Job, explicit: bool, member=None) -> Outcome:
         if not member:  # a project's member was checked when the project read it (ddpify.project_conversion)
             check_syntax(source)
         from ddpify.convert import convert_source
+        from ddpify.project_conversion import ensure_compiles
 
-        result = member.convert() if member else convert_source(source.text, job.target, path=str(item), **job.options)
-        _ensure_compiles(item, result.output)
+        if member:  # its output was compiled with the project's (ddpify.project_conversion)
+            result = member.convert()
+        else:
+            result = convert_source(source.text, job.target, path=str(item), **job.options)
+            ensure_compiles(item, result.output)
     except SourceError as error:
         return _fail(error)
     except Exception as error:  # a bug in ddpify: report it against the file, go on with the others
@@ -283,10 +287,11 @@ def _convert_notebook(item, job: _Job) -> Outcome:
     """--to dp: a converted notebook (DataParallel runs in a kernel); --to ddp: a torchrun script."""
     from ddpify.convert import convert_notebook
     from ddpify.notebooks import lint_location
+    from ddpify.project_conversion import ensure_compiles
 
     try:
         new_nb, result, cell_map = convert_notebook(item, job.target, **job.options)
-        _ensure_compiles(item, result.output)
+        ensure_compiles(item, result.output)
     except SourceError as error:
         return _fail(error)
     except Exception as error:  # unreadable notebook, lost cell markers, or a bug in ddpify
@@ -346,13 +351,6 @@ def _report(item, result: ConversionResult, job: _Job, locate=str) -> None:
 
 def _default_output(path: Path, target: str) -> Path:
     return path.with_name(f"{path.stem}_{target}{path.suffix}")
-
-
-def _ensure_compiles(path, text: str) -> None:
-    try:
-        compile(text, str(path), "exec", dont_inherit=True)
-    except SyntaxError as error:
-        raise SourceError(str(path), f"conversion produced invalid code ({error.msg}); nothing written, please report it", line=error.lineno) from None
 
 
 def _fail(error) -> Outcome:
