@@ -625,6 +625,39 @@ class TestModuleAccess:
         assert "    print(model.module.vocab, model.module.generate(1))\n" in output
 
 
+    RELOADED = MODULE_SCRIPT.replace("model = DDP(model)\n", "").replace(DDP_IMPORT, "").format(tail=textwrap.dedent("""\
+        def sample():
+            return model.generate(1)
+
+
+        def vocabulary(net):
+            return net.vocab
+
+
+        names = vocabulary(model)
+        print(sample(), names)
+        torch.save(model, "full.pt")
+        model = torch.load("full.pt", weights_only=False)
+        names = vocabulary(LM())
+        print(sample(), names)
+        """))
+
+    def test_a_name_rebound_to_a_plain_model_after_the_wrap_is_unwrapped_only_where_it_is_a_wrapper(self):
+        output = convert_source(self.RELOADED, "ddp").output
+        # sample() reads the global model: the wrapper, then the plain model reloaded after training
+        assert "    return plain_model(model).generate(1)\n" in output
+        # vocabulary(net) is handed the wrapper by one call, a plain model by the other
+        assert "    return plain_model(net).vocab\n" in output
+        assert "def plain_model(model):\n" in output
+        assert '    torch.save(model.module, "full.pt")\n' in output  # only the wrapper reaches the save
+
+    def test_a_model_read_only_before_the_reload_keeps_module(self):
+        source = self.RELOADED.replace("names = vocabulary(LM())\nprint(sample(), names)", "print(model.vocab)")
+        output = convert_source(source, "ddp").output
+        assert "    return model.module.generate(1)\n" in output
+        assert "    return net.module.vocab\n" in output
+        assert "plain_model" not in output
+
 # ===== samplers ================================================================================
 LOADER_SCRIPT = """\
 import torch

@@ -15,6 +15,7 @@ from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.values import ROLE_LOADER, ROLE_MODEL
 from ddpify.anatomy.vocabulary import ITERATION_WRAPPERS, PRINT
 from ddpify.anatomy.cache import per_anatomy
+from ddpify.anatomy.distributed.wrappers import unwrapping_function
 from ddpify.anatomy.syntax import ancestors
 from ddpify.anatomy.sites import LoaderSite, LoopSite
 
@@ -153,13 +154,21 @@ def model_reads(a: Anatomy, evaluation: EvaluationLoop) -> list[ModelRead]:
 
 
 def _model_read(a: Anatomy, node: ast.expr) -> ModelRead:
-    """`model` read as itself, or inside `model.module` (which the read then replaces)."""
+    """`model` read as itself, or inside `model.module` or `plain_model(model)` (which the read then replaces)."""
     if isinstance(node, ast.Attribute) and node.attr == "module" and _holds_model(a, node.value):
         return ModelRead(node, node.value)
     parent = a.parents.get(node)
-    if isinstance(parent, ast.Attribute) and parent.attr == "module":
-        return ModelRead(parent, node)
+    if isinstance(parent, ast.Attribute) and parent.attr == "module" or _unwrapping_call(a, parent, node):
+        return ModelRead(parent, node)  # type: ignore[arg-type]
     return ModelRead(node, node)
+
+
+def _unwrapping_call(a: Anatomy, call: ast.AST | None, model: ast.expr) -> bool:
+    """`plain_model(model)`: a call of a function that unwraps the model it is handed, the model alone."""
+    if not isinstance(call, ast.Call) or call.args != [model] or call.keywords:
+        return False
+    callee = a.callee(call)
+    return callee is not None and unwrapping_function(a, callee)
 
 
 def _holds_model(a: Anatomy, node: ast.AST) -> bool:

@@ -94,8 +94,8 @@ TORCH_LOAD = "torch.load"
 # Calls whose first argument means the model itself: handed a wrapper, they would pickle it (it does
 # not unpickle without a process group) or copy it (a second wrapper, its state_dict keys `module.`).
 WHOLE_MODEL_CALLS = {
-    TORCH_SAVE: "saves {}.module (the wrapper does not unpickle without a process group)",
-    "copy.deepcopy": "copies {}.module (a copy of the wrapper is a second wrapper, its state_dict keys prefixed `module.`)",
+    TORCH_SAVE: "saves {} (the wrapper does not unpickle without a process group)",
+    "copy.deepcopy": "copies {} (a copy of the wrapper is a second wrapper, its state_dict keys prefixed `module.`)",
 }
 
 

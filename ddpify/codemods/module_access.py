@@ -42,9 +42,10 @@ class ModuleAccess(Transform):
             return
         for node, whole in _reads_through_module(self.anatomy, self._on_wrapper):
             if whole is not None:
-                self._unwrap(whole)
+                inner, inner_code = self.reach_inner(whole)
+                self.rewrite_expression(whole, inner)
                 name = ast.unparse(whole)
-                self.changed(node.line, f"{node.qualname}({name}) -> {WHOLE_MODEL_CALLS[node.qualname].format(name)}")
+                self.changed(node.line, f"{node.qualname}({name}) -> {WHOLE_MODEL_CALLS[node.qualname].format(inner_code(name))}")
             elif isinstance(node, ast.Subscript):
                 self._index_module(node)
             else:
@@ -61,6 +62,11 @@ class ModuleAccess(Transform):
         """Does this file wrap a model in the wrapper?"""
         return bool(self.anatomy.calls_to(self.WRAPPER))
 
+    def reach_inner(self, read: ast.expr) -> tuple[Callable[[cst.CSTNode], cst.CSTNode], Callable[[str], str]]:
+        """How the model inside the wrapper that `read` holds is reached: the rewrite of `read` and its
+        code in the report (`inner`, `inner_code`); a subclass may choose by the read."""
+        return self.inner, self.inner_code
+
     def inner(self, wrapper: cst.CSTNode) -> cst.CSTNode:
         """The model inside `wrapper`."""
         return module_of(wrapper)
@@ -69,19 +75,18 @@ class ModuleAccess(Transform):
         """How the model inside the wrapper `name` is spelled (in the report)."""
         return f"{name}.module"
 
-    def _unwrap(self, expr: ast.expr) -> None:
-        self.rewrite_expression(expr, self.inner)
-
     def _index_module(self, node: ast.Subscript) -> None:
         """`net[0]`: a wrapper has no items (`nn.Sequential`, `nn.ModuleList`), its module has."""
-        self._unwrap(node.value)
+        inner, inner_code = self.reach_inner(node.value)
+        self.rewrite_expression(node.value, inner)
         name = ast.unparse(node.value)
-        self.changed(node.lineno, f"{name}[...] -> {self.inner_code(name)}[...]")
+        self.changed(node.lineno, f"{name}[...] -> {inner_code(name)}[...]")
 
     def _insert_module(self, node: ast.Attribute) -> None:
+        inner, inner_code = self.reach_inner(node.value)
         target = ast.unparse(node.value)
-        self.rewrite_node(node, cst.Attribute, lambda attr: attr.with_changes(value=self.inner(attr.value)))  # type: ignore[attr-defined]
-        self.changed(node.lineno, f"{target}.{node.attr} -> {self.inner_code(target)}.{node.attr}")
+        self.rewrite_node(node, cst.Attribute, lambda attr: attr.with_changes(value=inner(attr.value)))  # type: ignore[attr-defined]
+        self.changed(node.lineno, f"{target}.{node.attr} -> {inner_code(target)}.{node.attr}")
 
 
 def _reads_through_module(a: Anatomy, on_wrapper: Callable[[ast.AST], bool]) -> Iterator[tuple]:

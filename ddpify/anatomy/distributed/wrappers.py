@@ -12,8 +12,8 @@ from ddpify.anatomy.values import ROLE_MODEL
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.accelerate import accelerator_attribute
 from ddpify.anatomy.distributed.names import FULLY_SHARD, SYNC_BATCHNORM_CONVERT
-from ddpify.anatomy.distributed.reaching import MAX_DEPTH, reaching_values, returned_values
-from ddpify.anatomy.sites import CallSite
+from ddpify.anatomy.distributed.reaching import MAX_DEPTH, assignments, reaching_values, returned_values
+from ddpify.anatomy.sites import MODULE_SCOPE, CallSite
 from ddpify.anatomy.syntax import argument, method_name
 from ddpify.anatomy.vocabulary import ACCELERATOR_SYNC_SKIPS, DDP_WRAPPER, MODULE_RETURNING_SELF
 
@@ -38,6 +38,35 @@ def is_wrapper(a: Anatomy, expr: ast.AST, wrapper: str = DDP_WRAPPER, depth: int
     return _evaluates_to(a, expr, wrapper, wrapped, depth)
 
 
+def wrapper_or_plain(a: Anatomy, expr: ast.AST, wrapper: str = DDP_WRAPPER, depth: int = 0) -> bool:
+    """Is `expr` a `wrapper` where some values reach it, and a model that is not one where others do?
+    A variable rebound after the wrap (`model = torch.load(f)`: the best model reloaded, then
+    evaluated by the function that evaluated the wrapper), or a parameter that some callers hand a
+    wrapper and others do not: `.module` fails on the plain model."""
+    if depth > MAX_DEPTH or not isinstance(expr, (ast.Name, ast.Attribute)):
+        return False
+    values = reaching_values(a, expr)
+    wrapped = [v for v in values if is_wrapper(a, v, wrapper)]
+    if not wrapped:
+        return False
+    assigned = assignments(a).get(a.ref(expr), [])  # type: ignore[arg-type]
+    statements = {id(v): s for s, v in assigned}
+    wraps = [s for s, v in assigned if v in wrapped]
+    return any(wrapper_or_plain(a, v, wrapper, depth + 1) or
+               (v not in wrapped and _outlives_the_wrap(a, statements.get(id(v)), wraps))
+               for v in values)
+
+
+def _outlives_the_wrap(a: Anatomy, stmt: ast.stmt | None, wraps: list[ast.stmt]) -> bool:
+    """Does a plain value reach the read past the wrap: a caller's argument (`stmt` None), or an
+    assignment after a wrap of its scope that no later wrap there overwrites?"""
+    if stmt is None:
+        return True
+    scope = a.scope_of.get(stmt, MODULE_SCOPE)
+    lines = [w.lineno for w in wraps if a.scope_of.get(w, MODULE_SCOPE) == scope]
+    return any(line < stmt.lineno for line in lines) and not any(line > stmt.lineno for line in lines)
+
+
 def may_become_wrapper(a: Anatomy, expr: ast.AST, wrapper: str = DDP_WRAPPER) -> bool:
     """Before the wrap: could `expr` evaluate to a `wrapper` once the models are wrapped (does it hold a model)?"""
     return _evaluates_to(a, expr, wrapper, lambda named, _: a.has_role(named, ROLE_MODEL), 0)
@@ -57,7 +86,7 @@ def _evaluates_to(a: Anatomy, expr: ast.AST, wrapper: str, named: Callable[[ast.
         if method_name(expr) in MODULE_RETURNING_SELF:
             return _evaluates_to(a, expr.func.value, wrapper, named, depth + 1)  # type: ignore[attr-defined]
         callee = a.callee(expr)
-        if callee is None or _unwrapping_function(a, callee):
+        if callee is None or unwrapping_function(a, callee):
             return False
         return any(_evaluates_to(a, v, wrapper, named, depth + 1) for v in returned_values(a, callee))
     if isinstance(expr, ast.IfExp):
@@ -73,7 +102,7 @@ def _wrap_calls_of(a: Anatomy, wrapper: str) -> list[CallSite]:
     return wrap_calls(a) if wrapper == DDP_WRAPPER else a.calls_to(wrapper)
 
 
-def _unwrapping_function(a: Anatomy, function: str) -> bool:
+def unwrapping_function(a: Anatomy, function: str) -> bool:
     """A function that returns a wrapper's `.module` on some path (ddpify's `evaluation_module`):
     what it hands back is the plain model, or a value that was never wrapped."""
     return any(isinstance(v, ast.Attribute) and v.attr == "module" for v in returned_values(a, function))

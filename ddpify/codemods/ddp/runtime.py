@@ -118,6 +118,17 @@ def evaluation_module(model):
     return wrapper.module
 '''
 
+PLAIN_HELPER = '''
+
+def plain_model(model):
+    """The model inside its DDP wrapper, or `model` itself where it is not
+    wrapped (a model loaded from a checkpoint after training)."""
+    wrapper = getattr(model, "_orig_mod", model)  # under torch.compile
+    if isinstance(wrapper, torch.nn.parallel.DistributedDataParallel):
+        return wrapper.module
+    return model
+'''
+
 ROWS_HELPER = '''
 
 def loss_of_rank_rows(loss_fn, *batch, **options):
@@ -162,11 +173,12 @@ SUMS_CALL = "all_reduce_sums"
 GATHER_CALL = "all_gather_lists"
 MEAN_CALL = "mean_over_ranks"
 MODULE_CALL = "evaluation_module"
+PLAIN_CALL = "plain_model"
 EVERY_CALL = "on_every_rank"
 ANY_CALL = "on_any_rank"
 ROWS_CALL = "loss_of_rank_rows"
 # each helper's code, in the order they are added to a script (after cleanup_distributed)
-EVALUATION_HELPERS = {SHARD_CALL: SHARD_HELPER, MODULE_CALL: MODULE_HELPER, SUMS_CALL: SUMS_HELPER, GATHER_CALL: GATHER_HELPER, MEAN_CALL: MEAN_HELPER,
+EVALUATION_HELPERS = {SHARD_CALL: SHARD_HELPER, MODULE_CALL: MODULE_HELPER, PLAIN_CALL: PLAIN_HELPER, SUMS_CALL: SUMS_HELPER, GATHER_CALL: GATHER_HELPER, MEAN_CALL: MEAN_HELPER,
                       ROWS_CALL: ROWS_HELPER, EVERY_CALL: AGREE_HELPER}
 # the functions ddpify adds at the top of a script: new helpers go after the last one present
 ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed", ANY_CALL)
