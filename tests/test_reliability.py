@@ -18,7 +18,7 @@ from test_robustness import BASIC, ROOT, TIMEOUT, ddpify
 from ddpify.cli import SIGINT_EXIT, cli
 
 
-ARGUMENTS = {"convert": ["--to", "ddp", "train.py"], "verify": ["--to", "ddp", "train.py"], "rules": [], "server": []}
+ARGUMENTS = {"convert": ["--to", "ddp", "train.py"], "verify": ["--to", "ddp", "train.py"], "rules": [], "server": [], "mcp": []}
 
 
 @pytest.mark.parametrize("name", cli.list_commands(click.Context(cli)))
