@@ -602,6 +602,17 @@ class TestModuleAccess:
     def test_a_copy_of_the_model_copies_the_unwrapped_module(self):
         self.check("import copy\nema = copy.deepcopy(model)\n", "import copy\nema = copy.deepcopy(model.module)\n")
 
+    def test_tracing_calls_and_a_writers_add_graph_trace_the_unwrapped_module(self):
+        result = self.check(
+            "from torch.utils.tensorboard import SummaryWriter\nwriter = SummaryWriter()\nwriter.add_graph(model, x)\n"
+            "traced = torch.jit.trace(model, x)\ntorch.onnx.export(model, x, 'm.onnx')\n",
+            "from torch.utils.tensorboard import SummaryWriter\nwriter = SummaryWriter()\nwriter.add_graph(model.module, x)\n"
+            "traced = torch.jit.trace(model.module, x)\ntorch.onnx.export(model.module, x, 'm.onnx')\n",
+        )
+        assert [c.message.split(" (")[0] for c in result.changes] == [
+            "writer.add_graph(model) -> traces model.module", "torch.jit.trace(model) -> traces model.module",
+            "torch.onnx.export(model) -> traces model.module"]
+
     def test_indexing_the_model_indexes_the_unwrapped_module(self):
         self.check('torch.save(model[0].state_dict(), "first.pt")\n', 'torch.save(model.module[0].state_dict(), "first.pt")\n')
 

@@ -97,6 +97,14 @@ WHOLE_MODEL_CALLS = {
     TORCH_SAVE: "saves {} (the wrapper does not unpickle without a process group)",
     "copy.deepcopy": "copies {} (a copy of the wrapper is a second wrapper, its state_dict keys prefixed `module.`)",
 }
+# Calls that trace or summarize the model handed first by running its forward: the wrapper's forward
+# reaches its process group, which torch.jit cannot trace ("Tried to trace ProcessGroup").
+TRACES = "traces {} (the wrapper's forward reaches its process group, which cannot be traced)"
+TRACING_CALLS = frozenset({"torch.jit.trace", "torch.jit.script", "torch.onnx.export", "torch.export.export",
+                           "torchinfo.summary", "torchsummary.summary"})
+TRACING_WRITER_METHODS = frozenset({"add_graph"})  # TensorBoard's `writer.add_graph(model, inputs)`
+# Every call by name that must be handed the model inside a wrapper, with what it does to it.
+INNER_MODEL_CALLS = {**WHOLE_MODEL_CALLS, **dict.fromkeys(TRACING_CALLS, TRACES)}
 
 
 def wrapper_lacks(wrapper: str, attr: str) -> bool:

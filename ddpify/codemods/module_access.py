@@ -4,7 +4,8 @@ A wrapper (DDP or DataParallel) forwards calls and `parameters()`, but not the m
 and attributes (`model.generate()`, `model.vocab`), and its `state_dict()` keys gain a `module.`
 prefix. After the wrap those go through `.module`, so they work and checkpoints load into the
 single-GPU script unchanged; so do indexing (`net[0]`: a wrapper has no items) and the calls that
-mean the model itself (`torch.save(model)`, `copy.deepcopy(model)`).
+mean the model itself (`torch.save(model)`, `copy.deepcopy(model)`) or trace it (`writer.add_graph(model, x)`,
+`torch.jit.trace(model, x)`: the wrapper's forward cannot be traced).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Callable, Iterator
 
 import libcst as cst
 
-from ddpify.anatomy import ROLE_MODEL, Anatomy
+from ddpify.anatomy import ROLE_MODEL, ROLE_WRITER, Anatomy
 from ddpify.anatomy.distributed.wrappers import is_wrapper, may_become_wrapper
-from ddpify.anatomy.vocabulary import WHOLE_MODEL_CALLS, reads_through_module
+from ddpify.anatomy.vocabulary import INNER_MODEL_CALLS, TRACES, TRACING_WRITER_METHODS, reads_through_module
 from ddpify.codemods.base import Transform
 from ddpify.codemods.options import Options
 from ddpify.edits.expressions import module_of
@@ -45,7 +46,8 @@ class ModuleAccess(Transform):
                 inner, inner_code = self.reach_inner(whole)
                 self.rewrite_expression(whole, inner)
                 name = ast.unparse(whole)
-                self.changed(node.line, f"{node.qualname}({name}) -> {WHOLE_MODEL_CALLS[node.qualname].format(inner_code(name))}")
+                does = INNER_MODEL_CALLS.get(node.qualname, TRACES)  # a writer's add_graph traces
+                self.changed(node.line, f"{node.qualname}({name}) -> {does.format(inner_code(name))}")
             elif isinstance(node, ast.Subscript):
                 self._index_module(node)
             else:
@@ -91,14 +93,20 @@ class ModuleAccess(Transform):
 
 def _reads_through_module(a: Anatomy, on_wrapper: Callable[[ast.AST], bool]) -> Iterator[tuple]:
     """Each read that goes through `.module` where `on_wrapper` holds: (attribute, None) for a method or
-    attribute the wrapper lacks, (subscript, None) for an index, (call site, model) for a whole-model call."""
+    attribute the wrapper lacks, (subscript, None) for an index, (call site, model) for a call handed the model itself."""
     for node in a.nodes:
         if isinstance(node, ast.Attribute) and reads_through_module(node.attr) and a.scope_of.get(node, "").split(".")[0] not in a.model_classes:
             if on_wrapper(node.value):
                 yield node, None
         elif isinstance(node, ast.Subscript) and isinstance(node.value, (ast.Name, ast.Attribute)) and on_wrapper(node.value):
             yield node, None
-    for call in a.calls_to(*WHOLE_MODEL_CALLS):
+    for call in calls_handed_the_model(a):
         whole = call.node.args[0] if call.node.args else None  # type: ignore[attr-defined]
         if isinstance(whole, (ast.Name, ast.Attribute)) and on_wrapper(whole):
             yield call, whole
+
+
+def calls_handed_the_model(a: Anatomy) -> list:
+    """The calls whose first argument is the model itself: by name (`torch.save`, `torch.jit.trace`) and a
+    writer's `add_graph(model, inputs)`."""
+    return a.calls_to(*INNER_MODEL_CALLS) + a.calls_on(ROLE_WRITER, *TRACING_WRITER_METHODS)

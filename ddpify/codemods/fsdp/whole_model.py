@@ -1,9 +1,10 @@
-"""The sharded model as one object: `copy.deepcopy(model)` and `torch.save(model, path)` after `fully_shard`.
+"""The sharded model as one object: `copy.deepcopy(model)`, `torch.save(model, path)` and tracing after `fully_shard`.
 
 FSDP2 replaces the parameters by DTensors that hold this rank's shard and hooks the module's forward:
-a deep copy is refused ("FSDP does not support deepcopy") and pickling the module fails. There is no
+a deep copy is refused ("FSDP does not support deepcopy"), pickling the module fails and so does tracing
+it (`torch.jit.trace`, `writer.add_graph`: an internal assert on the DTensor parameters). There is no
 safe rewrite that keeps the script's meaning (a copy of the whole model, a file that loads as a
-module), so the conversion names it as missing: copy or save the full state dict instead.
+module, a traced graph), so the conversion names it as missing: copy, save or trace the full state dict instead.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy.distributed.fsdp import after_shard, is_sharded_model
-from ddpify.anatomy.vocabulary import TORCH_SAVE, WHOLE_MODEL_CALLS
+from ddpify.anatomy.vocabulary import TORCH_SAVE
 from ddpify.codemods.base import Transform
+from ddpify.codemods.module_access import calls_handed_the_model
 
 _TODO = {
     "copy.deepcopy": "copy the model before fully_shard, or build a fresh one and load "
@@ -20,17 +22,19 @@ _TODO = {
     TORCH_SAVE: "save get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)) "
                   "on rank 0 and load it into a fresh model",
 }
+_TRACE_TODO = ("trace a fresh model built the same way, before fully_shard, with "
+               "get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)) loaded into it")
 
 
 class WholeShardedModel(Transform):
-    """Say what a deep copy or a pickle of the sharded model needs by hand (both fail after fully_shard)."""
+    """Say what a deep copy, a pickle or a trace of the sharded model needs by hand (each fails after fully_shard)."""
 
     NAME = "shard"
     SEES_EDITS_OF = ("shard",)  # where fully_shard now runs
 
     def plan(self) -> None:
-        for call in self.anatomy.calls_to(*WHOLE_MODEL_CALLS):
+        for call in calls_handed_the_model(self.anatomy):
             whole = call.node.args[0] if call.node.args else None  # type: ignore[attr-defined]
             if whole is not None and is_sharded_model(self.anatomy, whole) and after_shard(self.anatomy, call.node):
                 self.missing(call.line, f"{call.qualname}({ast.unparse(whole)}) fails once the model is sharded by fully_shard",
-                             _TODO[call.qualname])
+                             _TODO.get(call.qualname, _TRACE_TODO))
