@@ -101,10 +101,10 @@ def _transforms(target: str, library: bool):
         from ddpify.codemods.fsdp import FSDP_LIBRARY_TRANSFORMS, FSDP_TRANSFORMS
 
         return FSDP_LIBRARY_TRANSFORMS if library else FSDP_TRANSFORMS
-    from ddpify.codemods.dp import DP_TRANSFORMS
     if target == "accelerate":
         from ddpify.codemods.accelerate import ACCELERATE_LIBRARY_TRANSFORMS, ACCELERATE_TRANSFORMS
 
         return ACCELERATE_LIBRARY_TRANSFORMS if library else ACCELERATE_TRANSFORMS
+    from ddpify.codemods.dp import DP_TRANSFORMS
 
     return DP_TRANSFORMS

@@ -7,8 +7,8 @@ import ast
 from ddpify.anatomy import DP_WRAPPER, MODULE_SCOPE, Anatomy
 from ddpify.anatomy.distributed.reaching import reaching_values
 from ddpify.anatomy import syntax
-from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.literals import gpu_index, gpu_of_moves
+from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.vocabulary import DEVICE_MOVES
 from ddpify.lint import Finding, Invalid, Rule
 

@@ -33,9 +33,9 @@ from ddpify.anatomy import MODULE_SCOPE, ROLE_WRITER, CallSite
 from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.distributed.every_rank_work import joins_every_rank, values_to_compute_first
 from ddpify.anatomy.distributed.ranks import runs_on_every_rank
+from ddpify.anatomy.output import PROGRESS_BAR, WRITER, output_kind, rank_zero_object
 from ddpify.anatomy.distributed.reaching import calls_running, reaching_values
 from ddpify.anatomy.distributed.wrappers import is_wrapper
-from ddpify.anatomy.output import PROGRESS_BAR, WRITER, output_kind, rank_zero_object
 from ddpify.anatomy.vocabulary import (
     DIRECTORY_CREATORS,
     TORCH_LOAD,

@@ -25,8 +25,8 @@ class SumLossScaling(Transform):
 
     NAME = "sum_loss"
     SEES_EDITS_OF = ("rows",)  # a loss whose rows the ranks share (rows.py) is weighted there, sums included
-
     WORLD_SIZE = WORLD_SIZE  # how the script spells the number of processes
+
     def plan(self) -> None:
         for site in self.anatomy.training_calls:
             call: ast.Call = site.node  # type: ignore[assignment]
