@@ -24,7 +24,7 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 @pytest.fixture
 def counts(monkeypatch):
-    """How many analyses (Anatomy objects made) and full compiles of a file (syntax checks) happen."""
+    """How many analyses (Anatomy objects made) and full compiles (syntax checks) happen: (file, text) of each."""
     made = {"analyses": 0, "compiles": []}
     analyse, compile_ = Anatomy.__init__, builtins.compile
 
@@ -34,7 +34,7 @@ def counts(monkeypatch):
 
     def counted_compile(source, filename, mode, flags=0, *args, **kwargs):
         if mode == "exec" and not flags & ast.PyCF_ONLY_AST:
-            made["compiles"].append(str(filename))
+            made["compiles"].append((str(filename), source))
         return compile_(source, filename, mode, flags, *args, **kwargs)
 
     monkeypatch.setattr(Anatomy, "__init__", counted_analysis)
@@ -60,7 +60,7 @@ def test_a_one_file_convert_analyses_once_per_stage_and_once_for_lint(counts, fi
     result = _convert(path, target)
     assert result.changed
     assert counts["analyses"] == analyses
-    assert counts["compiles"].count(str(path)) == 1
+    assert counts["compiles"].count((str(path), path.read_text())) == 1  # the input's (the output is checked once too)
 
 
 # A print of a local evaluation: before the first stage, `evaluate` neither reduces over ranks nor is
