@@ -36,6 +36,7 @@ Key = tuple[tuple[str, ...], str]  # (the branch: its `if` tests, `not (...)` in
 KNOWN_WAITS = {
     "real/shape_gan.py": "one print of two losses averages each in an all_reduce of its own (mean_over_ranks(lossD), "
                          "mean_over_ranks(lossG)): 2 collectives per step where one all_reduce of both would do",
+    "real/gan_semi_supervised.py": "the same: one print of d_loss and g_loss, two all_reduces per step",
 }
 
 

@@ -102,6 +102,7 @@ alike = torch.tensor([float(torch.equal(model.weight.full_tensor(), built))])
 dist.all_reduce(alike, op=dist.ReduceOp.MIN)
 if dist.get_rank() == 0:
     print("the sharded model is", "every rank's own" if alike.item() else "a mix of the ranks' initialisations")
+dist.barrier()  # neither rank tears gloo down while the other still talks to it (an abort at exit, under load)
 dist.destroy_process_group()
 """
 
