@@ -351,6 +351,17 @@ class Heads(nn.Module):
         return out, self.b(h)
 
 
+class RandomDepth(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner, self.fc = nn.Linear(2, 2), nn.Linear(2, 1)
+
+    def forward(self, x):
+        for _ in range(int(torch.randint(0, 4, (1,)))):
+            x = self.inner(x)
+        return self.fc(x)
+
+
 class Leftover(nn.Module):
     def __init__(self):
         super().__init__()
@@ -418,6 +429,9 @@ class TestUnusedParameters:
     def test_a_step_that_drops_an_output_a_head_computes(self):
         assert unused_wrap("Heads()", "out, _ = model(x)\n            loss = (out - y).pow(2).mean()")
         assert unused_wrap("Heads()", "loss = (model(x)[0] - y).pow(2).mean()")
+
+    def test_a_layer_called_a_random_number_of_times_none_included(self):
+        assert unused_wrap("RandomDepth()", "loss = (model(x) - y).pow(2).mean()")
 
     def test_a_layer_built_that_the_forward_never_calls(self):
         assert unused_wrap("Leftover()", "loss = (model(x) - y).pow(2).mean()")

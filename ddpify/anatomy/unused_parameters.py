@@ -14,7 +14,8 @@ import ast
 
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.values import ROLE_MODEL, ModelClass
-from ddpify.anatomy.vocabulary import NOT_MODELS, PARAMETER_CONSTRUCTOR, PARAMETER_FREE_LAYERS, SUBMODULE_WALKS
+from ddpify.anatomy.vocabulary import NOT_MODELS, PARAMETER_CONSTRUCTOR, PARAMETER_FREE_LAYERS, RANDOM_DRAWS, SUBMODULE_WALKS
+from ddpify.anatomy.distributed.names import NUMPY_RANDOM, PYTHON_DRAWS, TORCH
 from ddpify.anatomy.sites import ModelSite
 
 BRANCHES = (ast.If, ast.IfExp, ast.Try, ast.While, ast.Break, ast.Match)
@@ -23,7 +24,7 @@ BRANCHES = (ast.If, ast.IfExp, ast.Try, ast.While, ast.Break, ast.Match)
 def may_leave_parameters_unused(a: Anatomy, model: ModelSite) -> bool:
     """Can a backward of `model` leave parameters without a gradient (judged where the model is in sight)?"""
     classes = _classes_of(a, model)
-    return (any(calls_submodules_on_some_paths(c) or submodules_never_called(a, c) for c in classes)
+    return (any(calls_submodules_on_some_paths(a, c) or submodules_never_called(a, c) for c in classes)
             or _drops_outputs(a, model))
 
 
@@ -50,12 +51,28 @@ def methods_reached(model_class: ModelClass) -> list[ast.FunctionDef]:
     return seen
 
 
-def calls_submodules_on_some_paths(model_class: ModelClass) -> bool:
-    """Does a branch of the forward (or a method it calls) call a `self.` attribute the other paths may not?"""
+def calls_submodules_on_some_paths(a: Anatomy, model_class: ModelClass) -> bool:
+    """Does a branch of the forward (or a method it calls) call a `self.` attribute the other paths may not?
+    A loop run a random number of times (`for _ in range(random.randint(0, 3))`) may run none."""
     return any(
-        isinstance(branch, BRANCHES) and any(isinstance(n, ast.Call) and is_self_attribute(n.func) for n in ast.walk(branch))
+        (isinstance(branch, BRANCHES) and _calls_a_submodule(branch))
+        or (isinstance(branch, ast.For) and _drawn_at_random(a, branch.iter) and any(_calls_a_submodule(s) for s in branch.body))
         for method in methods_reached(model_class) for branch in ast.walk(method)
     )
+
+
+def _calls_a_submodule(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) and is_self_attribute(n.func) for n in ast.walk(node))
+
+
+def _drawn_at_random(a: Anatomy, expr: ast.expr) -> bool:
+    """Does `expr` draw from Python's, numpy's or torch's global RNG (`random.randint(0, 3)`)?"""
+    for call in (n for n in ast.walk(expr) if isinstance(n, ast.Call)):
+        qualname = a.qualname(call.func) or ""
+        module, _, name = qualname.rpartition(".")
+        if qualname in PYTHON_DRAWS or qualname.startswith(NUMPY_RANDOM) or (module == TORCH and name in RANDOM_DRAWS):
+            return True
+    return False
 
 
 def submodules_never_called(a: Anatomy, model_class: ModelClass) -> set[str]:
