@@ -6,7 +6,7 @@ import ast
 
 from ddpify.anatomy.distributed.wrappers import model_origins, wrap_calls, wrapped_module
 from ddpify.anatomy import syntax
-from ddpify.anatomy.unused_parameters import BRANCHES, is_self_attribute, methods_reached
+from ddpify.anatomy.unused_parameters import BRANCHES, calls_submodules_on_some_paths, is_self_attribute, methods_reached
 from ddpify.anatomy.vocabulary import MODEL_CONTAINERS, is_builtin_layer
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._ddp import remove_keyword_fix
@@ -68,7 +68,7 @@ def _uses_every_parameter(a, constructor: ast.Call) -> bool:
     if forward is None:
         return False
     methods = methods_reached(mc)
-    if any(isinstance(n, BRANCHES) for m in methods for n in ast.walk(m)) or _early_return(methods):
+    if any(isinstance(n, BRANCHES) for m in methods for n in ast.walk(m)) or calls_submodules_on_some_paths(a, mc) or _early_return(methods):
         return False
     if not _single_tensor_return(forward) or any(a.qualname(b) in a.model_classes for b in mc.node.bases):
         return False  # several outputs, or submodules inherited from a class not read here
@@ -130,6 +130,8 @@ dist.init_process_group("gloo")
 NeedlessFindUnusedParameters.VALID = (
     _HEAD + "model = DDP(TwoHeads(), find_unused_parameters=True)\n",
     _HEAD + "model = DDP(Plain())\n",
+    _HEAD.replace("return self.fc2(", "for _ in range(int(torch.randint(0, 3, (1,)))):\n            x = self.fc1(x)\n        return self.fc2(")
+    + "model = DDP(Plain(), find_unused_parameters=True)\n",  # fc1 runs a random number of times, none included
     "import torch.distributed as dist\nimport torchvision\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
     "dist.init_process_group('gloo')\nmodel = DDP(torchvision.models.resnet18(), find_unused_parameters=True)\n",
 )

@@ -124,10 +124,14 @@ def test_data_drawn_from_rngs_nothing_seeds_is_seeded_alike_on_every_rank():
     assert convert_source(SCRIPT.format(options=""), "ddp").output.count("manual_seed(0)") == 1  # seeded already: left alone
 
 
-def test_data_drawn_from_numpy_alone_seeds_torch_too():
-    """Only numpy draws the data: torch is seeded too, so the whole-batch forward is alike on every rank
-    and the output, seeded in part otherwise, lints clean (DDP024)."""
-    imports, drawn, seeds = "import numpy as np\n", "torch.from_numpy(np.random.randn(64, 4)).float()", "torch.manual_seed(0)\nnp.random.seed(0)\n"
+@pytest.mark.parametrize(("imports", "drawn", "seeds"), [
+    ("import numpy as np\n", "torch.from_numpy(np.random.randn(64, 4)).float()", "torch.manual_seed(0)\nnp.random.seed(0)\n"),
+    ("import random\n", "torch.tensor([[random.random() for _ in range(4)] for _ in range(64)])",
+     "torch.manual_seed(0)\nrandom.seed(0)\n"),
+])
+def test_data_drawn_from_numpy_or_random_alone_seeds_torch_too(imports, drawn, seeds):
+    """Only numpy (or Python's random) draws the data: torch is seeded too, so the whole-batch forward is
+    alike on every rank and the output, seeded in part otherwise, lints clean (DDP024)."""
     script = imports + SCRIPT.format(options="").replace("torch.manual_seed(0)\n", "").replace("torch.randn(64, 4)", drawn).replace(
         "y = torch.randn(64, 1)", "y = x.sum(1, keepdim=True)")
     result = convert_source(script, "ddp")

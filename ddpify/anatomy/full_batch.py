@@ -26,7 +26,7 @@ from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.values import ROLE_CRITERION, ROLE_SCALER
 from ddpify.anatomy.distributed.reaching import reaching_values
 from ddpify.anatomy.vocabulary import INDEX_DRAWS, RANDOM_DRAWS
-from ddpify.anatomy.distributed.names import NUMPY, TORCH
+from ddpify.anatomy.distributed.names import NUMPY, PYTHON, PYTHON_DRAWS, TORCH
 from ddpify.anatomy.distributed.seeding import numpy_draws, seeded_anywhere
 from ddpify.anatomy.sites import CallSite
 
@@ -72,11 +72,12 @@ def row_losses(a: Anatomy) -> RowLosses:
 
 
 def unseeded_rngs(a: Anatomy) -> list[str]:
-    """The global RNGs to seed alike on every rank before the ranks share the rows of each batch: torch's
-    and numpy's where the script draws from them and seeds them nowhere (unseeded, each rank draws its
-    own data: torch seeds each process apart), and then torch too, since its seed makes the whole-batch forward (dropout, init)
+    """The global RNGs to seed alike on every rank before the ranks share the rows of each batch: those the
+    script draws from and seeds nowhere (torch's, numpy's, Python's: unseeded, each rank draws its own data
+    or its own forward: torch seeds each process apart), and then torch too, since its seed makes the whole-batch forward (dropout, init)
     the same on every rank and a script seeded in part is not reproducible (DDP024)."""
-    drawn = {TORCH: any(_draws_from(call, TORCH) for call in a.calls), NUMPY: bool(numpy_draws(a))}
+    drawn = {TORCH: any(_draws_from(call, TORCH) for call in a.calls), NUMPY: bool(numpy_draws(a)),
+             PYTHON: any(call.qualname in PYTHON_DRAWS for call in a.calls)}
     unseeded = [rng for rng, draws in drawn.items() if draws and not seeded_anywhere(a, rng)]
     if unseeded and TORCH not in unseeded and not seeded_anywhere(a, TORCH):
         unseeded.insert(0, TORCH)

@@ -19,7 +19,7 @@ import ast
 import libcst as cst
 
 from ddpify.anatomy import Anatomy
-from ddpify.anatomy.distributed.names import NUMPY, TORCH
+from ddpify.anatomy.distributed.names import NUMPY, PYTHON, TORCH
 from ddpify.anatomy.full_batch import random_offset_draws, row_losses, trains_without_loader, unseeded_rngs
 from ddpify.anatomy.losses import sums_over_batch
 from ddpify.anatomy.syntax import spelling
@@ -30,7 +30,7 @@ from ddpify.codemods.ddp.samplers import DistributedSamplers
 from ddpify.codemods.options import Options
 from ddpify.edits.positions import last_leading_import
 
-SEEDS = {TORCH: "torch.manual_seed", NUMPY: "numpy.random.seed"}
+SEEDS = {TORCH: "torch.manual_seed", NUMPY: "numpy.random.seed", PYTHON: "random.seed"}
 _SAME_DRAWS = "# ddpify: every rank draws the same data, so the ranks can share its rows.\n"
 
 
