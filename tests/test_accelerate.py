@@ -171,6 +171,17 @@ def main():
     assert "        accelerator.backward((loss * accelerator.num_processes))\n" in result.output
 
 
+def test_full_batch_losses_are_shared_by_the_rows_of_each_process():
+    result = convert((FIXTURES_DIR / "full_batch_regression.py").read_text())
+    assert result.status is Status.CONVERTED, result.missing
+    out = result.output
+    assert "        loss = loss_of_rank_rows(F.mse_loss, model(x), y)\n        accelerator.backward(loss)\n" in out
+    helper = out[out.index("def loss_of_rank_rows"):out.index("def main")]
+    assert "accelerator.process_index" in flat(helper) and flat('whole = accelerator.reduce(whole, "sum")') in flat(helper)
+    assert not re.search(r"\b(RANK|WORLD_SIZE|dist)\b", helper)  # the DDP target's names: undefined here
+    assert out.index("accelerator = Accelerator(") < out.index("def loss_of_rank_rows")
+
+
 def test_checkpoints_hold_the_unwrapped_model_and_load_onto_this_device():
     result = convert(HEAD + """
 class Net(nn.Module):
@@ -362,8 +373,10 @@ def test_converted_fixture_runs_to_the_end_on_two_ranks(entry, tmp_path):
 
 
 # Each shape verify must see trained alike: plain, fp16 AMP handed to Accelerate, accumulation under
-# no_sync, a checkpoint saved and loaded again, BatchNorm (each rank normalizes its own batches).
-VERIFIED = ["basic_main.py", "amp_gradscaler.py", "grad_accumulation.py", "checkpoint_resume.py", "batchnorm_cnn.py"]
+# no_sync, a checkpoint saved and loaded again, BatchNorm (each rank normalizes its own batches), a
+# full batch of 101 rows whose loss the two processes share (51 and 50 rows, weighted).
+VERIFIED = ["basic_main.py", "amp_gradscaler.py", "grad_accumulation.py", "checkpoint_resume.py", "batchnorm_cnn.py",
+            "full_batch_regression.py"]
 
 
 @pytest.mark.parametrize("name", VERIFIED)

@@ -14,12 +14,13 @@ from ddpify.codemods.accelerate.library import ModuleWithoutAccelerator
 from ddpify.codemods.accelerate.module_access import UnwrapModelAccess
 from ddpify.codemods.accelerate.prepare import PrepareForAccelerator
 from ddpify.codemods.accelerate.rank_zero import AcceleratorRankZero
+from ddpify.codemods.accelerate.rows import AcceleratorRows
 from ddpify.codemods.accelerate.setup import AcceleratorSetup
 from ddpify.codemods.ddp.random_split import SameSplitOnEveryRank
 from ddpify.codemods.ddp.wrap import RemoveDataParallel
 
 ACCELERATE_TRANSFORMS = (
-    AcceleratorSetup, AcceleratorDevice, RemoveDataParallel, PrepareForAccelerator, UnwrapModelAccess, SameSplitOnEveryRank,
+    AcceleratorSetup, AcceleratorDevice, RemoveDataParallel, PrepareForAccelerator, UnwrapModelAccess, SameSplitOnEveryRank, AcceleratorRows,
     AcceleratorRankZero, AcceleratorNoSync, AcceleratorSumLoss, AcceleratorBackward,
 )
 # A module the entry imports: no Accelerator of its own (ddpify.codemods.accelerate.library).

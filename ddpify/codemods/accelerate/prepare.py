@@ -18,6 +18,7 @@ import ast
 import libcst as cst
 
 from ddpify.anatomy import LoaderSite, ModelSite
+from ddpify.anatomy.full_batch import trains_without_loader
 from ddpify.codemods.accelerate.runtime import PREPARE
 from ddpify.codemods.ddp.wrap import WrapModel
 from ddpify.codemods.duties import data_line, wrap_duty
@@ -40,7 +41,7 @@ class PrepareForAccelerator(WrapModel):
             for optimizer in self.anatomy.optimizers:
                 self._prepare_bound(optimizer.stmt, optimizer.node, "optimizer")
         loaders = [loader for loader in self.anatomy.train_loaders if self._prepare_loader(loader)]
-        if not loaders and not self.anatomy.facts.data_loaded_elsewhere and not self.report.missing:
+        if not loaders and not self.anatomy.facts.data_loaded_elsewhere and not trains_without_loader(self.anatomy) and not self.report.missing:
             self.missing(data_line(self.anatomy), NOT_SHARDED, f"hand the training DataLoader to {PREPARE}(...) by hand")
         for group in self._groups.values():
             self._insert_prepare(group)

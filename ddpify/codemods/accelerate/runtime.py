@@ -1,12 +1,15 @@
 """The names an Accelerate conversion writes into a script: one `Accelerator` and what it offers."""
 
 import importlib.util
+import re
 
 ACCELERATOR = "accelerator"
 ON_MAIN_PROCESS = f"{ACCELERATOR}.is_main_process"
 OFF_MAIN_PROCESS = f"not {ACCELERATOR}.is_local_main_process"  # a progress bar's disable=: one per machine
 DEVICE = f"{ACCELERATOR}.device"
 WORLD_SIZE = f"{ACCELERATOR}.num_processes"
+PROCESS_INDEX = f"{ACCELERATOR}.process_index"
+REDUCE = f"{ACCELERATOR}.reduce"
 BARRIER = f"{ACCELERATOR}.wait_for_everyone()"
 PREPARE = f"{ACCELERATOR}.prepare"
 BACKWARD = f"{ACCELERATOR}.backward"
@@ -34,3 +37,11 @@ def accelerate_installed() -> bool:
 def install_note() -> str:
     """What `convert` says after writing an Accelerate script where accelerate is not installed."""
     return "" if accelerate_installed() else f"\nnote: running it needs accelerate, which is not installed here: {INSTALL}"
+
+
+def accelerator_spelling(code: str) -> str:
+    """A helper of the DDP target (ddpify.codemods.ddp.runtime) spelled with the Accelerator: this
+    process's index and the number of processes for RANK and WORLD_SIZE, `t = accelerator.reduce(t, "sum")`
+    for `dist.all_reduce(t)` (which is `t` itself on one process, where no process group exists)."""
+    code = re.sub(r"^(\s*)dist\.all_reduce\((\w+)\)$", rf'\1\2 = {REDUCE}(\2, "sum")', code, flags=re.M)
+    return re.sub(r"\bWORLD_SIZE\b", WORLD_SIZE, re.sub(r"\bRANK\b", PROCESS_INDEX, code))

@@ -40,6 +40,7 @@ class AcceleratorSetup(Transform):
         self.add_import(module, name)
         options = [ON_CPU, *self._mixed_precision(), *self._loader_options(), *self._ddp_options()]
         self.insert_after(anchor, f"\n{ACCELERATOR} = {name}({', '.join(options)})\n")
+        self.leave_room_for_helpers_after(anchor)  # the helpers the DDP target's transforms add (rows.py)
         self.changed(anchor.lineno, f"{ACCELERATOR} = {name}({', '.join(options)}): the process group, this process's "
                                     "device and mixed precision, set up once")
 
