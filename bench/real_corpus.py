@@ -43,8 +43,8 @@ VERIFY_TIMEOUT_S = 300
 EXIT_ERROR, EXIT_INCOMPLETE = 2, 3
 WRAPS = {"ddp": re.compile(r"\b(DistributedDataParallel|DDP)\("), "dp": re.compile(r"\bDataParallel\(")}
 # the training data split over the ranks: a sampler, (reinforcement learning) an environment per rank,
-# or (no DataLoader) each loss's rows shared
-SHARDING = re.compile(r"\bDistributedSampler\(|(\breset\(seed=|\.seed\()[^\n]*\+ RANK\b|\bon_(every|any)_rank\(|\bloss_of_rank_rows\(")
+# or (no DataLoader) each loss's rows shared, or each rank's own draws (a seed plus the rank)
+SHARDING = re.compile(r"\bDistributedSampler\(|(\breset\(seed=|\.seed\(|\bmanual_seed\()[^\n]*\+ RANK\b|\bon_(every|any)_rank\(|\bloss_of_rank_rows\(")
 # torch's gloo backend sometimes aborts a rank at interpreter exit, after the script finished
 # and left the process group (see tests/test_ddp_codemod.py); such a run counts as a success.
 

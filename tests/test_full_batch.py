@@ -37,41 +37,6 @@ for step in range(10):
     optimizer.step()
 """
 
-RANDOM_OFFSETS = """
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-torch.manual_seed(0)
-data = torch.randint(0, 10, (500,))
-
-
-def get_batch():
-    ix = torch.randint(len(data) - 8, (4,))
-    return torch.stack([data[i:i + 8] for i in ix]), torch.stack([data[i + 1:i + 9] for i in ix])
-
-
-class Bigram(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.table = nn.Embedding(10, 10)
-
-    def forward(self, idx, targets):
-        logits = self.table(idx)
-        return F.cross_entropy(logits.view(-1, 10), targets.view(-1))
-
-
-model = Bigram()
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-for step in range(10):
-    xb, yb = get_batch()
-    loss = model(xb, yb)
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-"""
-
-
 def test_a_mean_loss_on_whole_tensors_is_shared_by_rows():
     result = convert_source(SCRIPT.format(options=""), "ddp")
     assert result.status is Status.CONVERTED, result.missing
@@ -137,15 +102,6 @@ def test_data_drawn_from_numpy_or_random_alone_seeds_torch_too(imports, drawn, s
     result = convert_source(script, "ddp")
     assert result.status is Status.CONVERTED, result.missing
     assert "share its rows.\n" + seeds in result.output.split("def setup_distributed")[0]
-
-
-def test_random_offset_batches_with_the_models_own_loss_name_the_per_rank_draws_recipe():
-    result = convert_source(RANDOM_OFFSETS, "ddp")
-    assert result.status is Status.INCOMPLETE
-    (missing,) = result.missing
-    assert missing.line == RANDOM_OFFSETS.splitlines().index("    loss.backward()") + 1
-    assert "drawn at random offsets (`torch.randint(len(data) - 8, (4,))`) and the model returns the loss" in missing.what
-    assert "torch.manual_seed(seed + RANK)" in missing.todo and "statistical equivalence only" in missing.todo
 
 
 def test_a_script_with_a_training_loader_keeps_its_losses():

@@ -24,6 +24,7 @@ from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.trained_models import any_batchnorm
 from ddpify.anatomy.values import ROLE_LOADER, ROLE_MODEL
 from ddpify.anatomy.distributed.every_rank_work import may_do_work_off_rank_zero
+from ddpify.anatomy.distributed.samplers import epochs_numbered_here
 from ddpify.anatomy.facts import EPOCHS, EVALUATES, NO_FACTS, STEPS, Exported, Incoming, ProjectFacts
 from ddpify.anatomy.scatter_gather import replica_facts
 from ddpify.anatomy.search_path import editable_root, extra_roots, installed
@@ -386,7 +387,7 @@ def _loader_params(anatomy: Anatomy, scope: str) -> set[tuple[str, str]]:
         if loader.call is not None or loader.target.scope != scope:  # type: ignore[union-attr]
             continue
         if loader.is_train:
-            out.add((loader.target.name, EPOCHS if anatomy.epoch_loops_around(loader) else STEPS))  # type: ignore[union-attr]
+            out.add((loader.target.name, EPOCHS if epochs_numbered_here(anatomy, loader) else STEPS))  # type: ignore[union-attr]
         elif loader in iterated:
             out.add((loader.target.name, EVALUATES))  # type: ignore[union-attr]
     return out

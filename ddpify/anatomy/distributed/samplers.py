@@ -76,3 +76,16 @@ def bound_name(a: Anatomy, value: ast.AST) -> ast.AST | None:
 def sets_epoch(a: Anatomy, body: Iterable[ast.AST]) -> bool:
     """Does this code (or a function it calls) call `<something>.set_epoch(...)`?"""
     return a.body_contains(body, lambda n: method_name(n) == "set_epoch")
+
+
+def restarted_passes(a: Anatomy, loader: LoaderSite) -> list[ast.Call]:
+    """The `iter(loader)` calls that a training loop makes anew each time the last pass ends (a step loop
+    over `next(it)`, re-created at StopIteration): each starts the sampler's next epoch. Only those whose
+    loader is named (`iter(loader)`, `iter(self.loader)`), so that its sampler can be reached there."""
+    return [call for call, iterated, loop in a.iterator_passes
+            if iterated is loader and loop is not None and isinstance(call.args[0], (ast.Name, ast.Attribute))]
+
+
+def epochs_numbered_here(a: Anatomy, loader: LoaderSite) -> bool:
+    """Does this file tell the loader's sampler its epochs: an epoch loop around it, or passes restarted inside the training loop?"""
+    return bool(a.epoch_loops_around(loader) or restarted_passes(a, loader))

@@ -1,5 +1,6 @@
 """The DDP codemod: the transforms that turn a single-GPU script into a torchrun one, in order."""
 
+from ddpify.codemods.ddp.batch_draws import BatchesOfEachRank
 from ddpify.codemods.ddp.devices import RankDevices
 from ddpify.codemods.ddp.environments import EnvironmentsOfEachRank
 from ddpify.codemods.ddp.evaluation import EvaluationSharding, ReducedLossPrints
@@ -18,7 +19,7 @@ from ddpify.codemods.ddp.wrap import RemoveDataParallel, WrapModel
 
 DDP_TRANSFORMS = (
     DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank,
-    DistributedSamplers, RowsOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
+    DistributedSamplers, RowsOfEachRank, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
 )
 
 

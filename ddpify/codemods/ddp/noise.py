@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy import MODULE_SCOPE, Anatomy, CallSite
+from ddpify.anatomy import Anatomy, CallSite
 from ddpify.anatomy.distributed.names import NUMPY, PYTHON_DRAWS, TORCH
-from ddpify.anatomy.distributed.randomness import draws_alike_on_every_rank, seed_calls
+from ddpify.anatomy.distributed.randomness import draws_alike_on_every_rank, repeatable_at, seed_calls, training_start
 from ddpify.anatomy.distributed.seeding import Seed, numpy_draws, seeds, unseeded_draws
-from ddpify.anatomy.distributed.wrappers import wrap_calls
 from ddpify.anatomy.syntax import enclosing_function
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import RANK
@@ -48,16 +47,14 @@ class NoiseOfEachRank(Transform):
 
     def plan(self) -> None:
         self._seed_the_unseeded_rngs()
-        draws = draws_alike_on_every_rank(self.anatomy)
-        if not draws:
-            return
-        seed, start = seed_calls(self.anatomy)[-1], self._training_start()
-        if start is not None and self._repeatable_at(seed, start):
-            self.insert_before(start, f"{_WHY}{_reseeded(seed)}\n")
-            self.changed(start.lineno, f"{_reseeded(seed)} before training: each rank draws its own noise, "
+        reseed = noise_reseed(self.anatomy)
+        if reseed is not None:
+            seed, start = reseed
+            self.insert_before(start, f"{_WHY}{reseeded(seed)}\n")
+            self.changed(start.lineno, f"{reseeded(seed)} before training: each rank draws its own noise, "
                                       "where every rank drew the same values")
             return
-        for draw in draws:
+        for draw in draws_alike_on_every_rank(self.anatomy):
             self.advise(draw.lineno, "every rank draws the same values here (the global RNG is seeded alike on every rank): "
                                      "to give each rank its own, seed with the rank once the model is wrapped, e.g. "
                                      f"`torch.manual_seed(seed + {RANK})` just before the training loop (DDP has already "
@@ -77,31 +74,19 @@ class NoiseOfEachRank(Transform):
         self.changed(seed.site.line, f"{'; '.join(lines)}: drawn from but never seeded; seeded apart on each rank where it "
                                      "draws data (each rank its own), alike where a model draws its structure (every rank the same)")
 
-    def _training_start(self) -> ast.stmt | None:
-        """The first statement after the last DDP wrap, in the wrap's block, that trains (holds a training
-        step loop or calls a function that does): what runs before it, model initialisation included,
-        keeps the seed."""
-        steps = {loop.node for loop in self.anatomy.step_loops if loop.trains}
-        wraps = [site.stmt for site in wrap_calls(self.anatomy)]
-        if not steps or not wraps:
-            return None
-        wrap = max(wraps, key=lambda stmt: stmt.lineno)
-        block = self.anatomy.block_of(wrap)
-        later = block[block.index(wrap) + 1:] if wrap in block else []
-        return next((stmt for stmt in later if self.anatomy.body_contains([stmt], lambda n: n in steps)), None)
 
-    def _repeatable_at(self, seed: CallSite, start: ast.stmt) -> bool:
-        """Can the seed call run again before `start`: it has one seed argument, it runs before, and that
-        argument reads nothing but constants, globals and names of `start`'s own function?"""
-        call: ast.Call = seed.node  # type: ignore[assignment]
-        if len(call.args) != 1 or call.keywords or seed.line > start.lineno or isinstance(call.args[0], ast.Starred):
-            return False
-        names = {n.id for n in ast.walk(call.args[0]) if isinstance(n, ast.Name)}
-        scope = enclosing_function(self.anatomy, call)
-        return not names or scope in (MODULE_SCOPE, enclosing_function(self.anatomy, start))
+def noise_reseed(a: Anatomy) -> tuple[CallSite, ast.stmt] | None:
+    """Where the noise drawn alike on every rank is made each rank's own: (the seed call, the statement
+    it is repeated before with the rank), or None (no such draws, or no place to repeat it)."""
+    if not draws_alike_on_every_rank(a):
+        return None
+    seed = seed_calls(a)[-1]
+    start = training_start(a, {loop.node for loop in a.step_loops if loop.trains})
+    return (seed, start) if start is not None and repeatable_at(a, seed, start) else None
 
 
-def _reseeded(seed: CallSite) -> str:
+def reseeded(seed: CallSite) -> str:
+    """The seed call again, with the rank added to its seed."""
     call: ast.Call = seed.node  # type: ignore[assignment]
     return f"{ast.unparse(call.func)}({ast.unparse(call.args[0])} + {RANK})"
 

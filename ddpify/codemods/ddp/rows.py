@@ -9,7 +9,7 @@ a number), so prints, stop tests and LBFGS's closure see the single-process loss
 runs on the whole batch on every rank: what the ranks split is the loss. Where a loss is no plain
 mean or sum over rows (class-weighted, a token mean, unreduced) or comes from the model itself, the data is
 reported not sharded, naming why; where the model returns the loss of batches drawn at random
-offsets (`get_batch()`), the report names the recipe: each rank its own draws.
+offsets (`get_batch()`), each rank draws its own instead (batch_draws.py).
 """
 
 from __future__ import annotations
@@ -50,11 +50,8 @@ class RowsOfEachRank(Transform):
         draws = random_offset_draws(self.anatomy)
         for line, why in losses.refusals:
             self._missing_rows(line, why)
-        for line in losses.from_model:
-            if draws:
-                self._missing_own_draws(line, draws[0])
-            else:
-                self._missing_rows(line, "the loss comes from no loss function called in this file (written by hand, or returned by the model)")
+        for line in losses.from_model if not draws else ():  # batches drawn at random offsets: each rank its own (ddp/batch_draws.py)
+            self._missing_rows(line, "the loss comes from no loss function called in this file (written by hand, or returned by the model)")
         if losses.refusals or losses.from_model or not losses.calls or not self._same_draws_on_every_rank():
             return
         if not add_helpers(self, {ROWS_CALL}):
@@ -87,13 +84,6 @@ class RowsOfEachRank(Transform):
         self.missing(line, f"the training data is not sharded (no DataLoader feeds it, and {why}): every rank trains on all of it",
                      "give each rank its rows of every batch (x[RANK::WORLD_SIZE]) and weight its mean loss by its rows * "
                      "WORLD_SIZE / all rows, or feed training from a DataLoader with a DistributedSampler")
-
-    def _missing_own_draws(self, line: int, draw: ast.Call) -> None:
-        self.missing(line, f"the training batches are drawn at random offsets (`{ast.unparse(draw)}`) "
-                           "and the model returns the loss: every rank draws the same batches, so trains on the same data",
-                     "give each rank its own draws, as the DDP ports of GPT training scripts do: torch.manual_seed(seed + RANK) "
-                     "once the model is wrapped, batch_size per rank (the global batch grows WORLD_SIZE times: divide "
-                     "batch_size by WORLD_SIZE to keep it); `ddpify verify` can then show statistical equivalence only")
 
 
 def _shared(node: cst.CSTNode) -> cst.CSTNode:

@@ -88,7 +88,7 @@ class DistributedSamplers(SamplerTransform):
         if sharded:
             self.add_import("torch.utils.data", "DistributedSampler")
             self.fulfil()
-            self._advise_learning_rate()
+            advise_learning_rate(self)
         foreign = [ld for ld in self.anatomy.foreign_loaders if ld.is_train]  # the file that builds it shards it
         if foreign or self.anatomy.facts.data_loaded_elsewhere:
             self.fulfil()
@@ -105,19 +105,6 @@ class DistributedSamplers(SamplerTransform):
                 continue  # advice about it belongs to the file that iterates it
             if loader not in iterated:
                 self.advise(loader.line, "loader not iterated by a for loop (next(iter(...))?); if it feeds training, shard it with DistributedSampler by hand")
-
-    def _advise_learning_rate(self) -> None:
-        """With the batch kept per GPU, the global batch grows WORLD_SIZE times: say how to scale the lr."""
-        if self.options.batch_size != "per-gpu":
-            return
-        for call in self.anatomy.calls:
-            if self.anatomy.has_role(call.node, ROLE_OPTIMIZER):
-                name = call.qualname.rpartition(".")[2]
-                factor = f"math.sqrt({WORLD_SIZE})" if name in ADAPTIVE_OPTIMIZERS else WORLD_SIZE
-                rule = "square-root rule for adaptive optimizers" if name in ADAPTIVE_OPTIMIZERS else "linear scaling rule"
-                self.advise(call.line, f"the global batch is {WORLD_SIZE} times the original (--batch-size per-gpu): to train alike, "
-                                       f"multiply {name}'s learning rate by {factor} ({rule}, with a few epochs of warm-up), "
-                                       "or convert with --batch-size global")
 
     # ----- the loader call ---------------------------------------------------------------------
     def _shard(self, loader: LoaderSite) -> bool:
@@ -379,6 +366,20 @@ class DistributedSamplers(SamplerTransform):
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
 
+def advise_learning_rate(transform: Transform) -> None:
+    """With the batch kept per GPU, the global batch grows WORLD_SIZE times: say how to scale the lr."""
+    if transform.options.batch_size != "per-gpu":
+        return
+    for call in transform.anatomy.calls:
+        if transform.anatomy.has_role(call.node, ROLE_OPTIMIZER):
+            name = call.qualname.rpartition(".")[2]
+            factor = f"math.sqrt({WORLD_SIZE})" if name in ADAPTIVE_OPTIMIZERS else WORLD_SIZE
+            rule = "square-root rule for adaptive optimizers" if name in ADAPTIVE_OPTIMIZERS else "linear scaling rule"
+            transform.advise(call.line, f"the global batch is {WORLD_SIZE} times the original (--batch-size per-gpu): to train alike, "
+                                        f"multiply {name}'s learning rate by {factor} ({rule}, with a few epochs of warm-up), "
+                                        "or convert with --batch-size global")
+
+
 def _bind(node: cst.CSTNode, name: str, parenthesize: bool) -> cst.CSTNode:
     """`name := <dataset expression>` (parenthesized where a keyword value needs it)."""
     parens = {"lpar": [cst.LeftParen()], "rpar": [cst.RightParen()]} if parenthesize else {}
@@ -409,7 +410,11 @@ def _generator_seed(generator: ast.AST | None) -> int | None:
 def _divided_batch(arg: cst.Arg) -> cst.Arg:
     if arg.keyword is None or arg.keyword.value != "batch_size":
         return arg
-    value = arg.value
+    return arg.with_changes(value=divided_by_world_size(arg.value))
+
+
+def divided_by_world_size(value: cst.BaseExpression) -> cst.BaseExpression:
+    """`value // WORLD_SIZE` (an operation or a conditional in brackets first)."""
     if isinstance(value, (cst.BinaryOperation, cst.BooleanOperation, cst.IfExp)):
         value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    return arg.with_changes(value=cst.BinaryOperation(value, cst.FloorDivide(), cst.Name(WORLD_SIZE)))
+    return cst.BinaryOperation(value, cst.FloorDivide(), cst.Name(WORLD_SIZE))
