@@ -392,3 +392,17 @@ def test_a_batch_size_written_into_a_shape_breaks_the_re_cut_reference_and_says_
                                         "(2 ranks x batch 8 = 16 samples a step from the loader at hardcoded_batch.py:14), "
                                         "where no rank failed, at hardcoded_batch.py:20 `loss = ")
     assert "\n" not in result["message"] and "write it from the batch (x.size(0))" in result["message"]
+
+
+def test_batches_drawn_from_unseeded_numpy_verify_exactly_against_the_conversion_that_seeds_it():
+    """The converter seeds numpy with 0 where the data is drawn from it unseeded; the reference starts from the same seed."""
+    code, result = verify_json("numpy_drawn_batches.py", "--to", "ddp")
+    assert (code, result["verdict"], result["mode"]) == (0, "equivalent", "exact"), result["message"]
+
+
+def test_a_port_of_numpy_drawn_batches_that_forgot_the_seed_diverges(tmp_path):
+    converted = run_ddpify(["convert", str(CASES / "numpy_drawn_batches.py"), "--to", "ddp", "-o", "-"], CASES, {}, SUBPROCESS_TIMEOUT_S)
+    assert converted.returncode == 0 and "np.random.seed(0)\n" in converted.stdout, converted.stdout
+    (tmp_path / "unseeded_ddp.py").write_text(converted.stdout.replace("np.random.seed(0)\n", ""))
+    code, result = verify_json("numpy_drawn_batches.py", "--to", "ddp", "--against", str(tmp_path / "unseeded_ddp.py"))
+    assert (code, result["verdict"]) == (1, "diverged"), result["message"]

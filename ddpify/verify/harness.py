@@ -70,6 +70,16 @@ def make_deterministic() -> None:
     random.seed(SEED)
 
 
+def seed_reference_numpy() -> None:
+    """Start the reference's global numpy generator from SEED, as torch's and Python's are. Where a script draws
+    its data from numpy unseeded, the converter seeds it with the same 0 on every rank (codemods/ddp/rows.py), so
+    the ranks then draw the reference's numbers. The candidate's generator is left alone: a port that forgot
+    that seed draws other numbers than the reference, and diverges."""
+    numpy = sys.modules.get("numpy")  # torch imports it where it is installed
+    if numpy:
+        numpy.random.seed(SEED)
+
+
 def _arguments(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:
     """A call's arguments by name, defaults included."""
     bound = signature.bind(*args, **kwargs)
@@ -363,6 +373,8 @@ def run_script(run: Run, args: tuple[str, ...]) -> None:
 
 def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
     make_deterministic()
+    if role == REFERENCE:
+        seed_reference_numpy()
     disable_dropout(recorder)
     seed_each_sample(recorder)
     watch_sum_reduction(recorder)
