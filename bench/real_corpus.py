@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,10 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from run_converted import run_real  # noqa: E402
+
 CORPUS = ROOT / "fixtures" / "real"
 PROJECT_ENTRY = "train.py"
 NPROC = 2
@@ -118,23 +121,13 @@ def environment() -> dict:
 
 
 def run(argv: list, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-    """Run argv in its own process group; on timeout kill the group and return exit code 124."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=environment(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        code = proc.returncode
-    except subprocess.TimeoutExpired:
-        code = 124
-        out, err = "", f"timed out after {timeout:.0f} s"
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if proc.returncode is None:
-            proc.communicate()
-    return subprocess.CompletedProcess(argv, code, out, err)
+    """Run argv; exit code 124 on timeout. Every process it started is killed at the end, orphans holding
+    its output included, and the output is read from files (see run_converted.run_real): a pipe an
+    orphan keeps open cannot block the read."""
+    done = run_real(argv, cwd, environment(), timeout)
+    if done is None:
+        return subprocess.CompletedProcess(argv, 124, "", f"timed out after {timeout:.0f} s")
+    return done
 
 
 def ddpify_subprocess(args: list, cwd: Path) -> tuple:
