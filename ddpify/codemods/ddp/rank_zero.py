@@ -25,13 +25,14 @@ done is left on every rank (with advice) rather than guarded into a deadlock.
 from __future__ import annotations
 
 import ast
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import libcst as cst
 
 from ddpify.anatomy import MODULE_SCOPE, ROLE_WRITER, CallSite
+from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.tree import walk_body
-from ddpify.anatomy.distributed.every_rank_work import joins_every_rank, values_to_compute_first
+from ddpify.anatomy.distributed.every_rank_work import judged_alike_once_made, joins_every_rank, values_to_compute_first
 from ddpify.anatomy.distributed.ranks import runs_on_every_rank
 from ddpify.anatomy.output import PROGRESS_BAR, WRITER, output_kind, rank_zero_object
 from ddpify.anatomy.distributed.reaching import calls_running, reaching_values
@@ -103,11 +104,14 @@ class RankZeroDuties(Transform):
     # access's (expression rewrites inside statements it guards; an overlap re-plans, Edits.interferes_with).
     SEES_EDITS_OF = ("setup", "device", "dataparallel", "wrap", "shard", "split", "checkpoint", "state_dict",
                      "parameters", "evaluation", "log-loss")
+    PLANS_AHEAD_OF = ("setup", "device", "wrap", "shard", "evaluation", "log-loss")
 
     def plan(self) -> None:
         self._barriers: set[ast.stmt] = set()
         self._names_taken: set[str] = set()
         self._stand_in_added = False
+        self._judged: list[ast.stmt] = []  # whether they need every rank
+        self._hoists = False
         saves = []
         for call in self.anatomy.calls:
             kind, keeper = output_kind(self.anatomy, call.node), rank_zero_object(self.anatomy, call.node)
@@ -134,6 +138,13 @@ class RankZeroDuties(Transform):
         for save in saves:
             self._barrier_before_reads(save)
 
+    def reads_pending_edits(self) -> bool:
+        """Planned ahead of the setup, wrap or shard, devices, evaluation and loss prints: its plan holds
+        unless it hoists (its names must be fresh in their output too), or a statement it judged may
+        need every rank, or hold a wrapper, once their edits are made (`judged_alike_once_made`)."""
+        pending = self.pending.as_pending()
+        return self._hoists or not all(judged_alike_once_made(self.anatomy, stmt, pending) for stmt in self._judged)
+
     def _guard_call(self, call: CallSite, kind: str) -> bool:
         stmt = call.stmt
         if not (isinstance(stmt, ast.Expr) and stmt.value is call.node):
@@ -159,6 +170,7 @@ class RankZeroDuties(Transform):
     def _hoist_then_guard(self, stmt: ast.stmt, kind: str) -> bool:
         """`print(f"acc {evaluate(model):.4f}")` where the evaluation may join every rank: it runs on
         every rank into a fresh variable just before (left to right), the print on rank 0 only."""
+        self._hoists = True
         hoisted, reason = values_to_compute_first(self.anatomy, stmt)
         if reason is not None:
             self.advise(stmt.lineno, f"{kind} left on every rank: {reason}; compute on every rank and output on rank 0 by hand")
@@ -181,21 +193,14 @@ class RankZeroDuties(Transform):
     def _needs_every_rank(self, stmt: ast.stmt) -> bool:
         """Does the statement train or call a collective, or compute in an output's arguments what
         every rank must run?"""
+        self._judged.append(stmt)
         return joins_every_rank(self.anatomy, [stmt]) or bool(values_to_compute_first(self.anatomy, stmt)[0])
 
     def _unwrap_for_rank_zero(self, stmt: ast.stmt, keep: Sequence[ast.expr] = ()) -> None:
         """Rank-0-only code calls the plain model: the DDP wrapper's forward syncs with every rank.
         The values in `keep` run on every rank: they keep the wrapper."""
-        a = self.anatomy
-        for node in _walk_outside(stmt, keep):
-            if not isinstance(node, ast.Call):
-                continue
-            if isinstance(node.func, (ast.Name, ast.Attribute)) and is_wrapper(a, node.func):
-                self._use_module(node.func)
-            elif a.callee(node):
-                for arg in [*node.args, *(kw.value for kw in node.keywords)]:
-                    if isinstance(arg, (ast.Name, ast.Attribute)) and is_wrapper(a, arg):
-                        self._use_module(arg)
+        for wrapper in _wrappers_run(self.anatomy, _walk_outside(stmt, keep)):
+            self._use_module(wrapper)
 
     def _use_module(self, expr: ast.expr) -> None:
         self.rewrite_expression(expr, module_of)
@@ -332,6 +337,29 @@ def _hoist_found(stmt: cst.BaseStatement, hoisted: list[ast.expr], names: list[s
     if any(value not in values for value in hoisted):
         return [stmt]
     return hoisted_then_guarded(stmt, [(values[value], name) for value, name in zip(hoisted, names)], condition)
+
+
+def _wrappers_run(a, nodes: Iterable[ast.AST]) -> Iterator[ast.expr]:
+    """The DDP wrappers that code made of `nodes` runs work through: called, or handed to a local function."""
+    for node in nodes:
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, (ast.Name, ast.Attribute)) and is_wrapper(a, node.func):
+            yield node.func
+        elif a.callee(node):
+            for arg in [*node.args, *(kw.value for kw in node.keywords)]:
+                if isinstance(arg, (ast.Name, ast.Attribute)) and is_wrapper(a, arg):
+                    yield arg
+
+
+@per_anatomy
+def handed_plain_on_rank_zero(a) -> set[ast.expr]:
+    """The wrappers that rank-0-only output hands to a local function (`print(describe(model))`): it
+    is handed `wrapper.module` instead, so that function's parameter may hold the plain model. Judged
+    before planning: an argument computed first on every rank, which keeps the wrapper, counts too."""
+    outputs = [n for n in a.nodes if (isinstance(n, ast.Expr) and output_kind(a, n.value))
+               or (isinstance(n, (ast.With, ast.AsyncWith)) and any(opens_for_writing(a, i.context_expr) for i in n.items))]
+    return {wrapper for stmt in outputs for wrapper in _wrappers_run(a, ast.walk(stmt))}
 
 
 def _walk_outside(root: ast.AST, skipped: Sequence[ast.AST]) -> Iterator[ast.AST]:
