@@ -1,11 +1,13 @@
-"""Batches drawn at random offsets, a sampler's epochs numbered in another file (issue 24).
+"""Batches drawn at random, a sampler's epochs numbered in another file (issue 24).
 
 A `get_batch()` that draws offsets with torch.randint into one token tensor, with a model that returns
 its loss: each rank draws its own batches (the seed made again with the rank once the model is
 wrapped), proven by running the output on 2 ranks (the ranks' batches differ, their parameters
 agree) and by verify, which judges it statistically equivalent. A loader handed to a class of another
 file whose step loop re-creates `iter(loader)`: that file numbers the epochs, so the entry does not
-ask for a `for epoch` loop.
+ask for a `for epoch` loop. A RandomSampler with replacement (minGPT's Trainer, in a file of its own,
+with the optimizer from the model's configure_optimizers()): each rank draws from a generator seeded
+with the rank, and the model handed to the Trainer is wrapped there.
 """
 
 from __future__ import annotations
@@ -211,3 +213,130 @@ def test_the_restarted_step_loop_runs_on_two_ranks(step_loop_project: Path):
     done = run_script(torchrun, step_loop_project, timeout=RUN_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("step 9 loss") == 1, done.stdout  # printed on rank 0 only
+
+
+SAMPLED = """
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+
+torch.manual_seed(0)
+ds = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(ds, batch_size=4, sampler={sampler})
+for x, y in loader:
+    loss = nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+RANK_GENERATOR = "generator=torch.Generator().manual_seed((torch.initial_seed() + RANK) % 2**64)"
+
+
+def test_a_sampler_with_replacement_draws_from_a_generator_of_each_rank():
+    result = convert(SAMPLED.format(sampler="RandomSampler(ds, replacement=True, num_samples=64)"))
+    assert result.status is Status.CONVERTED, result.missing
+    flat = "".join(result.output.split())
+    assert f"RandomSampler(ds,replacement=True,num_samples=64//WORLD_SIZE,{''.join(RANK_GENERATOR.split())},)" in flat
+    assert any("statistically, not exactly, equivalent" in a.message for a in result.advice)
+
+
+def test_without_num_samples_each_rank_draws_its_share_of_the_dataset_and_the_global_batch_is_kept():
+    result = convert(SAMPLED.format(sampler="RandomSampler(ds, replacement=True)"), "global")
+    assert result.status is Status.CONVERTED, result.missing
+    assert "num_samples=len(ds) // WORLD_SIZE" in result.output and "batch_size=4 // WORLD_SIZE" in result.output
+
+
+def test_a_sampler_without_replacement_or_with_its_own_generator_stays_incomplete():
+    for sampler in ("RandomSampler(ds)", "RandomSampler(ds, replacement=True, generator=torch.Generator())"):
+        result = convert(SAMPLED.format(sampler=sampler))
+        assert result.status is Status.INCOMPLETE and "own sampler" in result.missing[0].what, sampler
+
+
+TRAINER_PROJECT = {
+    "model.py": """
+import torch
+import torch.nn as nn
+
+
+class Regressor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    def forward(self, x, y):
+        out = self.body(x)
+        return out, nn.functional.mse_loss(out, y)
+
+    def configure_optimizers(self, lr):
+        decay = set()
+        for name, module in self.named_modules():
+            for pname, _ in module.named_parameters(recurse=False):
+                if pname == "weight":
+                    decay.add(f"{name}.{pname}")
+        params = dict(self.named_parameters())
+        groups = [{"params": [params[n] for n in sorted(decay)], "weight_decay": 0.01},
+                  {"params": [p for n, p in params.items() if n not in decay], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=lr)
+""",
+    "trainer.py": """
+import torch
+from torch.utils.data import DataLoader
+
+
+class Trainer:
+    def __init__(self, model, dataset, steps):
+        self.model = model
+        self.dataset = dataset
+        self.steps = steps
+
+    def run(self):
+        model = self.model
+        self.optimizer = model.configure_optimizers(1e-2)
+        loader = DataLoader(self.dataset, batch_size=4,
+                            sampler=torch.utils.data.RandomSampler(self.dataset, replacement=True, num_samples=1000))
+        data_iter = iter(loader)
+        for step in range(self.steps):
+            x, y = next(data_iter)
+            if step == 0:
+                self.first = x[:, 0].tolist()
+            _, loss = model(x, y)
+            model.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+""",
+    "main.py": """
+import torch
+from torch.utils.data import TensorDataset
+from model import Regressor
+from trainer import Trainer
+
+torch.manual_seed(3)
+dataset = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+model = Regressor()
+trainer = Trainer(model, dataset, 5)
+trainer.run()
+""",
+}
+TRAINER_RECORD = """
+import json
+with open(f"rank{RANK}.json", "w") as record:
+    json.dump([trainer.first, [p.tolist() for p in trainer.optimizer.param_groups[0]["params"]]], record)
+"""
+
+
+def test_a_trainer_of_another_file_wraps_the_model_it_is_handed_and_each_rank_samples_its_own(tmp_path: Path):
+    for name, text in TRAINER_PROJECT.items():
+        (tmp_path / name).write_text(text.lstrip())
+    done = run_ddpify(["convert", "main.py", "--to", "ddp", "--in-place"], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    trainer = (tmp_path / "trainer.py").read_text()
+    assert "model = DDP(" in trainer and "model.module.configure_optimizers(1e-2)" in trainer
+    assert "num_samples=1000 // WORLD_SIZE" in trainer and RANK_GENERATOR in trainer
+    (tmp_path / "main.py").write_text((tmp_path / "main.py").read_text() + TRAINER_RECORD)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "main.py"]
+    ran = run_script(torchrun, tmp_path, timeout=RUN_TIMEOUT_S)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    (first_0, weights_0), (first_1, weights_1) = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert first_0 != first_1 and weights_0 == weights_1

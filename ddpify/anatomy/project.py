@@ -25,12 +25,14 @@ from ddpify.anatomy.trained_models import any_batchnorm
 from ddpify.anatomy.values import ROLE_LOADER, ROLE_MODEL
 from ddpify.anatomy.distributed.every_rank_work import may_do_work_off_rank_zero
 from ddpify.anatomy.distributed.samplers import epochs_numbered_here
+from ddpify.anatomy.passed_in import parameters_reaching
 from ddpify.anatomy.facts import EPOCHS, EVALUATES, NO_FACTS, STEPS, Exported, Incoming, ProjectFacts
 from ddpify.anatomy.scatter_gather import replica_facts
 from ddpify.anatomy.search_path import editable_root, extra_roots, installed
 from ddpify.anatomy.sites import CallSite, LoaderSite, ModelSite
 
 MAX_ROUNDS = 6
+MAX_HANDOFFS = 3  # files an instance may be passed through (`model = GPT()` -> `Trainer(model)` -> `self.model`)
 _MAX_REEXPORTS = 4
 
 
@@ -251,16 +253,32 @@ class Project:
         method = f"{owner[1]}.{func.attr}" if owner else ""
         return (owner[0], method) if owner and method in owner[0].anatomy.functions else None
 
-    def _instance_class(self, module: ModuleFile, receiver: ast.AST) -> tuple[ModuleFile, str] | None:
-        """The class of another file whose instance `receiver` is: built right there (`Engine(model).fit(...)`)
-        or assigned to it."""
+    def _instance_class(self, module: ModuleFile, receiver: ast.AST, depth: int = 0) -> tuple[ModuleFile, str] | None:
+        """The class of another file whose instance `receiver` is: built right there (`Engine(model).fit(...)`),
+        assigned to it, or passed in by callers in other files (`self.model` of `Trainer(config, model)`)."""
         ref = module.anatomy.ref(receiver) if isinstance(receiver, (ast.Name, ast.Attribute)) else None
         values = [getattr(stmt, "value", None) for stmt in module.anatomy._assignments_to(ref)] if ref else [receiver]
         for value in values:
             found = self.resolve(module, module.anatomy.qualname(value.func) or "") if isinstance(value, ast.Call) else None
             if found is not None and found[1] in found[0].anatomy.class_of_scope:
                 return found
+        return self._class_passed_in(module, receiver, depth) if depth < MAX_HANDOFFS else None
+
+    def _class_passed_in(self, module: ModuleFile, receiver: ast.AST, depth: int) -> tuple[ModuleFile, str] | None:
+        """The class of the instances that calls in other files pass to the parameter `receiver` holds."""
+        for scope, param in parameters_reaching(module.anatomy, receiver):
+            for other in self.files():
+                calls = [c for c in other.anatomy.calls if other is not module and self._calls_scope(other, c, module, scope)]
+                passed = [arg for c in calls for p, arg in _bound_arguments(module.anatomy.functions[scope].params, c.node) if p == param]  # type: ignore[arg-type]
+                found = next((f for arg in passed if (f := self._instance_class(other, arg, depth + 1))), None)
+                if found is not None:
+                    return found
         return None
+
+    def _calls_scope(self, caller: ModuleFile, call: CallSite, module: ModuleFile, scope: str) -> bool:
+        """Does `call`, in `caller`, run the function `scope` of `module` (a class's call: its __init__)?"""
+        found = self.resolve(caller, call.qualname) if call.qualname else None
+        return found is not None and found[0] is module and _callee_scope(module.anatomy, found[1]) == scope
 
     def _facts_for(self, module: ModuleFile) -> ProjectFacts:
         imported = {}

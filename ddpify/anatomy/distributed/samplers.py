@@ -10,9 +10,11 @@ from typing import Iterable
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.distributed.names import DISTRIBUTED_SAMPLER
 from ddpify.anatomy.distributed.ranks import mentions_rank
-from ddpify.anatomy.distributed.reaching import MAX_DEPTH, assignments, returned_values
+from ddpify.anatomy.distributed.reaching import MAX_DEPTH, assignments, reaching_values, returned_values
 from ddpify.anatomy.sites import LoaderSite
 from ddpify.anatomy.syntax import argument, constant, keyword, method_name
+
+RANDOM_SAMPLERS = frozenset({"torch.utils.data.RandomSampler", "torch.utils.data.sampler.RandomSampler"})
 
 
 def loader_sampler(a: Anatomy, loader: LoaderSite) -> ast.Call | None:
@@ -48,6 +50,17 @@ def _returns_rank_shard(a: Anatomy, call: ast.Call) -> bool:
     """A call of a local function whose result depends on the rank (ddpify's `evaluation_shard`)."""
     callee = a.callee(call)
     return callee is not None and any(mentions_rank(a, value) for value in returned_values(a, callee))
+
+
+def sampler_with_replacement(a: Anatomy, expr: ast.AST) -> ast.Call | None:
+    """The `RandomSampler(dataset, replacement=True, ...)` a loader's `sampler=` holds (built there, or
+    in the one assignment that reaches it), drawing from torch's global RNG (no generator of its own)."""
+    values = [expr] if isinstance(expr, ast.Call) else reaching_values(a, expr)
+    call = values[0] if len(values) == 1 else None
+    if not isinstance(call, ast.Call) or a.qualname(call.func) not in RANDOM_SAMPLERS:
+        return None
+    replaces = constant(argument(call, 1, "replacement"), True)
+    return call if replaces and argument(call, 3, "generator") is None else None
 
 
 def sampler_shuffles(call: ast.Call) -> bool:

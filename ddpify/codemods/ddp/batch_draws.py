@@ -21,11 +21,11 @@ import ast
 from ddpify.anatomy import Anatomy
 from ddpify.anatomy.distributed.names import TORCH
 from ddpify.anatomy.distributed.randomness import (
-    INITIAL_SEED, batches_each_rank_draws, loops_around_backward, repeatable_at, seeded_alike, training_start,
+    batches_each_rank_draws, loops_around_backward, repeatable_at, seeded_alike, training_start,
 )
 from ddpify.anatomy.syntax import argument
 from ddpify.codemods.base import Transform
-from ddpify.codemods.ddp.noise import noise_reseed, reseeded
+from ddpify.codemods.ddp.noise import noise_reseed, rank_seed, reseeded
 from ddpify.codemods.ddp.runtime import RANK, WORLD_SIZE
 from ddpify.codemods.ddp.samplers import DistributedSamplers, advise_learning_rate, divided_by_world_size
 from ddpify.codemods.options import Options
@@ -82,7 +82,7 @@ class BatchesOfEachRank(Transform):
     def _reseeded_from_current(self) -> str:
         """torch's seed, as the script set it, plus the rank (within the 64 bits a seed may take)."""
         self.add_import(TORCH)
-        return f"{TORCH}.manual_seed(({TORCH}.{INITIAL_SEED}() + {RANK}) % 2**64)"
+        return f"{TORCH}.manual_seed({rank_seed()})"
 
     def _divide_count(self, draw: ast.Call) -> None:
         """`torch.randint(n, (batch_size,))` -> `torch.randint(n, (batch_size // WORLD_SIZE,))`: the global batch kept."""

@@ -23,7 +23,7 @@ import ast
 
 from ddpify.anatomy import Anatomy, CallSite
 from ddpify.anatomy.distributed.names import NUMPY, PYTHON_DRAWS, TORCH
-from ddpify.anatomy.distributed.randomness import draws_alike_on_every_rank, repeatable_at, seed_calls, training_start
+from ddpify.anatomy.distributed.randomness import INITIAL_SEED, draws_alike_on_every_rank, repeatable_at, seed_calls, training_start
 from ddpify.anatomy.distributed.seeding import Seed, numpy_draws, seeds, unseeded_draws
 from ddpify.anatomy.syntax import enclosing_function
 from ddpify.codemods.base import Transform
@@ -83,6 +83,12 @@ def noise_reseed(a: Anatomy) -> tuple[CallSite, ast.stmt] | None:
     seed = seed_calls(a)[-1]
     start = training_start(a, {loop.node for loop in a.step_loops if loop.trains})
     return (seed, start) if start is not None and repeatable_at(a, seed, start) else None
+
+
+def rank_seed() -> str:
+    """A seed of this rank's own: torch's current seed (as the script set it, or torch drew it) plus the
+    rank, within the 64 bits a seed may take."""
+    return f"({TORCH}.{INITIAL_SEED}() + {RANK}) % 2**64"
 
 
 def reseeded(seed: CallSite) -> str:

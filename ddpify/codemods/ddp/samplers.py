@@ -17,10 +17,13 @@ import libcst as cst
 from ddpify.anatomy import ADAPTIVE_OPTIMIZERS, ROLE_LOADER, ROLE_OPTIMIZER, ROLE_PBAR, LoaderSite, LoopSite
 from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.distributed.reaching import is_iterable_dataset
-from ddpify.anatomy.syntax import argument
+from ddpify.anatomy.distributed.names import TORCH
+from ddpify.anatomy.distributed.samplers import sampler_with_replacement
+from ddpify.anatomy.syntax import argument, keyword
 from ddpify.anatomy.vocabulary import ITERATION_WRAPPERS
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import WORLD_SIZE
+from ddpify.codemods.ddp.noise import rank_seed
 from ddpify.codemods.duties import Duty, data_line
 from ddpify.edits.expressions import cst_type_of, parse_expr
 from ddpify.edits.hoist import fresh_name
@@ -84,9 +87,11 @@ class DistributedSamplers(SamplerTransform):
         super().plan()
         self._queued: set[tuple[ast.stmt, str]] = set()
         self._noted: set[ast.stmt] = set()
+        self._drawn_apart = False
         sharded = [ld for ld in self.anatomy.train_loaders if self._shard(ld)]
         if sharded:
             self.add_import("torch.utils.data", "DistributedSampler")
+        if sharded or self._drawn_apart:
             self.fulfil()
             advise_learning_rate(self)
         foreign = [ld for ld in self.anatomy.foreign_loaders if ld.is_train]  # the file that builds it shards it
@@ -114,6 +119,10 @@ class DistributedSamplers(SamplerTransform):
                                   "shard only the training one (DistributedSampler) by hand")
             return False
         keywords = {kw.arg: kw.value for kw in call.keywords if kw.arg}
+        drawn = sampler_with_replacement(self.anatomy, keywords["sampler"]) if "sampler" in keywords else None
+        if drawn is not None:
+            self._draw_apart(loader, drawn)
+            return False
         if "sampler" in keywords or "batch_sampler" in keywords:
             self._missing_sampler(loader.line, "the training loader has its own sampler", "shard it across ranks by hand")
             return False
@@ -135,6 +144,25 @@ class DistributedSamplers(SamplerTransform):
         if self.options.batch_size == "global" and "batch_size" in keywords:
             self.changed(loader.line, f"batch_size -> batch_size // {WORLD_SIZE} (the global batch stays as in the original)")
         return True
+
+    def _draw_apart(self, loader: LoaderSite, sampler: ast.Call) -> None:
+        """A RandomSampler with replacement: each rank draws its own samples from a generator seeded with
+        the rank, num_samples (len(dataset) where not given) divided by WORLD_SIZE, as a DistributedSampler
+        divides an epoch."""
+        self.add_import(TORCH)
+        added = {"generator": f"{TORCH}.Generator().manual_seed({rank_seed()})"}
+        source = argument(sampler, 0, "data_source")
+        if argument(sampler, 2, "num_samples") is None and isinstance(source, (ast.Name, ast.Attribute)):
+            added["num_samples"] = f"len({ast.unparse(source)}) // {WORLD_SIZE}"
+        self.rewrite_node(sampler, cst.Call, lambda node: _with_own_draws(node, added))
+        if self.options.batch_size == "global" and keyword(loader.call, "batch_size") is not None:
+            self.rewrite_node(loader.call, cst.Call, lambda node: node.with_changes(args=[_divided_batch(a) for a in node.args]))
+            self.changed(loader.line, f"batch_size -> batch_size // {WORLD_SIZE} (the global batch stays as in the original)")
+        self.changed(sampler.lineno, f"{ast.unparse(sampler.func)}(..., replacement=True) draws from generator={added['generator']}: "
+                                     f"each rank draws its own samples, num_samples divided by {WORLD_SIZE}")
+        self.advise(loader.line, "each rank draws its own samples with replacement (a generator seeded with the rank): training is "
+                                 "statistically, not exactly, equivalent to the original (`ddpify verify` compares the runs in statistical mode)")
+        self._drawn_apart = True
 
     def _missing_sampler(self, line: int, why: str, todo: str) -> None:
         self.missing(line, f"training loader not sharded ({why}): every rank trains on all of its data", todo)
@@ -411,6 +439,20 @@ def _divided_batch(arg: cst.Arg) -> cst.Arg:
     if arg.keyword is None or arg.keyword.value != "batch_size":
         return arg
     return arg.with_changes(value=divided_by_world_size(arg.value))
+
+
+def _with_own_draws(node: cst.CSTNode, added: dict[str, str]) -> cst.CSTNode:
+    """The sampler call with its num_samples divided by WORLD_SIZE and the `added` keywords appended."""
+    assert isinstance(node, cst.Call)
+    args = [a.with_changes(value=divided_by_world_size(a.value)) if _is_num_samples(a, i) else a for i, a in enumerate(node.args)]
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    args[-1] = args[-1].with_changes(comma=comma)
+    new = [cst.Arg(parse_expr(code), keyword=cst.Name(name), equal=_TIGHT_EQUAL, comma=comma) for name, code in added.items()]
+    return node.with_changes(args=[*args, *new[:-1], new[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
+
+
+def _is_num_samples(arg: cst.Arg, index: int) -> bool:
+    return arg.keyword.value == "num_samples" if arg.keyword else index == 2
 
 
 def divided_by_world_size(value: cst.BaseExpression) -> cst.BaseExpression:
