@@ -44,7 +44,8 @@ VERIFY_TIMEOUT_S = 300
 # exit codes of `ddpify convert` (issue 10's contract): 0 converted or nothing to do, 2 error,
 # 3 incomplete (output written only with --partial)
 EXIT_ERROR, EXIT_INCOMPLETE = 2, 3
-WRAPS = {"ddp": re.compile(r"\b(DistributedDataParallel|DDP)\("), "dp": re.compile(r"\bDataParallel\(")}
+# the gradients averaged over the ranks: a wrapper, or (DDP) by hand for an optimizer its model owns
+WRAPS = {"ddp": re.compile(r"\b(DistributedDataParallel|DDP|average_gradients)\("), "dp": re.compile(r"\bDataParallel\(")}
 # the training data split over the ranks: a sampler, (reinforcement learning) an environment per rank,
 # or (no DataLoader) each loss's rows shared, or each rank's own draws (a seed plus the rank)
 SHARDING = re.compile(r"\bDistributedSampler\(|(\breset\(seed=|\.seed\(|\bmanual_seed\()[^\n]*\+ RANK\b|\bon_(every|any)_rank\(|\bloss_of_rank_rows\(")

@@ -12,6 +12,10 @@ Where the converted files go (write mode):
   Python file of the project is copied unchanged, so the converted entry imports converted modules.
   The user's files are never touched; the launch line names the mirrored entry script.
 `--in-place`, `--diff` and `--check` handle every changed file of the project where it is.
+
+A project is written all or nothing (ProjectWrites): each file goes to a temp file beside its
+destination, and they are renamed into place together once every one is written; where a write
+fails, the temps and the directories made for them are removed, and every file is left as it was.
 """
 
 from __future__ import annotations
@@ -22,15 +26,63 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ddpify.anatomy import Anatomy, analyze
 from ddpify.anatomy.project import ModuleFile, Project, import_roots, is_entry_point, within
+from ddpify.codemods.accelerate.handover import hand_over_accelerator
 from ddpify.codemods.pipeline import ConversionResult, Status
 from ddpify.codemods.report import Missing
 from ddpify.convert import ALREADY_DISTRIBUTED, NO_TRAINING
 from ddpify.python_files import iter_python_files
-from ddpify.sources import Source, SourceError, check_syntax, mentions_torch, read_source, write_atomic
+from ddpify.sources import Source, SourceError, check_syntax, mentions_torch, put_in_place, read_source, write_beside
+
+
+class ProjectWrites:
+    """One project's files, written all or none: staged in temp files beside their destinations
+    (`write`, write_atomic's signature), then renamed into place together (`finish`)."""
+
+    def __init__(self) -> None:
+        self.staged: list[tuple[str, Path, Callable[[], None]]] = []  # (temp file, destination, what to say once written)
+        self.made: list[Path] = []  # the directories made for them, outermost first
+        self.failed = ""  # the file whose write failed
+
+    def write(self, path: Path, data: bytes, mode: int | None = None, written: Callable[[], None] = lambda: None) -> None:
+        """Stage `data` for `path`; `written` runs once it is in place. A failure fails the project."""
+        try:
+            self._make_directories(Path(path).parent)
+            self.staged.append((write_beside(path, data, mode), Path(path), written))
+        except (SourceError, OSError) as error:
+            self.failed = str(path)
+            raise error if isinstance(error, SourceError) else SourceError(path, f"cannot write: {error}") from None
+
+    def _make_directories(self, directory: Path) -> None:
+        missing = [d for d in (directory, *directory.parents) if not d.exists()]
+        os.makedirs(directory, exist_ok=True)
+        self.made += reversed(missing)
+
+    def finish(self) -> list[SourceError]:
+        """Put every staged file in place (saying so): the errors of renames that failed."""
+        errors = []
+        for temp, path, written in self.staged:
+            try:
+                put_in_place(temp, path)
+                written()
+            except SourceError as error:
+                errors.append(error)
+        self.staged, self.made = [], []
+        return errors
+
+    def discard(self) -> list[Path]:
+        """Remove the staged files and the directories made for them: the destinations not written."""
+        held = [path for _, path, _ in self.staged]
+        for temp, _, _ in self.staged:
+            os.unlink(temp)
+        for directory in reversed(self.made):
+            if directory.is_dir() and not any(directory.iterdir()):
+                directory.rmdir()
+        self.staged, self.made = [], []
+        return held
 
 
 class LayoutError(Exception):
@@ -49,6 +101,7 @@ class FileJob:
     output: str | None = None  # write mode: the mirrored path; None: the command's own choice
     entry_incomplete: bool = False  # an imported module whose entry's conversion is incomplete: held with it
     failed_member: str = ""  # another file of the project that failed to convert: this one is held with it
+    writes: ProjectWrites | None = None  # its project's, where the modules change too: written with them
 
     def convert(self) -> ConversionResult:
         if self.error is not None:
@@ -67,6 +120,7 @@ class ProjectConversion:
     project: Project
     jobs: list[FileJob]
     mirror: Path | None = None
+    writes: ProjectWrites = field(default_factory=ProjectWrites)
 
     @property
     def modules_changed(self) -> bool:
@@ -109,6 +163,21 @@ class ConversionPlan:
             if conversion.mirror is not None and not conversion.failed_member and (partial or not conversion.entry_incomplete):
                 errors += _complete_mirror(conversion)
         return errors
+
+    def finish_writes(self, failed: Iterable[Path]) -> tuple[list[SourceError], list[tuple[Path, str]]]:
+        """Write mode and --in-place: put each project's staged files in place, or none of them where a
+        file of it failed (one of the items `failed`, or a staged write). The errors of renames that
+        failed, and (file, the file that failed) for each file held."""
+        failed = set(failed)
+        errors: list[SourceError] = []
+        held: list[tuple[Path, str]] = []
+        for conversion in self.projects:
+            cause = conversion.writes.failed or next((str(job.path) for job in conversion.jobs if job.path in failed), "")
+            if cause:
+                held += [(path, cause) for path in conversion.writes.discard()]
+            else:
+                errors += conversion.writes.finish()
+        return errors, held
 
 
 def plan_conversion(paths: Iterable, files: list, target: str, options: dict, mode: str, output: str | None,
@@ -185,13 +254,18 @@ def convert_entry(entry: Path, target: str, options: dict) -> ProjectConversion:
 def write_mirror(conversion: ProjectConversion, mirror: Path) -> Path:
     """Write the converted project into `mirror` (changed files converted, the others copied); return the entry's path there."""
     conversion.mirror = mirror
-    root = conversion.project.root
-    for job in conversion.jobs:
-        if job.changed or job.entry:
-            destination = mirror / within(job.path, root)
-            os.makedirs(destination.parent, exist_ok=True)
-            write_atomic(destination, job.source.encode(job.result.output))  # type: ignore[union-attr]
-    errors = _complete_mirror(conversion)
+    root, writes = conversion.project.root, conversion.writes
+    try:
+        for job in conversion.jobs:
+            if job.changed or job.entry:
+                writes.write(mirror / within(job.path, root), job.source.encode(job.result.output))  # type: ignore[union-attr]
+        errors = _complete_mirror(conversion)
+        if errors:
+            raise errors[0]
+    except SourceError:
+        writes.discard()
+        raise
+    errors = writes.finish()
     if errors:
         raise errors[0]
     return mirror / within(conversion.project.entries[0], root)
@@ -218,10 +292,13 @@ def _convert_projects(projects: list[Project], sources: dict[Path, Source], targ
             _training_out_of_sight(result, project.unresolved.get(module.path, []))
         conversions[id(project)].jobs.append(job)
     for conversion in conversions.values():
+        if target == "accelerate":
+            hand_over_accelerator(conversion)
         distributed = _entries_already_distributed(conversion)
         for job in conversion.jobs:
             job.entry_incomplete = not job.entry and conversion.entry_incomplete
             job.failed_member = conversion.failed_member if job.error is None else ""
+            job.writes = conversion.writes if conversion.modules_changed else None  # entries alone: each written at once
             if distributed and not job.entry and job.result is not None:
                 job.result = ConversionResult(job.result.source, job.result.source, note=f"imported by {distributed}, already distributed")
     return list(conversions.values())
@@ -303,9 +380,9 @@ def _complete_mirror(conversion: ProjectConversion) -> list[SourceError]:
             continue
         destination = mirror / within(item, root)  # type: ignore[arg-type]
         try:
-            os.makedirs(destination.parent, exist_ok=True)
-            write_atomic(destination, item.read_bytes())
+            conversion.writes.write(destination, item.read_bytes())  # type: ignore[union-attr]
         except (SourceError, OSError) as error:
+            conversion.writes.failed = conversion.writes.failed or str(item)
             errors.append(error if isinstance(error, SourceError) else SourceError(destination, str(error)))
     return errors
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -26,10 +27,12 @@ from ddpify.cli import cli  # noqa: E402
 from ddpify.codemods.accelerate import runtime  # noqa: E402
 from ddpify.codemods.pipeline import Status  # noqa: E402
 from ddpify.convert import convert_source  # noqa: E402
+from ddpify.project_conversion import convert_entry  # noqa: E402
 from ddpify.lint.engine import check_text, rule_set  # noqa: E402
 from ddpify.lint.registry import all_rules  # noqa: E402
 
 TOP_LEVEL = [entry for entry in bench.entries() if "/" not in entry.name]
+PROJECTS = [entry for entry in bench.entries() if entry.folder is not None]  # fixtures/projects/ and fixtures/real/ folders
 
 
 def convert(code: str, **options):
@@ -280,6 +283,90 @@ def test_a_loader_call_that_builds_evaluation_loaders_too_is_incomplete():
     assert [m.what for m in result.missing] == ["training loader not prepared: this DataLoader call builds evaluation loaders too"]
 
 
+def convert_project(folder: Path, entry: str = "train.py") -> dict[str, object]:
+    """Each file of the project converted --to accelerate (its entry and the modules it imports), by name."""
+    return {job.path.relative_to(folder).as_posix(): job.result for job in convert_entry(folder / entry, "accelerate", {}).jobs}
+
+
+def write_project(tmp_path: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    return tmp_path
+
+
+def test_the_entry_hands_its_accelerator_to_the_modules_that_use_it():
+    results = convert_project(FIXTURES_DIR / "projects" / "classic")
+    assert all(r.status is not Status.INCOMPLETE for r in results.values()), {n: r.missing for n, r in results.items()}
+    entry, utils = results["train.py"].output, results["utils.py"].output
+    assert "\naccelerator: Accelerator | None = None\n" in utils and "accelerator.backward(loss)" in utils
+    assert "\nimport utils\n" in entry
+    built = entry.index("accelerator = Accelerator(")
+    assert entry.index("\nutils.accelerator = accelerator\n") > built > entry.index("\nimport utils\n")
+    assert "accelerator" not in results["model.py"].output  # a module that needs none is handed none
+    # the loader data.py returns is prepared where the entry binds it
+    assert flat("model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)") in flat(entry)
+
+
+def test_a_module_that_uses_the_accelerator_when_imported_is_incomplete(tmp_path):
+    folder = write_project(tmp_path, {"train.py": HEAD + """from steps import step
+
+
+def main():
+""" + DATA + """\
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        step(model, optimizer, x, y)
+
+
+if __name__ == "__main__":
+    main()
+""", "steps.py": """\
+import torch.nn as nn
+
+print("steps loaded")
+
+
+def step(model, optimizer, x, y):
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+"""})
+    results = convert_project(folder)
+    assert [m.what for m in results["steps.py"].missing] == [
+        "this module, which the entry script imports, uses `accelerator` when it is imported, before the entry has built it"]
+
+
+def test_an_item_of_the_loaders_another_file_returns_is_prepared_by_its_name(tmp_path):
+    folder = write_project(tmp_path, {"train.py": HEAD + """from data import loaders
+
+
+def main():
+    train_loader, val_loader = loaders()
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in train_loader:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    with torch.no_grad():
+        print(sum(model(x).sum() for x, _ in val_loader))
+
+
+if __name__ == "__main__":
+    main()
+""", "data.py": HEAD + """
+
+def loaders():
+    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    return DataLoader(data, batch_size=8, shuffle=True), DataLoader(data, batch_size=16)
+"""})
+    results = convert_project(folder)
+    assert results["train.py"].status is Status.CONVERTED, results["train.py"].missing
+    assert flat("model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)") in flat(results["train.py"].output)
+    assert results["data.py"].status is not Status.INCOMPLETE and "accelerator" not in results["data.py"].output
+
+
 def test_converting_the_output_again_changes_nothing():
     once = convert((FIXTURES_DIR / "basic_main.py").read_text())
     again = convert(once.output)
@@ -364,7 +451,7 @@ def test_top_level_fixtures_are_the_ddp_set():
     assert sorted(e.script for e in TOP_LEVEL) == sorted(p for p in FIXTURES_DIR.glob("*.py"))
 
 
-@pytest.mark.parametrize("entry", TOP_LEVEL, ids=[e.name for e in TOP_LEVEL])
+@pytest.mark.parametrize("entry", TOP_LEVEL + PROJECTS, ids=[e.name for e in TOP_LEVEL + PROJECTS])
 def test_converted_fixture_runs_to_the_end_on_two_ranks(entry, tmp_path):
     outcome = bench.run_one(entry, "accelerate", tmp_path, launcher(entry.name, "accelerate"))
     if outcome.status == "incomplete":
@@ -384,6 +471,18 @@ def test_conversion_verifies_equivalent(name, tmp_path):
     (tmp_path / name).write_text((FIXTURES_DIR / name).read_text())
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FIXTURES_DIR.parent), os.environ.get("PYTHONPATH")]))}
     done = run_ddpify(["verify", name, "--to", "accelerate", "--steps", "4"], tmp_path, env, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].startswith("equivalent: 4 steps match"), done.stdout
+
+
+@pytest.mark.parametrize("project", ["projects/classic", "real/trainer_project"])
+def test_a_project_conversion_verifies_equivalent(project, tmp_path):
+    """The entry prepares the loader another module returns and hands its Accelerator to the modules
+    that train (classic: a step function; trainer_project: a Trainer class that prepares and saves)."""
+    entry = next(e for e in PROJECTS if e.name == project)
+    shutil.copytree(entry.folder, tmp_path / "project")
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FIXTURES_DIR.parent), os.environ.get("PYTHONPATH")]))}
+    done = run_ddpify(["verify", entry.script.name, "--to", "accelerate", "--steps", "4"], tmp_path / "project", env, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines()[-1].startswith("equivalent: 4 steps match"), done.stdout
 

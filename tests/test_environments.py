@@ -181,3 +181,118 @@ def test_verify_says_statistically_equivalent_and_why(tmp_path: Path):
     result = json.loads(done.stdout[done.stdout.index("{"):])
     assert (result["verdict"], result["mode"]) == ("equivalent", "statistical"), result["message"]
     assert "each rank plays its own episodes" in result["message"] and "held the same parameters" in result["message"]
+
+
+# ----- a model that owns its optimizer: gradients averaged by hand ------------------------------
+
+OWNS_OPTIMIZER = REAL / "rl_agent_owns_optimizer.py"
+AVERAGES = ("        average_gradients(self.optimizer)\n", "        average_gradients(self.temperature_optimizer)\n")
+SAVED_ON_RANK_ZERO = '    if RANK == 0:\n        torch.save(agent.state_dict(), "agent.pt")\n'
+
+CRITICS_UNPACKED = ENVIRONMENT + '''
+
+class Critic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+        self.optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def learn(self, state):
+        loss = self.fc(state).pow(2).mean()
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+
+
+def main():
+    torch.manual_seed(0)
+    env = Walk()
+    q1, q2 = Critic(), Critic()
+    for episode in range(10):
+        state, done = env.reset(seed=episode), False
+        while not done:
+            state, reward, done = env.step(0)
+        for _ in range(3):
+            q1.learn(state)
+            q2.learn(state)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+OWNED_EVERY_HORIZON = CRITICS_UNPACKED.replace('''        while not done:
+            state, reward, done = env.step(0)
+        for _ in range(3):
+            q1.learn(state)
+            q2.learn(state)''', '''        while not done:
+            for t in range(5):
+                state, reward, done = env.step(0)
+                if done:
+                    break
+            q1.learn(state)''')
+
+OWNED_WITH_CLOSURE = CRITICS_UNPACKED.replace("self.optimizer.step()", "self.optimizer.step(lambda: loss)")
+
+
+def test_an_optimizer_its_model_owns_is_averaged_by_hand_after_the_last_backward():
+    result = convert(OWNS_OPTIMIZER.read_text())
+    assert result.status is Status.CONVERTED, result.missing
+    assert "DDP(" not in result.output
+    assert "        self.optimizer = torch.optim.Adam(self.parameters(), lr=lr)\n        broadcast_parameters(self.optimizer)\n" in result.output
+    assert "        broadcast_parameters(self.temperature_optimizer)\n" in result.output
+    averaged_then_clipped = "            loss.backward()\n" + "".join(AVERAGES) + "        nn.utils.clip_grad_norm_("
+    assert averaged_then_clipped in result.output  # the clip sees averaged gradients, as under DDP
+    assert "if on_every_rank(played >= args.warmup):" in result.output
+    assert SAVED_ON_RANK_ZERO in result.output
+
+
+def test_methods_called_on_each_of_an_unpacked_pair_are_followed():
+    result = convert(CRITICS_UNPACKED)
+    assert result.status is Status.CONVERTED, result.missing
+    assert result.output.count("average_gradients(self.optimizer)") == 1
+
+
+@pytest.mark.parametrize("text, why", [
+    (OWNED_EVERY_HORIZON, "inside the loop over an episode's environment steps"),
+    (OWNED_WITH_CLOSURE, "given a closure"),
+], ids=["update-every-horizon", "closure"])
+def test_an_owned_optimizer_that_could_step_unevenly_or_unaveraged_is_incomplete(text: str, why: str):
+    result = convert(text)
+    assert result.status is Status.INCOMPLETE
+    assert any(why in m.what for m in result.missing), result.missing
+    assert not any("was not found" in m.what for m in result.missing), result.missing
+
+
+def test_an_owned_optimizer_averaged_by_hand_trains_exactly_as_the_original_on_one_process(tmp_path: Path):
+    """Under plain `python` (world size 1) the broadcast and the average change no number: the same
+    prints and the same saved parameters, byte for byte."""
+    outputs = {}
+    for name, text in (("original", OWNS_OPTIMIZER.read_text()), ("converted", convert(OWNS_OPTIMIZER.read_text()).output)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rl.py").write_text(text)
+        done = run_script([sys.executable, "rl.py"], tmp_path / name, timeout=RUN_TIMEOUT_S)
+        assert done.returncode == 0, done.stderr
+        outputs[name] = done.stdout, (tmp_path / name / "agent.pt").read_bytes()
+    assert outputs["converted"] == outputs["original"]
+
+
+def test_two_ranks_hold_the_same_parameters_only_because_gradients_are_averaged(tmp_path: Path):
+    """Each rank saves its parameters after training: alike with the averages, apart without them
+    (the ranks play other episodes)."""
+    import torch
+
+    converted = convert(OWNS_OPTIMIZER.read_text()).output.replace(
+        SAVED_ON_RANK_ZERO, '    torch.save(agent.state_dict(), f"agent{RANK}.pt")\n')
+    unaveraged = converted.replace(AVERAGES[0], "").replace(AVERAGES[1], "")
+    assert "agent{RANK}.pt" in converted and "average_gradients(self" not in unaveraged
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "rl.py"]
+    alike = {}
+    for name, text in (("averaged", converted), ("unaveraged", unaveraged)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rl.py").write_text(text)
+        done = run_script(torchrun, tmp_path / name, timeout=RUN_TIMEOUT_S)
+        assert done.returncode == 0, done.stderr
+        ranks = [torch.load(tmp_path / name / f"agent{rank}.pt") for rank in (0, 1)]
+        alike[name] = all(torch.equal(ranks[0][key], ranks[1][key]) for key in ranks[0])
+    assert alike == {"averaged": True, "unaveraged": False}

@@ -4,8 +4,9 @@ A script that builds an environment (`env = gym.make(...)`, or a class of its ow
 `step` methods) and trains a network on what it plays
 (REINFORCE, actor-critic, DQN with a replay buffer) has no data to shard: each rank plays its own
 episodes instead, from an environment seeded with the rank. Episodes end at different steps on
-different ranks, so DDP (one all_reduce per backward) hangs unless every rank makes the same number
-of optimizer steps. `episode_schedule` reads the loops and tests around each backward: a test that
+different ranks, so DDP (one all_reduce per backward; per step for an optimizer its class owns, whose
+gradients are averaged by hand: ddpify.anatomy.owned_optimizers) hangs unless every rank makes the
+same number of optimizer steps. `episode_schedule` reads the loops and tests around each backward: a test that
 decides whether a rank steps (`if memory.size() > 2000: train()`) or leaves the loop (`if
 running_reward > threshold: break`) can be agreed over the ranks; a step inside the loop over one
 episode's environment steps, or under a loop that a rank's own data ends, can't.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from ddpify.anatomy.owned_optimizers import owned_optimizers
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.sites import MODULE_SCOPE, CallSite
 from ddpify.anatomy.syntax import ancestors, enclosing_function, identifier, keyword, method_name
@@ -79,15 +81,23 @@ def episode_schedule(a: Anatomy) -> EpisodeSchedule:
     every: list[ast.expr] = []
     anys: list[ast.expr] = []
     uneven: list[tuple[int, str]] = []
-    for site in a.training_calls:
-        if method_name(site.node) != "backward":
-            continue
-        for path in _control_paths(a, site.node, _CALL_DEPTH):
-            _read_path(a, path, site.line, every, anys, uneven)
+    for exchange in _gradient_exchanges(a):
+        for path in _control_paths(a, exchange, _CALL_DEPTH):
+            _read_path(a, path, exchange.lineno, every, anys, uneven)
     uneven += [(m.line, f"{m.target.name} has BatchNorm, whose buffers DDP broadcasts at every forward, and the ranks "
                         "call forward a different number of times") for m in a.trained_models if m.has_batchnorm]
     leaving = [test for test in anys if test not in every]  # a test agreed once: on every rank, then
     return EpisodeSchedule(tuple(dict.fromkeys(every)), tuple(dict.fromkeys(leaving)), tuple(dict.fromkeys(uneven)))
+
+
+def _gradient_exchanges(a: Anatomy) -> list[ast.Call]:
+    """Where the ranks exchange gradients: each step of an optimizer its class owns (averaged by hand
+    there), and each backward, through a DDP wrapper, unless every optimizer is one a class owns."""
+    owned = owned_optimizers(a)
+    steps = [step for optimizer in owned for step in optimizer.steps]
+    if owned and len(owned) == len(a.optimizers):
+        return steps
+    return [site.node for site in a.training_calls if method_name(site.node) == "backward"] + steps  # type: ignore[misc]
 
 
 def _read_path(a: Anatomy, path: list[ast.stmt], line: int, every: list, anys: list, uneven: list) -> None:
@@ -160,8 +170,19 @@ def _calls_method_of_instance(a: Anatomy, call: ast.Call, scope: str) -> bool:
     if not cls or method_name(call) != method:
         return False
     receiver = identifier(call.func.value)  # type: ignore[attr-defined]
-    return any(isinstance(site.stmt, ast.Assign) and site.stmt.value is site.node and receiver in {identifier(t) for t in site.stmt.targets}
-               for site in a.calls_to(cls))
+    return any(receiver in _names_bound_to(site) for site in a.calls_to(cls))
+
+
+def _names_bound_to(site: CallSite) -> set[str | None]:
+    """The names a call's value is assigned to: `agent = Agent()`, or its item of `q1, q2 = QNet(), QNet()`."""
+    stmt = site.stmt
+    if not isinstance(stmt, ast.Assign):
+        return set()
+    if stmt.value is site.node:
+        return {identifier(t) for t in stmt.targets}
+    pairs = [zip(t.elts, stmt.value.elts) for t in stmt.targets
+             if isinstance(t, ast.Tuple) and isinstance(stmt.value, ast.Tuple) and len(t.elts) == len(stmt.value.elts)]
+    return {identifier(target) for pair in pairs for target, value in pair if value is site.node}
 
 
 def _invariant(a: Anatomy, expr: ast.expr, outer: ast.stmt, counters: set[str]) -> bool:

@@ -12,7 +12,7 @@ LibCST's `CodemodTest.assertCodemod` tests it; it does not subclass one: importi
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Collection, Sequence
 
 import libcst as cst
 
@@ -71,10 +71,11 @@ class Transform:
         """This transform did its DUTY (at least once)."""
         self.report.fulfilled = True
 
-    def models_to_wrap(self, wrapper: str) -> list:
+    def models_to_wrap(self, wrapper: str, averaged: Collection[ast.AST] = ()) -> list:
         """The trained models this file wraps in `wrapper`. Each optimizer whose model the analysis cannot
         bind trains a model left unwrapped: a missing item, unless another file of the project binds that
-        model to an optimizer and wraps it there (then, with no model here, the duty is done there)."""
+        model to an optimizer and wraps it there (then, with no model here, the duty is done there), or it
+        is one of the optimizers `averaged` by hand."""
         models = self.anatomy.trained_models
         if self.anatomy.facts.models_trained_elsewhere:
             if not models:
@@ -83,7 +84,7 @@ class Transform:
         unbound = self.anatomy.trained_models_unbound
         named = {used_at for _, used_at in unbound}  # optimizers whose missing models are named below
         for optimizer in self.anatomy.optimizers_without_model:
-            if optimizer.node not in named:
+            if optimizer.node not in named and optimizer.node not in averaged:
                 self.missing(optimizer.line, f"the model this optimizer trains was not found, so it is not wrapped in {wrapper}",
                              f"wrap that model in {wrapper} once it is on its device, and build the optimizer on its parameters")
         for read, _ in unbound:

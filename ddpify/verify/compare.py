@@ -178,7 +178,7 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
               "tolerances": tolerances(statistical), "notes": notes, "preconditions": found}
     if not counts[0]:
         return {**error_result("the reference made no optimizer step"), **result}
-    if not any(WRAPPER_FLAG in rank.flags for rank in ranks):
+    if not plan.averages_by_hand and not any(WRAPPER_FLAG in rank.flags for rank in ranks):
         return {**result, "verdict": "not_converted", "diverged_at": None, "message": _not_converted_message(plan)}
     if MOVED_FLAG in flags:
         return {**result, "verdict": "diverged", "diverged_at": None, "message": _moved_after_wrap_message(flags[MOVED_FLAG])}

@@ -1,25 +1,42 @@
 """A module the entry script imports, converted --to accelerate: the same edits, but no Accelerator
-of its own (a second one, built when the module is imported, would take the Accelerate state
-before the entry's mixed precision). Where the edits use the Accelerator, the module is missing
-it: the conversion is incomplete until it is handed the entry's.
+of its own. Each process has one Accelerator, the entry's: the models it prepares are the ones its
+backward scales and its save unwraps, and a second one, built when the module is imported, would take
+the Accelerate state before the entry's options. Where the edits use the Accelerator, the module
+declares `accelerator: Accelerator | None = None` after its imports, and the entry hands its own over
+once built (ddpify.codemods.accelerate.handover). Used at import time, before the entry has built it,
+it is missing: the conversion is incomplete.
 """
 
 from __future__ import annotations
 
 import ast
 
-from ddpify.codemods.accelerate.runtime import ACCELERATOR
+from ddpify.anatomy.syntax import ancestors
+from ddpify.anatomy.vocabulary import ACCELERATOR as ACCELERATOR_CLASS
+from ddpify.codemods.accelerate.runtime import ACCELERATOR, HANDED_OVER
 from ddpify.codemods.base import Transform
+from ddpify.edits.positions import last_leading_import
+
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
 
 class ModuleWithoutAccelerator(Transform):
-    """Report an imported module that uses the Accelerator it cannot build itself."""
+    """Declare the entry's Accelerator in an imported module that uses it (the entry sets it once built)."""
 
     NAME = "imported-module"
 
     def plan(self) -> None:
         uses = [node for node in self.anatomy.nodes if isinstance(node, ast.Name) and node.id == ACCELERATOR]
-        if uses:
-            self.missing(uses[0].lineno, f"this module, which the entry script imports, uses `{ACCELERATOR}` but has none "
-                                         "(a second Accelerator, built at import, would take the entry's settings)",
+        if not uses:
+            return
+        at_import = [node for node in uses if not any(isinstance(parent, _FUNCTIONS) for parent, _ in ancestors(self.anatomy, node))]
+        imports = last_leading_import(self.anatomy.tree)
+        if at_import or imports is None:
+            self.missing((at_import or uses)[0].lineno, f"this module, which the entry script imports, uses `{ACCELERATOR}` "
+                                                        "when it is imported, before the entry has built it",
                          f"hand the entry's {ACCELERATOR} to this module (an argument, or an attribute set before it is used)")
+            return
+        module, name = ACCELERATOR_CLASS.rsplit(".", 1)
+        self.add_import(module, name)
+        self.insert_after(imports, f"\n{HANDED_OVER.format(name=name)}\n")
+        self.changed(imports.lineno, f"{ACCELERATOR}: the entry script's, which it hands over once built (one per process)")

@@ -17,7 +17,7 @@ import ast
 
 import libcst as cst
 
-from ddpify.anatomy import LoaderSite, ModelSite
+from ddpify.anatomy import Anatomy, LoaderSite, ModelSite
 from ddpify.anatomy.full_batch import trains_without_loader
 from ddpify.codemods.accelerate.runtime import PREPARE
 from ddpify.codemods.ddp.wrap import WrapModel
@@ -41,7 +41,8 @@ class PrepareForAccelerator(WrapModel):
             for optimizer in self.anatomy.optimizers:
                 self._prepare_bound(optimizer.stmt, optimizer.node, "optimizer")
         loaders = [loader for loader in self.anatomy.train_loaders if self._prepare_loader(loader)]
-        if not loaders and not self.anatomy.facts.data_loaded_elsewhere and not trains_without_loader(self.anatomy) and not self.report.missing:
+        loaders += [loader for loader in returned_training_loaders(self.anatomy) if self._prepare_returned(loader)]
+        if not loaders and not self._prepared_elsewhere() and not self.report.missing:
             self.missing(data_line(self.anatomy), NOT_SHARDED, f"hand the training DataLoader to {PREPARE}(...) by hand")
         for group in self._groups.values():
             self._insert_prepare(group)
@@ -60,13 +61,40 @@ class PrepareForAccelerator(WrapModel):
     def wrapped_message(self, name: str) -> str:
         return f"{name} wrapped by {PREPARE} (DistributedDataParallel on several processes)"
 
+    def _prepared_elsewhere(self) -> bool:
+        """Is the training data another file's to prepare (it iterates a loader of its own, or binds the
+        loaders this file returns), or no loader's (the rows of each loss are shared: rows.py)?"""
+        facts = self.anatomy.facts
+        return facts.data_loaded_elsewhere or any(loader.handled_elsewhere for loader in self.anatomy.train_loaders) \
+            or trains_without_loader(self.anatomy)
+
     def _prepare_bound(self, stmt: ast.stmt, value: ast.AST, what: str) -> None:
         """Prepare what `stmt` binds to one name (`optimizer = SGD(...)`)."""
-        if not (isinstance(stmt, ast.Assign) and stmt.value is value and len(stmt.targets) == 1
-                and isinstance(stmt.targets[0], (ast.Name, ast.Attribute))):
+        name = _bound_name(stmt, value)
+        if name is None:
             self.advise(stmt.lineno, f"this {what} is not bound to a name: hand it to {PREPARE}(...) by hand")
             return
-        self._add(stmt, ast.unparse(stmt.targets[0]))
+        self._add(stmt, name)
+
+    def _prepare_returned(self, loader: LoaderSite) -> bool:
+        """A training loader another file's function returns joins the prepare call where it is bound to a
+        name here (`train_loader = get_train_loader()`, or an item of `train_loader, val_loader = get_loaders()`),
+        and is prepared where it is made otherwise (`train(model, get_train_loader())`)."""
+        name = _bound_name(loader.stmt, loader.call, loader.index)
+        if name is not None:
+            self._add(loader.stmt, name)
+        elif loader.index is None:
+            self._prepare_in_place(loader.call)
+        else:
+            self.missing(loader.line, "training loader not prepared: an item of what another file's function returns, bound to no name here",
+                         f"bind it to a name and hand it to {PREPARE}(...) by hand")
+            return False
+        self.changed(loader.line, "training loader prepared: each process draws its own share of the batches, on its device")
+        return True
+
+    def _prepare_in_place(self, call: ast.Call) -> None:
+        """`DataLoader(...)` -> `accelerator.prepare(DataLoader(...))` where it is built."""
+        self.rewrite_node(call, cst.Call, lambda node: cst.Call(func=parse_expr(PREPARE), args=[cst.Arg(node)]))
 
     def _prepare_loader(self, loader: LoaderSite) -> bool:
         """A loader bound to a name joins its block's prepare call; one built in an expression (a helper's
@@ -81,7 +109,7 @@ class PrepareForAccelerator(WrapModel):
                          f"hand only the training loader to {PREPARE}(...) by hand")
             return False
         else:
-            self.rewrite_node(loader.call, cst.Call, lambda call: cst.Call(func=parse_expr(PREPARE), args=[cst.Arg(call)]))
+            self._prepare_in_place(loader.call)
         self.changed(loader.line, "training loader prepared: each process draws its own share of the batches, on its device")
         return True
 
@@ -97,3 +125,19 @@ class PrepareForAccelerator(WrapModel):
         names = ", ".join(name for _, name in group)
         self.insert_after(last, f"{names} = {PREPARE}({names})\n")
         self.changed(last.lineno, f"{names} = {PREPARE}({names}), after the last of them is built")
+
+
+def returned_training_loaders(anatomy: Anatomy) -> list[LoaderSite]:
+    """The training loaders that calls of another file's functions return here."""
+    return [loader for loader in anatomy.foreign_loaders if loader.is_train and loader.call is not None]
+
+
+def _bound_name(stmt: ast.stmt, value: ast.AST, index: int | None = None) -> str | None:
+    """The one name `stmt` binds `value` to (`name = value`), or item `index` of it (`a, b = value`)."""
+    if not (isinstance(stmt, ast.Assign) and stmt.value is value and len(stmt.targets) == 1):
+        return None
+    target = stmt.targets[0]
+    if index is not None:
+        items = target.elts if isinstance(target, (ast.Tuple, ast.List)) else []
+        target = items[index] if index < len(items) else None
+    return ast.unparse(target) if isinstance(target, (ast.Name, ast.Attribute)) else None

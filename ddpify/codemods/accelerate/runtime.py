@@ -18,6 +18,8 @@ UNWRAP_MODEL = f"{ACCELERATOR}.unwrap_model"
 PRINT = f"{ACCELERATOR}.print"
 SAVE = f"{ACCELERATOR}.save"
 NO_SYNC = f"{ACCELERATOR}.no_sync"
+# An imported module's Accelerator: the entry script's, set there once built (handover.py).
+HANDED_OVER = f"# ddpify: the entry script's Accelerator, which it hands over once built (one per process)\n{ACCELERATOR}: {{name}} | None = None"
 # Without a GPU, Accelerate joins torchrun's processes (gloo) only when told to run on the CPU;
 # otherwise each process would train alone, on all of the data.
 ON_CPU = "cpu=not torch.cuda.is_available()"

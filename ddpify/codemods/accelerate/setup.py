@@ -18,6 +18,7 @@ from ddpify.anatomy import Anatomy
 from ddpify.anatomy.syntax import keyword
 from ddpify.anatomy.unused_parameters import may_leave_parameters_unused
 from ddpify.anatomy.vocabulary import ACCELERATOR as ACCELERATOR_CLASS, AUTOCAST, BFLOAT16, DDP_KWARGS, GRAD_SCALER, HALF_DTYPES, LOADER_CONFIG
+from ddpify.codemods.accelerate.prepare import returned_training_loaders
 from ddpify.codemods.accelerate.runtime import ACCELERATOR, MIXED_PRECISION, ON_CPU
 from ddpify.codemods.base import Transform
 from ddpify.edits.positions import last_leading_import
@@ -50,7 +51,8 @@ class AcceleratorSetup(Transform):
 
     def _loader_options(self) -> list[str]:
         """Prepared loaders shuffle by a seeded generator, and split the global batch with --batch-size global."""
-        options = ["use_seedable_sampler=True"] if any(self.anatomy.loader_shuffles(ld) for ld in self.anatomy.train_loaders) else []
+        prepared = [*self.anatomy.train_loaders, *returned_training_loaders(self.anatomy)]
+        options = ["use_seedable_sampler=True"] if any(self.anatomy.loader_shuffles(ld) for ld in prepared) else []
         options += ["split_batches=True"] if self.options.batch_size == "global" else []
         if not options:
             return []

@@ -8,6 +8,7 @@ from ddpify.codemods.ddp.library import LibraryRuntime
 from ddpify.codemods.ddp.module_access import DDPModuleAccess
 from ddpify.codemods.ddp.no_sync import NoSyncAccumulation
 from ddpify.codemods.ddp.noise import NoiseOfEachRank
+from ddpify.codemods.ddp.owned_optimizers import AveragedOwnedOptimizers
 from ddpify.codemods.ddp.per_node import PerNodeDownloads
 from ddpify.codemods.ddp.random_split import SameSplitOnEveryRank
 from ddpify.codemods.ddp.rank_zero import RankZeroDuties
@@ -18,7 +19,7 @@ from ddpify.codemods.ddp.sum_loss import SumLossScaling
 from ddpify.codemods.ddp.wrap import RemoveDataParallel, WrapModel
 
 DDP_TRANSFORMS = (
-    DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank,
+    DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, AveragedOwnedOptimizers, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank,
     DistributedSamplers, RowsOfEachRank, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
 )
 

@@ -168,6 +168,34 @@ def on_any_rank(flag):
     return not on_every_rank(not flag)
 '''
 
+AVERAGE_HELPER = '''
+
+def broadcast_parameters(optimizer):
+    """Rank 0's values of the parameters `optimizer` trains, on every rank: the
+    ranks start alike, and averaged gradients keep them alike."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            dist.broadcast(param.data, src=0)
+
+
+def average_gradients(optimizer):
+    """The gradients of the parameters `optimizer` trains, averaged over the ranks
+    in one all_reduce: what a DDP wrapper does, done by hand for an optimizer its
+    model builds and steps itself. A gradient a rank lacks counts as zero there;
+    a parameter no rank has a gradient for keeps none."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+    had = [float(p.grad is not None) for p in params]
+    flat = torch.cat([grads[0].new_tensor(had), *(g.reshape(-1) for g in grads)])
+    dist.all_reduce(flat)
+    offset = len(params)
+    for param, grad, ranks_with_grad in zip(params, grads, flat[:offset].tolist()):
+        if ranks_with_grad:
+            summed = flat[offset:offset + grad.numel()].view_as(grad)
+            param.grad = grad.copy_(summed / WORLD_SIZE)
+        offset += grad.numel()
+'''
+
 SHARD_CALL = "evaluation_shard"
 SUMS_CALL = "all_reduce_sums"
 GATHER_CALL = "all_gather_lists"
@@ -176,9 +204,11 @@ MODULE_CALL = "evaluation_module"
 PLAIN_CALL = "plain_model"
 EVERY_CALL = "on_every_rank"
 ANY_CALL = "on_any_rank"
+BROADCAST_CALL = "broadcast_parameters"
+AVERAGE_CALL = "average_gradients"
 ROWS_CALL = "loss_of_rank_rows"
 # each helper's code, in the order they are added to a script (after cleanup_distributed)
 EVALUATION_HELPERS = {SHARD_CALL: SHARD_HELPER, MODULE_CALL: MODULE_HELPER, PLAIN_CALL: PLAIN_HELPER, SUMS_CALL: SUMS_HELPER, GATHER_CALL: GATHER_HELPER, MEAN_CALL: MEAN_HELPER,
-                      ROWS_CALL: ROWS_HELPER, EVERY_CALL: AGREE_HELPER}
+                      ROWS_CALL: ROWS_HELPER, EVERY_CALL: AGREE_HELPER, BROADCAST_CALL: AVERAGE_HELPER}
 # the functions ddpify adds at the top of a script: new helpers go after the last one present
-ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed", ANY_CALL)
+ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed", ANY_CALL, AVERAGE_CALL)

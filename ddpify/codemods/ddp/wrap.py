@@ -17,6 +17,7 @@ import libcst as cst
 from ddpify.anatomy import DP_WRAPPER, ModelSite, syntax
 from ddpify.anatomy.ddp_options import buffers_need_no_broadcast, compiled_where_bound, writes_gradients
 from ddpify.anatomy.distributed.names import SYNC_BATCHNORM_CONVERT
+from ddpify.anatomy.owned_optimizers import owned_optimizers
 from ddpify.anatomy.unused_parameters import may_leave_parameters_unused
 from ddpify.anatomy.vocabulary import MODEL_CONTAINERS
 from ddpify.codemods.base import Transform
@@ -80,7 +81,7 @@ class WrapModel(Transform):
     WRAPS_BEFORE_COMPILE = True  # wrap a model compiled where it is bound before the compile (DDP's order)
 
     def plan(self) -> None:
-        models = self.models_to_wrap("DistributedDataParallel")
+        models = self.models_to_wrap("DistributedDataParallel", {owned.built.node for owned in owned_optimizers(self.anatomy)})
         if not models:
             return
         self.add_wrapper_import()
