@@ -73,9 +73,10 @@ def verify(ctx: click.Context, script: str, target: str, against: str | None, np
     --json carries the same per-step figures.
 
     A candidate that never runs a forward through its DataParallel, DDP or FSDP wrapper is "not
-    converted", whatever its steps show. A run that fails is named by its traceback's exception
-    line; a run still going at --timeout by each rank's stack: the script's line, the call it
-    waits in, and the converter's change that wrote that line.
+    converted", whatever its steps show, unless the converter averaged its gradients by hand (a
+    model that builds and steps its own optimizer). A run that fails is named by its traceback's
+    exception line; a run still going at --timeout by each rank's stack: the script's line, the
+    call it waits in, and the converter's change that wrote that line.
 
     Exit status: 0 equivalent, 1 diverged (the first step is named), 2 could not run, 3 not converted.
     """
