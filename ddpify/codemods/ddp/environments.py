@@ -3,10 +3,11 @@
 Reinforcement learning trains on what an environment plays (see ddpify.anatomy.environments), so
 the data-parallel recipe is one environment per rank seeded with the rank (`env.reset(seed=s)` ->
 `env.reset(seed=s + RANK)`; an unseeded environment already plays its own episodes), gradients
-averaged by the DDP wrap, output on rank 0. Episodes end at different steps on each rank, so the
+averaged by the DDP wrap (or by hand, for an optimizer its model owns: codemods/ddp/owned_optimizers.py),
+output on rank 0. Episodes end at different steps on each rank, so the
 tests that decide whether a rank steps (`if memory.size() > 2000:`) become `on_every_rank(...)`
 and those that leave the episode loop (`if running_reward > threshold: break`) `on_any_rank(...)`:
-one all_reduce of a flag each, so no rank waits in DDP's all_reduce for a step another never makes.
+one all_reduce of a flag each, so no rank waits in a gradient all_reduce for a step another never makes.
 Where that can't be made so (a step inside the loop over one episode's steps, a method called from
 where this file can't follow), or workers already train apart (A3C), the conversion is incomplete
 with the recipe.
@@ -49,8 +50,8 @@ class EnvironmentsOfEachRank(Transform):
                                       "parallel, and DDP would not average its workers' updates", RECIPE)
         schedule = episode_schedule(a)
         for line, why in schedule.uneven:
-            self.missing(line, f"the ranks may make a different number of optimizer steps ({why}): DDP's all_reduce would hang",
-                         RECIPE)
+            self.missing(line, f"the ranks may make a different number of optimizer steps ({why}): the all_reduce that "
+                               "averages their gradients would hang", RECIPE)
         if worker_processes(a) or schedule.uneven or not add_helpers(self, {EVERY_CALL}):
             return
         for seed in environment_seeds(a):
