@@ -131,6 +131,8 @@ if dist.get_rank() == 0:
     ACCELERATE_HEAD + "accelerator.save(accelerator.unwrap_model(model).state_dict(), 'model.pt')\n"
     "accelerator.save_model(model, 'out')\naccelerator.save_state('ckpt')\n",
     ACCELERATE_HEAD + f"accelerator.unwrap_model(model).save_pretrained('out', is_main_process={ON_MAIN_PROCESS})\n",
+    # the main process writes the file, the others os.devnull (--to accelerate's file opened around training)
+    "import os\n" + ACCELERATE_HEAD + f"with open('log.txt' if {ON_MAIN_PROCESS} else os.devnull, 'w') as f:\n    f.write('done')\n",
 )
 SaveOnEveryRank.INVALID = (
     guarded_case(_HEAD, "torch.save(model.state_dict(), 'model.pt')\n"),
