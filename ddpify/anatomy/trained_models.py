@@ -333,10 +333,16 @@ def _reads_name(expr: ast.AST, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(expr))
 
 
+def variable_updated(target: ast.AST) -> str | None:
+    """`p` in `p -= ...` and in `p.data -= ...`."""
+    target = target.value if isinstance(target, ast.Attribute) and target.attr == "data" else target
+    return target.id if isinstance(target, ast.Name) else None
+
+
 def _updates_in_place(body: list[ast.stmt], name: str) -> bool:
     """Does the loop body change `name` in place from its gradient (`name -= ...`, `name.data.add_(...)`)?"""
     for node in walk_body(body):
-        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+        if isinstance(node, ast.AugAssign) and variable_updated(node.target) == name:
             return True
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("add_", "sub_", "copy_"):
             receiver = node.func.value
