@@ -23,6 +23,7 @@ from ddpify.codemods.ddp import (
     EnvironmentsOfEachRank,
     EvaluationSharding,
     DistributedSetup,
+    HandAveragedGradients,
     NoSyncAccumulation,
     RankDevices,
     RankZeroDuties,
@@ -64,7 +65,7 @@ def messages(result: ConversionResult) -> list[str]:
 def test_the_ddp_transforms_in_order():
     assert DDP_TRANSFORMS == (
         DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank,
-        DistributedSamplers, RowsOfEachRank, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints,
+        DistributedSamplers, RowsOfEachRank, HandAveragedGradients, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints,
         RankZeroDuties,
         NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
     )

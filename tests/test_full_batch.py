@@ -17,6 +17,7 @@ import pytest
 
 from ddpify.codemods.pipeline import Status
 from ddpify.convert import convert_source
+from helpers import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,3 +130,125 @@ def verify(cwd: Path, script: str) -> dict:
     result = json.loads(completed.stdout)
     assert completed.returncode == 0, result["message"]
     return result
+
+
+BY_HAND = """
+import torch
+
+torch.manual_seed(0)
+x = torch.randn(64, 8)
+y = torch.randn(64, 2)
+w1 = torch.randn(8, 16, requires_grad=True)
+w2 = torch.randn(16, 2, requires_grad=True)
+for t in range(20):
+    y_pred = x.mm(w1).clamp(min=0).mm(w2)
+    loss = {loss}
+    loss.backward()
+    with torch.no_grad():
+        w1 -= 1e-3 * w1.grad
+        w2 -= 1e-3 * w2.grad
+        w1.grad.zero_()
+        w2.grad.zero_()
+print(f"weights {{w1.sum().item():.8f}} {{w2.sum().item():.8f}}")
+"""
+
+
+@pytest.mark.parametrize("loss, shared", [
+    ("(y_pred - y).pow(2).sum()", "loss_of_rank_rows(torch.sum, (y_pred - y).pow(2))"),
+    ("torch.mean((y_pred - y) ** 2)", "loss_of_rank_rows(torch.mean, (y_pred - y) ** 2)"),
+])
+def test_a_loss_written_by_hand_is_shared_by_the_rows_of_what_it_reduces(loss, shared):
+    result = convert_source(BY_HAND.format(loss=loss), "ddp")
+    assert result.status is Status.CONVERTED, result.missing
+    assert f"loss = {shared}\n" in result.output
+
+
+@pytest.mark.parametrize("loss", ["(y_pred - y).pow(2).sum(1).max()", "torch.sum(y_pred - y, dim=0).norm()"])
+def test_a_loss_by_hand_that_is_no_reduction_of_all_elements_is_not_shared(loss):
+    result = convert_source(BY_HAND.format(loss=loss), "ddp")
+    assert result.status is Status.INCOMPLETE and "loss_of_rank_rows" not in result.output
+    assert any("the loss is written by hand, and is no mean or sum over all the elements of one tensor" in m.what for m in result.missing)
+
+
+def test_tensors_updated_by_hand_train_on_two_ranks_as_in_one_process(tmp_path):
+    """No module to wrap: the ranks average the tensors' gradients after backward; with the rows of the summed
+    loss shared, the weights after 20 steps are the single-process ones (torchrun, 2 ranks)."""
+    script = BY_HAND.format(loss="(y_pred - y).pow(2).sum()")
+    result = convert_source(script, "ddp")
+    assert result.status is Status.CONVERTED, result.missing
+    assert "    loss.backward()\n    average_tensor_gradients(w1, w2)\n" in result.output
+    (tmp_path / "train.py").write_text(script)
+    (tmp_path / "train_ddp.py").write_text(result.output)
+    single = run_script([sys.executable, "train.py"], tmp_path)
+    ranks = run_script([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_ddp.py"],
+                       tmp_path, timeout=240)
+    assert single.returncode == 0 and ranks.returncode == 0, ranks.stderr[-2000:]
+    assert _weights(ranks.stdout) == pytest.approx(_weights(single.stdout), rel=1e-5)
+
+
+def _weights(stdout: str) -> list[float]:
+    (line,) = [line for line in stdout.splitlines() if line.startswith("weights ")]
+    return [float(v) for v in line.split()[1:]]
+
+
+def test_terms_added_to_the_loss_in_a_loop_are_each_shared_by_rows():
+    """`loss += criterion(output[i], target[i])` for each sequence of the batch (seq2seq): each term's rows shared."""
+    script = SCRIPT.format(options="").replace(
+        "    loss = criterion(model(x), y)\n",
+        "    out = model(x).view(8, 8, 1)\n    loss = 0\n    for i in range(8):\n        loss += criterion(out[i], y.view(8, 8, 1)[i])\n")
+    result = convert_source(script, "ddp")
+    assert result.status is Status.CONVERTED, result.missing
+    assert "loss += loss_of_rank_rows(criterion, out[i], y.view(8, 8, 1)[i])" in result.output
+
+
+def test_a_model_updated_by_hand_is_wrapped_and_trains_as_in_one_process(tmp_path):
+    """No optimizer: `param.data -= lr * param.grad` over model.parameters() after DDP's averaged backward is the
+    single-process update (verify, exact)."""
+    script = SCRIPT.format(options='reduction="sum"').replace(
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n", "").replace(
+        "    optimizer.zero_grad()\n", "    model.zero_grad()\n").replace(
+        "    optimizer.step()\n", "    with torch.no_grad():\n        for param in model.parameters():\n"
+                                 "            param.data -= 1e-3 * param.grad\n")
+    result = convert_source(script, "ddp")
+    assert result.status is Status.CONVERTED, result.missing
+    assert "model = DDP(" in result.output
+    (tmp_path / "train.py").write_text(script)
+    verdict = verify(tmp_path, "train.py")
+    assert (verdict["verdict"], verdict["mode"]) == ("equivalent", "exact"), verdict["message"]
+
+
+MODEL_LOSS = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+data = torch.randint(0, 10, (41,))
+
+
+class Bigram(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(10, 10)
+
+    def forward(self, idx, targets):
+        logits = self.table(idx)
+        return logits, F.cross_entropy(logits.view(-1, 10), targets.view(-1))
+
+
+model = Bigram()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+for step in range(10):
+    logits, loss = model(data[:40].view(5, 8), data[1:].view(5, 8))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_loss_the_model_returns_is_refused_naming_the_models_call():
+    """The model computes its loss from the whole batch in its forward: no loss call here to share by rows."""
+    result = convert_source(MODEL_LOSS, "ddp")
+    assert result.status is Status.INCOMPLETE
+    (missing,) = result.missing
+    assert "the model returns the loss (`logits, loss = model(data[:40].view(5, 8), data[1:].view(5, 8))`)" in missing.what

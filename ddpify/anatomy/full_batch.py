@@ -18,12 +18,13 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.environments import trains_on_environment
-from ddpify.anatomy.losses import loss_terms, sums_over_batch
+from ddpify.anatomy.losses import full_reduction, loss_terms, sums_over_batch
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.syntax import ancestors, keyword
 from ddpify.anatomy.tree import walk_body
-from ddpify.anatomy.values import ROLE_CRITERION, ROLE_SCALER
+from ddpify.anatomy.values import ROLE_CRITERION, ROLE_MODEL, ROLE_SCALER
 from ddpify.anatomy.distributed.reaching import reaching_values
 from ddpify.anatomy.vocabulary import INDEX_DRAWS, RANDOM_DRAWS
 from ddpify.anatomy.distributed.names import NUMPY, PYTHON, PYTHON_DRAWS, TORCH
@@ -36,12 +37,12 @@ _NOT_A_ROW_MEAN = ("weight", "ignore_index", "reduce")
 
 @dataclass(frozen=True)
 class RowLosses:
-    """The loss calls whose rows the ranks can share, (line, why) for each loss they can't, and the
-    lines of the backwards whose loss comes from no loss call of this file (the model returns it)."""
+    """The loss calls whose rows the ranks can share, (line, why) for each loss they can't, and (line, why)
+    for the backwards whose loss comes from no loss call or reduction of this file (the model returns it)."""
 
     calls: tuple[ast.Call, ...]
     refusals: tuple[tuple[int, str], ...]
-    from_model: tuple[int, ...]
+    from_model: tuple[tuple[int, str], ...]
 
 
 def trains_without_loader(a: Anatomy) -> bool:
@@ -54,14 +55,15 @@ def row_losses(a: Anatomy) -> RowLosses:
     """The loss calls of every `loss.backward()` (or `scaler.scale(loss).backward()`) of the script."""
     calls: list[ast.Call] = []
     refusals: list[tuple[int, str]] = []
-    from_model: list[int] = []
+    from_model: list[tuple[int, str]] = []
     for site in a.training_calls:
         call: ast.Call = site.node  # type: ignore[assignment]
         if not (isinstance(call.func, ast.Attribute) and call.func.attr == "backward"):
             continue
-        terms = loss_terms(a, backward_loss(a, call.func.value))
+        loss = backward_loss(a, call.func.value)
+        terms = loss_terms(a, loss, by_hand=True)
         if not terms:
-            from_model.append(site.line)
+            from_model.append((site.line, _why_no_loss_call(a, loss)))
         for term in terms:
             why = _why_not_row_mean(a, term)
             if why:
@@ -115,8 +117,22 @@ def backward_loss(a: Anatomy, receiver: ast.expr) -> ast.expr:
     return receiver
 
 
+def _why_no_loss_call(a: Anatomy, loss: ast.expr) -> str:
+    """Why no loss call of this file reaches `loss`: the model returns it, or it is written by hand otherwise."""
+    ref = a.ref(loss)
+    bound = [b.stmt for b in bindings(a).get(ref, ()) if b.stmt.lineno <= loss.lineno] if ref is not None else []
+    value = bound[-1].value if bound and isinstance(bound[-1], ast.Assign) else loss
+    if isinstance(value, ast.Call) and a.has_role(value.func, ROLE_MODEL):
+        return (f"the model returns the loss (`{ast.unparse(bound[-1]) if bound else ast.unparse(loss)}`), computed in its forward "
+                "from the whole batch: only a loss this file computes can be shared by rows")
+    return "the loss is written by hand, and is no mean or sum over all the elements of one tensor"
+
+
 def _why_not_row_mean(a: Anatomy, call: ast.Call) -> str | None:
-    """Why this loss call is no mean over the rows of its arguments the ranks can share (None: it is)."""
+    """Why this loss call is no mean over the rows of its arguments the ranks can share (None: it is).
+    A mean or sum of all the elements of one tensor is shared by its rows, whatever the tensor."""
+    if full_reduction(a, call) is not None:
+        return None
     name = ast.unparse(call.func)
     if not call.args or any(isinstance(arg, ast.Starred) for arg in call.args):
         return f"{name}(...) takes no batch of rows as positional arguments"

@@ -4,6 +4,7 @@ from ddpify.codemods.ddp.batch_draws import BatchesOfEachRank
 from ddpify.codemods.ddp.devices import RankDevices
 from ddpify.codemods.ddp.environments import EnvironmentsOfEachRank
 from ddpify.codemods.ddp.evaluation import EvaluationSharding, ReducedLossPrints
+from ddpify.codemods.ddp.hand_gradients import HandAveragedGradients
 from ddpify.codemods.ddp.library import LibraryRuntime
 from ddpify.codemods.ddp.module_access import DDPModuleAccess
 from ddpify.codemods.ddp.no_sync import NoSyncAccumulation
@@ -20,7 +21,7 @@ from ddpify.codemods.ddp.wrap import RemoveDataParallel, WrapModel
 
 DDP_TRANSFORMS = (
     DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, AveragedOwnedOptimizers, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank,
-    DistributedSamplers, RowsOfEachRank, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
+    DistributedSamplers, RowsOfEachRank, HandAveragedGradients, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
 )
 
 

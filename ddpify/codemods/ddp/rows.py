@@ -15,13 +15,14 @@ offsets (`get_batch()`), each rank draws its own instead (batch_draws.py).
 from __future__ import annotations
 
 import ast
+from typing import Callable
 
 import libcst as cst
 
 from ddpify.anatomy import Anatomy
 from ddpify.anatomy.distributed.names import NUMPY, PYTHON, TORCH
 from ddpify.anatomy.full_batch import random_offset_draws, row_losses, trains_without_loader, unseeded_rngs
-from ddpify.anatomy.losses import sums_over_batch
+from ddpify.anatomy.losses import full_reduction, reduced_tensor, sums_over_batch
 from ddpify.anatomy.syntax import spelling
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.evaluation import add_helpers
@@ -50,19 +51,27 @@ class RowsOfEachRank(Transform):
         draws = random_offset_draws(self.anatomy)
         for line, why in losses.refusals:
             self._missing_rows(line, why)
-        for line in losses.from_model if not draws else ():  # batches drawn at random offsets: each rank its own (ddp/batch_draws.py)
-            self._missing_rows(line, "the loss comes from no loss function called in this file (written by hand, or returned by the model)")
+        for line, why in losses.from_model if not draws else ():  # batches drawn at random offsets: each rank its own (ddp/batch_draws.py)
+            self._missing_rows(line, why)
         if losses.refusals or losses.from_model or not losses.calls or not self._same_draws_on_every_rank():
             return
         if not add_helpers(self, {ROWS_CALL}):
             return
         for call in losses.calls:
-            self.rewrite_expression(call, _shared)
+            by_hand = full_reduction(self.anatomy, call) is not None
+            self.rewrite_expression(call, self._shared_by_hand(call) if by_hand else _shared)
             weight = "its sum by WORLD_SIZE" if sums_over_batch(self.anatomy, call) else "its mean weighted by its share of the rows"
-            self.changed(call.lineno, f"{ast.unparse(call.func)}(...) -> {ROWS_CALL}(...): each rank takes every WORLD_SIZE-th row of "
+            loss = ast.unparse(call) if by_hand else f"{ast.unparse(call.func)}(...)"
+            self.changed(call.lineno, f"{loss} -> {ROWS_CALL}(...): each rank takes every WORLD_SIZE-th row of "
                                       f"the batch, {weight} (the averaged gradient is the single-process one, exactly; the "
                                       "loss's value is the whole batch's)")
         self.fulfil()
+
+    def _shared_by_hand(self, call: ast.Call) -> Callable[[cst.CSTNode], cst.CSTNode]:
+        """`x.sum()` (or `torch.sum(x)`) -> `loss_of_rank_rows(torch.sum, x)`: the rows of `x` shared."""
+        reduction = f"{spelling(self.anatomy, TORCH)}.{full_reduction(self.anatomy, call)}"
+        tensor = ast.unparse(reduced_tensor(call))
+        return lambda _: cst.parse_expression(f"{ROWS_CALL}({reduction}, {tensor})")
 
     def _same_draws_on_every_rank(self) -> bool:
         """Seed the RNGs the data may be drawn from, where nothing does, right after the opening imports:

@@ -137,7 +137,8 @@ def loss_of_rank_rows(loss_fn, *batch, **options):
     Weighted by its share of the rows (a sum by WORLD_SIZE), so DDP's average of
     the ranks' gradients is the whole batch's gradient; its value is the whole
     batch's loss, alike on every rank. Arguments whose rows don't pair up: the
-    whole loss everywhere.
+    whole loss everywhere. A loss written by hand, torch.mean or torch.sum of
+    one tensor, is shared by that tensor's rows.
     """
     sizes = {len(t) if torch.is_tensor(t) and t.dim() else 0 for t in batch}
     rows = sizes.pop() if len(sizes) == 1 else 0
@@ -145,7 +146,7 @@ def loss_of_rank_rows(loss_fn, *batch, **options):
         return loss_fn(*batch, **options)
     mine = torch.arange(RANK, rows, WORLD_SIZE, device=batch[0].device)
     reduction = options.get("reduction", getattr(loss_fn, "reduction", "mean"))
-    sums = reduction == "sum" or options.get("size_average") is False
+    sums = reduction == "sum" or options.get("size_average") is False or loss_fn is torch.sum
     share = loss_fn(*(t[mine] for t in batch), **options) * (WORLD_SIZE if sums else len(mine) * WORLD_SIZE / rows)
     whole = share.detach().clone()
     dist.all_reduce(whole)
@@ -196,6 +197,16 @@ def average_gradients(optimizer):
         offset += grad.numel()
 '''
 
+TENSORS_HELPER = '''
+
+def average_tensor_gradients(*tensors):
+    """Each tensor's gradient averaged over the ranks, as DDP averages a
+    model's: tensors trained by hand, with no module to wrap."""
+    for tensor in tensors:
+        dist.all_reduce(tensor.grad)
+        tensor.grad /= WORLD_SIZE
+'''
+
 SHARD_CALL = "evaluation_shard"
 SUMS_CALL = "all_reduce_sums"
 GATHER_CALL = "all_gather_lists"
@@ -207,8 +218,9 @@ ANY_CALL = "on_any_rank"
 BROADCAST_CALL = "broadcast_parameters"
 AVERAGE_CALL = "average_gradients"
 ROWS_CALL = "loss_of_rank_rows"
+TENSORS_CALL = "average_tensor_gradients"
 # each helper's code, in the order they are added to a script (after cleanup_distributed)
 EVALUATION_HELPERS = {SHARD_CALL: SHARD_HELPER, MODULE_CALL: MODULE_HELPER, PLAIN_CALL: PLAIN_HELPER, SUMS_CALL: SUMS_HELPER, GATHER_CALL: GATHER_HELPER, MEAN_CALL: MEAN_HELPER,
-                      ROWS_CALL: ROWS_HELPER, EVERY_CALL: AGREE_HELPER, BROADCAST_CALL: AVERAGE_HELPER}
+                      ROWS_CALL: ROWS_HELPER, TENSORS_CALL: TENSORS_HELPER, EVERY_CALL: AGREE_HELPER, BROADCAST_CALL: AVERAGE_HELPER}
 # the functions ddpify adds at the top of a script: new helpers go after the last one present
 ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed", ANY_CALL, AVERAGE_CALL)
