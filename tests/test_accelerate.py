@@ -337,6 +337,36 @@ def step(model, optimizer, x, y):
         "this module, which the entry script imports, uses `accelerator` when it is imported, before the entry has built it"]
 
 
+def test_a_module_waiting_for_an_accelerator_the_entry_does_not_build_is_incomplete(tmp_path):
+    folder = write_project(tmp_path, {"train.py": """\
+def main():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from steps import step
+    loader = DataLoader(TensorDataset(torch.randn(16, 8), torch.randint(0, 2, (16,))), batch_size=4)
+    model = torch.nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        step(model, optimizer, x, y)
+
+
+if __name__ == "__main__":
+    main()
+""", "steps.py": """\
+import torch.nn as nn
+
+
+def step(model, optimizer, x, y):
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+"""})
+    results = convert_project(folder)
+    assert "accelerator: Accelerator | None = None" in results["steps.py"].output
+    assert [m.what for m in results["steps.py"].missing] == [
+        "this module uses the accelerator of the entry script train.py, which builds none that ddpify could hand over"]
+
+
 def test_an_item_of_the_loaders_another_file_returns_is_prepared_by_its_name(tmp_path):
     folder = write_project(tmp_path, {"train.py": HEAD + """from data import loaders
 
