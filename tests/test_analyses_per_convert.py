@@ -1,8 +1,9 @@
 """A conversion analyses its file once per pipeline stage plus once for the lint of its output: the
 project layer's analysis is the first stage's (ddpify.project_conversion hands it on), and the
-input is syntax-checked once. The rank-0 duties are planned on the code the first stage produced
-(a second stage): the last tests here show two shapes whose output is wrong when they are planned
-on the input instead (ddpify.codemods.pipeline says what else that stage reads)."""
+input is syntax-checked once. The rank-0 duties are planned ahead of the first stage's edits, on
+the input, where those edits change nothing its plan reads (ddpify.codemods.pipeline); the last
+tests here show shapes where they do, so rank 0 waits for a second stage, and one where its edits
+and log-loss's land on one print in one pass."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ddpify.anatomy import Anatomy
+from ddpify.codemods.ddp.rank_zero import RankZeroDuties
 from ddpify.codemods.pipeline import Status
 from ddpify.convert import convert_source
 from ddpify.project_conversion import plan_conversion
@@ -48,12 +50,11 @@ def _convert(path: Path, target: str):
 
 
 @pytest.mark.parametrize(("fixture", "target", "analyses"), [
-    # one stage: the project's analysis plans it, the output's analysis lints it
+    # one stage: the project's analysis plans it, the output's analysis lints it (rank 0 planned
+    # ahead of the wrap or the shard and of log-loss, whose edits change nothing it reads here)
     ("basic_main.py", "dp", 2),
-    # two stages: the rank-0 duties read the wrap's edits (ddpify.codemods.pipeline), so the code the
-    # first stage produced is analysed again
-    ("basic_main.py", "ddp", 3),
-    ("basic_main.py", "fsdp", 3),
+    ("basic_main.py", "ddp", 2),
+    ("basic_main.py", "fsdp", 2),
 ])
 def test_a_one_file_convert_analyses_once_per_stage_and_once_for_lint(counts, fixture, target, analyses):
     path = FIXTURES / fixture
@@ -96,6 +97,59 @@ PRINTED_EVALUATION = """\
     if __name__ == "__main__":
         main()
     """
+
+
+def _analyses_of(counts, text: str, target: str, **options) -> int:
+    counts["analyses"] = 0
+    convert_source(textwrap.dedent(text), target, **options)
+    return counts["analyses"]
+
+
+def test_a_printed_evaluation_waits_for_the_edits_it_reads(counts):
+    """`evaluate(model, val_loader)` in a print reads a model (the wrap makes it a wrapper) and a
+    function the evaluation sharding edits: rank 0 is planned on the code they produce."""
+    assert _analyses_of(counts, PRINTED_EVALUATION, "ddp") == 3
+
+
+# Output next to a loss print that log-loss rewrites in place: rank 0 guards both in the same pass,
+# each under its own `if` (the mean over ranks, computed between them, runs on every rank).
+NEIGHBOURING_PRINTS = """\
+    import torch
+    import torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    def main():
+        data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+        loader = DataLoader(data, batch_size=8, shuffle=True)
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            for step, (x, y) in enumerate(loader):
+                opt.zero_grad()
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                print("step", step)
+                print(f"loss {loss.item():.4f}")
+                print("done with", step)
+
+
+    if __name__ == "__main__":
+        main()
+    """
+
+
+def test_rank_zero_guards_a_print_log_loss_rewrites_in_the_same_pass_as_if_after_it(counts, monkeypatch):
+    planned_ahead = convert_source(textwrap.dedent(NEIGHBOURING_PRINTS), "ddp")
+    assert counts["analyses"] == 2
+    monkeypatch.setattr(RankZeroDuties, "PLANS_AHEAD_OF", ())
+    assert _analyses_of(counts, NEIGHBOURING_PRINTS, "ddp") == 3
+    waited = convert_source(textwrap.dedent(NEIGHBOURING_PRINTS), "ddp")
+    assert planned_ahead.output == waited.output
+    assert planned_ahead.changes == waited.changes and planned_ahead.status is Status.CONVERTED
+    assert not guarded_by_rank_zero(planned_ahead.output, "loss_avg = mean_over_ranks(loss)")
+    assert guarded_by_rank_zero(planned_ahead.output, 'print(f"loss {loss_avg.item():.4f}")')
 
 
 def test_the_rank_zero_plan_sees_the_reductions_the_evaluation_sharding_adds():

@@ -22,6 +22,7 @@ from ddpify.codemods.options import Options
 from ddpify.codemods.report import Advice, Change, Import, Missing, Report
 from ddpify.edits.engine import Edits, GroupBuilder
 from ddpify.edits.expressions import cst_type_of
+from ddpify.edits.positions import key_of
 from ddpify.edits.statements import StatementRewrite, guard, parse_statements
 
 if TYPE_CHECKING:
@@ -36,6 +37,10 @@ class Transform:
     # NAMEs of the earlier transforms whose edits this one's plan reads (it is planned on the code
     # they produced); None: every earlier transform's. The others' edits may still be pending.
     SEES_EDITS_OF: ClassVar[tuple[str, ...] | None] = None
+    # NAMEs of those whose pending edits its plan can read as facts (Edits.as_pending) instead of
+    # waiting for them: it is planned on the code before them, its edits made after theirs in the same
+    # pass (Edits.merge_after), unless reads_pending_edits says its plan may differ once they are made.
+    PLANS_AHEAD_OF: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, context: CodemodContext | None, anatomy: Anatomy, options: Options, pending: Edits | None = None) -> None:
         self.context = context  # what CodemodTest passes; a conversion reads nothing from it
@@ -55,6 +60,11 @@ class Transform:
 
     def plan(self) -> None:
         """Queue this transform's edits from the anatomy (called before the tree is visited)."""
+
+    def reads_pending_edits(self) -> bool:
+        """Planned ahead of the pending edits of PLANS_AHEAD_OF: might its plan differ on the code they
+        produce? Then it is planned again on that code."""
+        return True
 
     # ----- reporting -------------------------------------------------------------------------
     def changed(self, line: int, message: str) -> None:
@@ -125,7 +135,16 @@ class Transform:
         """Replace a statement by what `rewrite(updated_cst_statement)` returns."""
         key = self.edits.at(stmt)
         previous = self.edits.rewrite.get(key)
+        self.edits.in_place.discard(key)  # chained, it may return more than one statement
         self.edits.rewrite[key] = rewrite if previous is None else (lambda s, p=previous: _chain(p, rewrite, s))
+
+    def rewrite_in_place(self, stmt: ast.stmt, rewrite: Callable[[cst.BaseStatement], cst.BaseStatement]) -> None:
+        """Replace a statement by the one statement `rewrite` returns, which stands for it: the edits of a
+        transform planned ahead of this one's (PLANS_AHEAD_OF) land on it."""
+        alone = key_of(stmt) not in self.edits.rewrite
+        self.rewrite_statement(stmt, lambda s: [rewrite(s)])
+        if alone:
+            self.edits.in_place.add(key_of(stmt))
 
     def rewrite_node(self, node: ast.AST, cst_type: type, rewrite: Callable[[cst.CSTNode], cst.CSTNode]) -> None:
         """Replace the CST node of `cst_type` that spans exactly what `node` spans."""

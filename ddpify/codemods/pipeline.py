@@ -10,29 +10,26 @@ project layer hands it in turn); each later stage analyses the code the stage be
 because its transforms read those edits (SEES_EDITS_OF) or edit the same statements; a stage that
 made no edits is not analysed again. The analysis is not patched in place: an edit moves lines and
 statements, and the roles, scopes and value flow of the code around it follow from the whole file.
-A DDP or FSDP conversion typically has two stages, so with the lint of the output it analyses three
-times. The second stage is the rank-0 duties' (with `.module` access for DDP where the wrapper
-lacks what the model is read for, and FSDP's whole-model check, which read the wrap and the shard).
-Planned on the input instead (tests/test_analyses_per_convert.py), rank 0 would misjudge:
 
-- what evaluates to the DDP wrapper or the sharded model (anatomy.distributed's is_wrapper,
-  is_sharded_model): rank-0-only code would call the wrapper, not `.module`, and a forward of the
-  sharded model in a print's arguments (an all-gather) would stay under the guard;
-- which calls join every rank because of collectives the first stage adds (every_rank_work's
-  joins_by_itself): a printed `evaluate(model, loader)` whose loop the evaluation sharding follows
-  by `all_reduce_sums` must run on every rank first, and a `with open(..., "w")` block around such
-  work stays on every rank;
-- and it would edit the statements other first-stage transforms edit (Edits.interferes_with sends
-  it to a new stage anyway): the loss prints log-loss rewrites to `mean_over_ranks` values (in 46
-  of the 114 scripts of bench/bench_convert.py's corpus when measured), the saves FSDP's state_dict
-  transform rewrites (15), the `__main__` statements setup encloses in try/finally (2).
-
-A single stage would need the first stage to hand these over in the input's terms: the wrap's plan
-the names it binds to wrappers (or shards) and from which statement on, the evaluation and log-loss
-plans the functions and statements that will call a collective (as ProjectFacts tells a file which
-of another file's functions join every rank), every-rank judgements that take them, and an edit
-engine that makes two rewrites of one statement in order. Where the setup's helpers go is handed
-over already (add_helper, the room setup leaves).
+The rank-0 duties read the edits of the setup, the wrap (or shard), devices, the evaluation sharding
+and log-loss, yet are planned ahead of them, on the same anatomy (Transform.PLANS_AHEAD_OF), where
+those edits change nothing their plan reads: the pending edits are handed over as facts
+(Edits.as_pending), and every statement rank 0 judged must be judged alike once they are made
+(anatomy.distributed.every_rank_work's judged_alike_once_made: it reads no model, which the wrap
+makes a wrapper or the shard a sharded model; no edit touches it or a local function it calls,
+where a collective may be added; an edit of the statement itself is a rewrite in place, as
+log-loss's of a loss print, of an output whose calls only read), and it hoists nothing (a hoisted
+value's name must be fresh in their output too). Its edits are then made in the same pass, after
+theirs (Edits.merge_after: an edit of a statement rewritten in place lands on what the rewrite
+returned; a statement they insert splits rank 0's guards). A DDP or FSDP conversion of a plain
+script is then one stage, and with the lint of the output analysed twice
+(tests/test_analyses_per_convert.py). Elsewhere rank 0 waits for a second stage: a print of
+`evaluate(model, loader)` reads the model the wrap wraps (rank-0-only code must call `.module`;
+a forward of the sharded model is an all-gather) and a function the evaluation sharding makes call
+`all_reduce_sums` (so it must run on every rank first); it waits for FSDP's checkpoint,
+state-dict and parameter rewrites where they have work, and for setup's try/finally around the
+`__main__` statements it guards (Edits.can_come_after). Where `.module` access has work, that is
+planned on the wrap's output (a second stage), and rank 0 ahead of that stage's edits.
 
 Changes are reported against the lines of the user's original file: after each pass a line map
 (from a diff of the pass's input and output) carries every line back to where it came from.
@@ -121,24 +118,24 @@ def run_pipeline(text: str, path: str, transforms: Sequence[type[Transform]], op
     Transforms are planned in stages, on one anatomy each, and a stage's edits are made in one pass.
     A transform starts a new stage when its plan reads the edits of one still pending (its
     SEES_EDITS_OF), or when its edits interfere with the stage's (Edits.interferes_with): then
-    it is planned again on the code the stage produced. A transform that finds no work in the code
-    (Transform.finds_work) is not planned at all. For DDP, typically: setup, devices, DataParallel
-    removal and the wrap; then `.module` access (it reads the wrap), split, samplers, evaluation (it
-    reads setup's helpers), log-loss (unless it waits for the evaluation helpers); rank 0 after the
-    `.module` and log-loss edits; per-node downloads, where there are any, after the rank-0 guards.
+    it is planned again on the code the stage produced; unless it can be planned ahead of the edits
+    it reads (PLANS_AHEAD_OF, _Stage.plan_ahead), its edits made after them in the same pass. A
+    transform that finds no work in the code (Transform.finds_work) is not planned at all. For
+    DDP, typically: setup, devices, DataParallel removal, the wrap, samplers, evaluation, log-loss
+    and rank 0 (planned ahead) in one stage; `.module` access, where it has work, in a second one
+    (it reads the wrap); per-node downloads, where there are any, after the rank-0 guards.
     """
     conversion = _Conversion(text, path, facts, anatomy)
     stage = conversion.next_stage()
     for transform_cls in transforms:
         if not transform_cls.finds_work(stage.anatomy, options):
             continue
-        if stage.pending_for(transform_cls):
+        ahead = stage.pending_for(transform_cls)
+        transform = stage.plan_ahead(transform_cls, options) if ahead else stage.plan(transform_cls, options)
+        if transform is None or (not ahead and stage.edits.interferes_with(transform.edits, stage.anatomy)):
             stage = conversion.make(stage)
-        transform = stage.plan(transform_cls, options)
-        if stage.edits.interferes_with(transform.edits, stage.anatomy):
-            stage = conversion.make(stage)
-            transform = stage.plan(transform_cls, options)
-        stage.add(transform)
+            transform, ahead = stage.plan(transform_cls, options), False
+        stage.add(transform, ahead)
     conversion.finish(stage, last=True)
     if fit_width:
         conversion.fit_to_width()
@@ -158,14 +155,33 @@ class _Stage:
         transform.plan()
         return transform
 
-    def add(self, transform: Transform) -> None:
+    def plan_ahead(self, transform_cls: type[Transform], options: Options) -> Transform | None:
+        """The transform planned on this stage's code though it reads edits still pending here, which it
+        takes as facts (its PLANS_AHEAD_OF); None where it must wait for them: it waits for others, its
+        plan reads what they change, or its edits can't be made after them in the same pass."""
+        if self.edits.then is not None or not set(self._waited_for(transform_cls)) <= set(transform_cls.PLANS_AHEAD_OF):
+            return None
+        transform = self.plan(transform_cls, options)
+        if transform.reads_pending_edits() or not self.edits.can_come_after(transform.edits):
+            return None
+        return transform
+
+    def add(self, transform: Transform, ahead: bool = False) -> None:
+        """Take in a transform's edits: after those pending when it was planned ahead of them."""
         self.transforms.append(transform)
-        self.edits.merge(transform.edits)
+        if ahead:
+            self.edits.merge_after(transform.edits)
+        else:
+            self.edits.merge(transform.edits)
 
     def pending_for(self, transform_cls: type[Transform]) -> bool:
         """Does the transform's plan read edits (or imports) this stage has not made yet?"""
+        return bool(self._waited_for(transform_cls))
+
+    def _waited_for(self, transform_cls: type[Transform]) -> list[str]:
+        """The NAMEs of the transforms of this stage whose pending edits (or imports) its plan reads."""
         seen = transform_cls.SEES_EDITS_OF
-        return any((t.edits or t.report.imports) and (seen is None or t.NAME in seen) for t in self.transforms)
+        return [t.NAME for t in self.transforms if (t.edits or t.report.imports) and (seen is None or t.NAME in seen)]
 
 
 class _Conversion:

@@ -4,7 +4,10 @@ plain CSTTransformer pass finds the CST nodes at those positions and rewrites th
 Statement-level surgery (insert before or after, rewrite, put first in a body, group under a guard)
 is applied when the pass leaves the block that holds the statement, so an edit never juggles
 parents itself. Edits of several transforms planned on the same code merge into one pass when they
-do not interfere (`Edits.interferes_with`).
+do not interfere (`Edits.interferes_with`). A transform planned ahead of edits it would read
+(Transform.PLANS_AHEAD_OF) has its edits made in the same pass as a second layer (`Edits.then`):
+each block is edited by the first layer, then by the second, whose edits of a statement the first
+rewrote in place land on what that rewrite returned, as if planned on the code the first produced.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from typing import Callable, Sequence
 import libcst as cst
 
 from ddpify.anatomy import Anatomy
+from ddpify.anatomy.distributed.every_rank_work import PendingEdits
 from ddpify.edits.positions import Key, Span, key_of, spans_in_place
 from ddpify.edits.statements import StatementRewrite, compound_bodies, first_in_body, keep_leading_lines, one_statement_a_line
 
 GroupBuilder = Callable[[list[cst.BaseStatement]], cst.BaseStatement]
 Place = tuple[int, str, int]  # a statement's parent (its id), the parent's field holding the block, its index
+Keyed = tuple[Key | None, cst.BaseStatement]  # a statement of a block being edited, and the key its edits have (None: added)
 
 
 @dataclass
@@ -39,9 +44,11 @@ class Edits:
     # where the helper functions of later transforms go: after a statement, at a place among its insertions
     helper_slot: tuple[Key, int] | None = None
     helpers: dict[str, list[cst.BaseStatement]] = field(default_factory=dict)  # by function name, in order
+    in_place: set[Key] = field(default_factory=set)  # statements rewritten into one that stands for each
+    then: Edits | None = None  # the edits of transforms planned ahead of these, made after them (merge_after)
 
     def __bool__(self) -> bool:
-        return any((self.before, self.after, self.rewrite, self.body_start, self.module_end, self.expr, self.grouped, self.helpers))
+        return any((self.before, self.after, self.rewrite, self.body_start, self.module_end, self.expr, self.grouped, self.helpers, self.then))
 
     def at(self, stmt: ast.stmt) -> Key:
         """The key of a statement an edit touches (remembered, to tell whether edits interact)."""
@@ -59,17 +66,49 @@ class Edits:
         return bool(self.statements.keys() & later.statements.keys()
                     or self._beside_groups(anatomy) & later._edited_places(anatomy)
                     or later._beside_groups(anatomy) & self._edited_places(anatomy)
-                    or self._encloses_rewrites_of(later) or later._encloses_rewrites_of(self))
+                    or self._encloses_rewrites_of(later) or later._encloses_rewrites_of(self)
+                    or (self.then is not None and self.then.interferes_with(later, anatomy)))
+
+    def can_come_after(self, ahead: Edits) -> bool:
+        """Can `ahead`, planned on the same code as if these were made, be made after these in the same
+        pass (merge_after)? Not where it edits a statement these group or rewrite (unless in place:
+        its edits land on what the rewrite returned), nor where one of its expression rewrites lies
+        within a statement these rewrite or an expression these rewrite: a rewrite of these would
+        then be made on its output, not the other way round."""
+        shared = self.statements.keys() & ahead.statements.keys()
+        if any(key in self.grouped or (key in self.rewrite and key not in self.in_place) for key in shared):
+            return False
+        outer = [(span[:2], span[2:]) for span, _ in self.expr]
+        outer += [_lines_of(s) for key, s in self.statements.items() if key in self.rewrite]
+        inner = [(span[:2], span[2:]) for span, _ in ahead.expr]
+        inner += [_lines_of(s) for key, s in ahead.statements.items() if key not in self.statements]
+        return not any(start <= first and last <= end for start, end in outer for first, last in inner)
 
     def merge(self, later: Edits) -> None:
-        """Take in the edits of a later transform that does not interfere with these."""
-        for mine, theirs in ((self.before, later.before), (self.after, later.after), (self.rewrite, later.rewrite),
-                             (self.body_start, later.body_start), (self.expr, later.expr), (self.grouped, later.grouped),
-                             (self.statements, later.statements)):
-            mine.update(theirs)  # type: ignore[attr-defined]
-        self.module_end.extend(later.module_end)
+        """Take in the edits of a later transform that does not interfere with these (into the last layer)."""
         self._place_helpers(later.helpers)
+        last = self.then or self
+        for mine, theirs in ((last.before, later.before), (last.after, later.after), (last.rewrite, later.rewrite),
+                             (last.body_start, later.body_start), (last.expr, later.expr), (last.grouped, later.grouped),
+                             (last.statements, later.statements)):
+            mine.update(theirs)  # type: ignore[attr-defined]
+        last.module_end.extend(later.module_end)
+        last.in_place |= later.in_place
         self.helper_slot = self.helper_slot or later.helper_slot
+
+    def merge_after(self, ahead: Edits) -> None:
+        """Take in the edits of a transform planned ahead of these (can_come_after): made after them, as
+        a second layer; the helper functions it asks for go in the room these leave."""
+        self._place_helpers(ahead.helpers)
+        ahead.helpers = {}
+        self.then = ahead
+
+    def as_pending(self) -> PendingEdits:
+        """What these edits touch, as the judgements of a transform planned ahead of them read it."""
+        others = self.after.keys() | self.body_start.keys() | self.grouped.keys()  # an insertion before it is made outside it
+        return PendingEdits(statements=frozenset(self.statements.values()),
+                            in_place=frozenset(self.statements[key] for key in self.in_place - others),
+                            expression_lines=frozenset(line for span, _ in self.expr for line in range(span[0], span[2] + 1)))
 
     def _place_helpers(self, helpers: dict[str, list[cst.BaseStatement]]) -> None:
         """The helper functions a later transform asks for, those not asked for yet, into the slot (where
@@ -107,15 +146,23 @@ class Edits:
         return module.visit(_EditApplier(self, tree))
 
     def touches_statements(self, stmts: Sequence[ast.stmt]) -> bool:
-        """Does an edit insert at, rewrite or group one of these statements?"""
+        """Does an edit (of either layer) insert at, rewrite or group one of these statements?"""
         keys = {key_of(stmt) for stmt in stmts}
-        return any(keys & queue.keys() for queue in (self.before, self.after, self.rewrite, self.body_start, self.grouped))
+        return any(keys & queue.keys() for layer in self.layers() for queue in (layer.before, layer.after, layer.rewrite, layer.body_start, layer.grouped))
+
+    def groups_any(self, stmts: Sequence[ast.stmt]) -> bool:
+        return any(key_of(stmt) in layer.grouped for layer in self.layers() for stmt in stmts)
+
+    def layers(self) -> list[Edits]:
+        """These edits, then those made after them in the same pass."""
+        return [self] if self.then is None else [self, self.then]
 
     def unmade(self) -> list[ast.stmt]:
         """After `apply`: the statements whose edits it could not make, because it found no statement
         of the code where they were planned (none is expected: a conversion reports them missing)."""
-        left = self.before.keys() | self.after.keys() | self.rewrite.keys() | self.body_start.keys() | self.grouped.keys()
-        return sorted((self.statements[key] for key in left), key=key_of)
+        left = [(layer, key) for layer in self.layers()
+                for key in layer.before.keys() | layer.after.keys() | layer.rewrite.keys() | layer.body_start.keys() | layer.grouped.keys()]
+        return sorted((layer.statements[key] for layer, key in left), key=key_of)
 
 
 class _EditApplier(cst.CSTTransformer):
@@ -125,6 +172,7 @@ class _EditApplier(cst.CSTTransformer):
 
     def __init__(self, edits: Edits, tree: ast.Module) -> None:
         super().__init__()
+        self.layers = edits.layers()
         self.edits = edits
         self.tree = tree
         self.module = cst.Module(body=[])
@@ -134,9 +182,10 @@ class _EditApplier(cst.CSTTransformer):
         self.spans: dict[cst.CSTNode, Span] = {}
         self.spread: dict[cst.SimpleStatementSuite, Sequence[ast.stmt]] = {}  # one-line bodies that hold an edited statement
         self.shared_lines: dict[cst.SimpleStatementLine, Sequence[ast.stmt]] = {}  # lines `a; b`, with their statements
-        keys = [*edits.before, *edits.after, *edits.rewrite, *edits.body_start, *edits.grouped, *(span for span, _ in edits.expr)]
-        self.edited_lines = sorted({key[0] for key in keys})
-        self.expr_lines = sorted({span[0] for span, _ in edits.expr})
+        self.expr = {span: rewrite for layer in self.layers for span, rewrite in layer.expr.items()}
+        keys = [key for layer in self.layers for key in (*layer.before, *layer.after, *layer.rewrite, *layer.body_start, *layer.grouped)]
+        self.edited_lines = sorted({key[0] for key in [*keys, *(span for span, _ in self.expr)]})
+        self.expr_lines = sorted({span[0] for span, _ in self.expr})
 
     def visit_Module(self, node: cst.Module) -> bool:
         self.module = node
@@ -184,7 +233,7 @@ class _EditApplier(cst.CSTTransformer):
         spread_updated: list[cst.BaseStatement] = []
         for orig, new in zip(originals, updated):
             stmts = self.shared_lines.get(orig)  # type: ignore[call-overload]
-            if stmts and (self.edits.touches_statements(stmts[1:]) or any(key_of(stmt) in self.edits.grouped for stmt in stmts)):
+            if stmts and (self.edits.touches_statements(stmts[1:]) or self.edits.groups_any(stmts)):
                 lines = self._one_statement_a_line(new, stmts)  # type: ignore[arg-type]
                 spread_originals += lines
                 spread_updated += lines
@@ -222,7 +271,7 @@ class _EditApplier(cst.CSTTransformer):
             self.holders.pop()
         updated = super().on_leave(original_node, updated_node)
         if self.expr_lines and isinstance(original_node, cst.BaseExpression) and self.holders[-1][1]:
-            rewrite = self.edits.expr.get((self._span(original_node), type(original_node)))
+            rewrite = self.expr.get((self._span(original_node), type(original_node)))
             if rewrite is not None:
                 return rewrite(updated)  # type: ignore[arg-type]
         return updated
@@ -232,7 +281,7 @@ class _EditApplier(cst.CSTTransformer):
         return True
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        body = self._apply_to_block(original_node.body, updated_node.body) + self.edits.module_end
+        body = self._apply_to_block(original_node.body, updated_node.body) + [s for layer in self.layers for s in layer.module_end]
         return updated_node.with_changes(body=body)
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
@@ -242,43 +291,52 @@ class _EditApplier(cst.CSTTransformer):
     def _apply_to_block(self, originals: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         if self.shared_lines:
             originals, updated = self._spread_shared_lines(originals, updated)
-        out: list[cst.BaseStatement] = []
-        run: list[cst.BaseStatement] = []  # consecutive statements of one group
-        run_group: tuple[object, GroupBuilder] | None = None
-        trailing: list[cst.BaseStatement] = []
-        for orig, new in zip(originals, updated):
-            key = self._key(orig)
-            group = self.edits.grouped.pop(key, None)
-            if run and (group is None or group[0] != run_group[0]):  # type: ignore[index]
-                out.append(run_group[1](run))  # type: ignore[index]
-                out.extend(trailing)
-                run, trailing = [], []
-            before = self.edits.before.pop(key, [])
-            produced = self._produce(key, new)
-            after = self.edits.after.pop(key, [])
-            if group is None:
-                out.extend([*before, *produced, *after])
-                continue
-            (run if run else out).extend(before)
-            run.extend(produced)
-            trailing.extend(after)
-            run_group = group
-        if run:
-            out.append(run_group[1](run))  # type: ignore[index]
+        block: list[Keyed] = [(self._key(orig), new) for orig, new in zip(originals, updated)]
+        for layer in self.layers:
+            block = _edit_block(layer, block)
+        return [stmt for _, stmt in block]
+
+
+def _edit_block(edits: Edits, block: list[Keyed]) -> list[Keyed]:
+    """A block's statements with one layer's edits made. What a statement becomes keeps its key when
+    it is one statement (a later layer's edits land on it); what is added or grouped has none."""
+    out: list[Keyed] = []
+    run: list[cst.BaseStatement] = []  # consecutive statements of one group
+    run_group: tuple[object, GroupBuilder] | None = None
+    trailing: list[Keyed] = []
+    for key, new in block:
+        group = edits.grouped.pop(key, None)  # type: ignore[arg-type]
+        if run and (group is None or group[0] != run_group[0]):  # type: ignore[index]
+            out.append((None, run_group[1](run)))  # type: ignore[index]
             out.extend(trailing)
-        return out
+            run, trailing = [], []
+        before = [(None, stmt) for stmt in edits.before.pop(key, [])]  # type: ignore[arg-type]
+        produced = _produce(edits, key, new)
+        after = [(None, stmt) for stmt in edits.after.pop(key, [])]  # type: ignore[arg-type]
+        if group is None:
+            out.extend([*before, *((key if len(produced) == 1 else None, stmt) for stmt in produced), *after])
+            continue
+        if run:
+            run.extend(stmt for _, stmt in before)
+        else:
+            out.extend(before)
+        run.extend(produced)
+        trailing.extend(after)
+        run_group = group
+    if run:
+        out.append((None, run_group[1](run)))  # type: ignore[index]
+        out.extend(trailing)
+    return out
 
-    def _produce(self, key: Key, new: cst.BaseStatement) -> list[cst.BaseStatement]:
-        new = self._with_body_start(key, new)
-        rewrite = self.edits.rewrite.pop(key, None)
-        produced = list(rewrite(new)) if rewrite else [new]
-        if produced and produced[0] is not new:
-            produced[0] = keep_leading_lines(new, produced[0])
-        return produced
 
-    def _with_body_start(self, key: Key, stmt: cst.BaseStatement) -> cst.BaseStatement:
-        extra = self.edits.body_start.pop(key, None)
-        return first_in_body(stmt, extra) if extra else stmt
+def _produce(edits: Edits, key: Key | None, new: cst.BaseStatement) -> list[cst.BaseStatement]:
+    extra = edits.body_start.pop(key, None)  # type: ignore[arg-type]
+    new = first_in_body(new, extra) if extra else new
+    rewrite = edits.rewrite.pop(key, None)  # type: ignore[arg-type]
+    produced = list(rewrite(new)) if rewrite else [new]
+    if produced and produced[0] is not new:
+        produced[0] = keep_leading_lines(new, produced[0])
+    return produced
 
 
 def _any_within(lines: list[int], first: int, last: int) -> bool:

@@ -1,11 +1,13 @@
 """Work every rank must join: collectives, training calls and what calls them, told apart from output
-(prints, log records, writes) that rank 0 alone may make; and which values in a rank-0 output
-statement must be computed on every rank first.
+(prints, log records, writes) that rank 0 alone may make; which values in a rank-0 output
+statement must be computed on every rank first; and whether those judgements of a statement
+hold once edits planned on the code, not made yet, are made (`judged_alike_once_made`).
 """
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from typing import Iterable
 
 from ddpify.anatomy.script import Anatomy
@@ -15,7 +17,7 @@ from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.accelerate import accelerator_method, is_prepared_model
 from ddpify.anatomy.distributed.fsdp import after_shard, is_sharded_model, sharded_origins
 from ddpify.anatomy.distributed.names import COLLECTIVES
-from ddpify.anatomy.distributed.wrappers import is_wrapper
+from ddpify.anatomy.distributed.wrappers import is_wrapper, may_become_wrapper
 from ddpify.anatomy.sites import CallSite
 from ddpify.anatomy.output import is_output_call
 from ddpify.anatomy.syntax import ancestors, argument, contains
@@ -211,3 +213,45 @@ def _conditional_part(parent: ast.AST, child: ast.AST) -> str | None:
     if isinstance(parent, ast.comprehension) and child is not parent.iter:
         return "a comprehension"
     return None
+
+
+@dataclass(frozen=True)
+class PendingEdits:
+    """Edits planned on the code and not made yet, as a judgement planned ahead of them reads them
+    (ddpify.edits.engine's Edits.as_pending; ddpify.codemods.pipeline): the statements they insert
+    at, rewrite or group, those rewritten in place (into one statement standing for each: a loss
+    print that prints the loss's mean over ranks), and the lines of the expressions they rewrite."""
+
+    statements: frozenset[ast.stmt]
+    in_place: frozenset[ast.stmt]
+    expression_lines: frozenset[int]
+
+
+def judged_alike_once_made(a: Anatomy, stmt: ast.stmt, pending: PendingEdits) -> bool:
+    """Would the every-rank judgements of `stmt` (joins_every_rank, values_to_compute_first, is_wrapper
+    and is_sharded_model of what it calls or hands on) be the same on the code `pending` produces?
+    Conservatively: yes where the edits touch nothing in it or in a local function it calls (they may
+    add a collective there: the evaluation's `all_reduce_sums`), where it reads no model (the wrap or
+    the shard may make it a wrapper or a sharded model), and where an edit of the statement itself is
+    a rewrite in place of an output whose every call only reads (the names it reads may change)."""
+    if any(isinstance(n, ast.expr) and may_become_wrapper(a, n) for n in ast.walk(stmt)):
+        return False
+    if stmt in pending.statements or _holds_rewritten_expression(stmt, pending):
+        if not _only_reads_once_rewritten(a, stmt, pending):
+            return False
+    return not a.body_contains([stmt], lambda n: n is not stmt and isinstance(n, ast.stmt) and (
+        n in pending.statements or _holds_rewritten_expression(n, pending)))
+
+
+def _holds_rewritten_expression(stmt: ast.stmt, pending: PendingEdits) -> bool:
+    """Is an expression on the statement's own lines (a compound's header) rewritten?"""
+    body = getattr(stmt, "body", None)
+    last = body[0].lineno - 1 if isinstance(body, list) and body and isinstance(body[0], ast.stmt) else stmt.end_lineno
+    return any(line in pending.expression_lines for line in range(stmt.lineno, (last or stmt.lineno) + 1))
+
+
+def _only_reads_once_rewritten(a: Anatomy, stmt: ast.stmt, pending: PendingEdits) -> bool:
+    """An output rewritten in place, whose calls in its arguments only format or read."""
+    output = stmt.value if isinstance(stmt, ast.Expr) else None
+    return (stmt in pending.in_place and isinstance(output, ast.Call) and is_output_call(a, output)
+            and all(is_pure_call(a, n) for n in ast.walk(output) if isinstance(n, ast.Call) and n is not output))

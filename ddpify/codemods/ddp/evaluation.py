@@ -115,7 +115,7 @@ class ReducedLossPrints(Transform):
         for p in prints:
             renames = {name: fresh_name(self.anatomy, f"{name}_avg", taken) for name in p.names}
             self.insert_before(p.stmt, "".join(f"{avg} = {MEAN_CALL}({name})\n" for name, avg in renames.items()))
-            self.rewrite_statement(p.stmt, lambda stmt, r=renames: [stmt.visit(_Renamer(r))])  # type: ignore[misc]
+            self.rewrite_in_place(p.stmt, lambda stmt, r=renames: stmt.visit(_Renamer(r)))  # type: ignore[misc, return-value]
             self.changed(p.stmt.lineno, f"training loss printed as its mean over ranks ({', '.join(p.names)}; one all_reduce per print, not per step)")
 
 

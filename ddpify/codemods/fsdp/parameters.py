@@ -12,13 +12,14 @@ import ast
 
 import libcst as cst
 
-from ddpify.anatomy import ROLE_MODEL
+from ddpify.anatomy import ROLE_MODEL, Anatomy
 from ddpify.anatomy.distributed.fsdp import after_shard
 from ddpify.anatomy.distributed.names import FULLY_SHARD
 from ddpify.anatomy.distributed.ranks import rank_guarded
 from ddpify.anatomy.output import output_kind
 from ddpify.anatomy.vocabulary import PARAMETER_METHODS
 from ddpify.codemods.base import Transform
+from ddpify.codemods.options import Options
 from ddpify.edits.expressions import parse_expr
 
 LAYER_PARAMETERS = frozenset({"weight", "bias"})  # what torch.nn layers name their parameters
@@ -31,12 +32,20 @@ class FullParameters(Transform):
     NAME = "parameters"
     SEES_EDITS_OF = ("setup", "shard")  # the fully_shard calls (and their rank guards)
 
+    @classmethod
+    def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
+        """Judged before the shard too (it adds no such read): does the code read a parameter of a
+        model, or loop over a model's parameters?"""
+        names = _parameter_names(anatomy)
+        return any(_iterates_parameters(node) or ((owner := _parameter_owner(anatomy, node, names)) is not None
+                                                  and anatomy.origins(owner, ROLE_MODEL)) for node in anatomy.nodes)
+
     def plan(self) -> None:
         shards = self.anatomy.calls_to(*FULLY_SHARD)
         sharded = {o for s in shards if s.node.args for o in self.anatomy.origins(s.node.args[0], ROLE_MODEL)}  # type: ignore[attr-defined]
         if not sharded:
             return
-        names = LAYER_PARAMETERS | {p for mc in self.anatomy.model_classes.values() for p in mc.parameters}
+        names = _parameter_names(self.anatomy)
         for node in self.anatomy.nodes:
             if self._reads_parameter(node, names, sharded):
                 self._gather(node)  # type: ignore[arg-type]
@@ -49,8 +58,7 @@ class FullParameters(Transform):
     def _reads_shard_values(self, node: ast.AST, sharded: set) -> bool:
         """`for name, p in model.named_parameters(): ... p.tolist() ...` (or `.cpu()`, `.numpy()`, `.item()`, `.flatten()`)
         over a sharded model: the values of a DTensor shard can't be read as a whole tensor's."""
-        if not (isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.iter, ast.Call)
-                and isinstance(node.iter.func, ast.Attribute) and node.iter.func.attr in PARAMETER_METHODS):
+        if not _iterates_parameters(node):
             return False
         if not (self.anatomy.origins(node.iter.func.value, ROLE_MODEL) & sharded and after_shard(self.anatomy, node.iter)):
             return False
@@ -60,14 +68,8 @@ class FullParameters(Transform):
                    for stmt in body for n in ast.walk(stmt))
 
     def _reads_parameter(self, node: ast.AST, names: frozenset[str], sharded: set) -> bool:
-        if not (isinstance(node, ast.Attribute) and node.attr in names and isinstance(node.ctx, ast.Load)):
-            return False
-        if self.anatomy.scope_of.get(node, "").split(".")[0] in self.anatomy.model_classes:
-            return False  # the model's own forward reads its parameters unsharded
-        parent = self.anatomy.parents.get(node)
-        if isinstance(parent, ast.Attribute) and parent.attr == "full_tensor":
-            return False
-        return bool(self.anatomy.origins(_owner(node), ROLE_MODEL) & sharded) and after_shard(self.anatomy, node)
+        owner = _parameter_owner(self.anatomy, node, names)
+        return owner is not None and bool(self.anatomy.origins(owner, ROLE_MODEL) & sharded) and after_shard(self.anatomy, node)
 
     def _gather(self, node: ast.Attribute) -> None:
         stmt = self.anatomy.stmt_of.get(node)
@@ -77,6 +79,27 @@ class FullParameters(Transform):
             return
         self.rewrite_node(node, cst.Attribute, lambda attr: parse_expr(f"{cst.Module([]).code_for_node(attr)}.full_tensor()"))
         self.changed(node.lineno, f"{ast.unparse(node)} -> {ast.unparse(node)}.full_tensor() (the whole parameter, gathered on every rank)")
+
+
+def _parameter_names(anatomy: Anatomy) -> frozenset[str]:
+    return LAYER_PARAMETERS | {p for mc in anatomy.model_classes.values() for p in mc.parameters}
+
+
+def _parameter_owner(anatomy: Anatomy, node: ast.AST, names: frozenset[str]) -> ast.expr | None:
+    """The model in `model.fc.weight` where `node` reads a parameter of what it holds outside its
+    own class (its forward reads them unsharded), and not already as `.full_tensor()`."""
+    if not (isinstance(node, ast.Attribute) and node.attr in names and isinstance(node.ctx, ast.Load)):
+        return None
+    if anatomy.scope_of.get(node, "").split(".")[0] in anatomy.model_classes:
+        return None
+    parent = anatomy.parents.get(node)
+    return None if isinstance(parent, ast.Attribute) and parent.attr == "full_tensor" else _owner(node)
+
+
+def _iterates_parameters(node: ast.AST) -> bool:
+    """`for name, p in model.named_parameters():` (or a comprehension's)."""
+    return (isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.iter, ast.Call)
+            and isinstance(node.iter.func, ast.Attribute) and node.iter.func.attr in PARAMETER_METHODS)
 
 
 def _reads_variable(expr: ast.AST, names: set[str]) -> bool:

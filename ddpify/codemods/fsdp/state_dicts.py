@@ -15,11 +15,12 @@ import ast
 
 import libcst as cst
 
-from ddpify.anatomy import ROLE_MODEL, ROLE_OPTIMIZER, Ref
+from ddpify.anatomy import ROLE_MODEL, ROLE_OPTIMIZER, Anatomy, Ref
 from ddpify.anatomy.distributed.fsdp import after_shard
 from ddpify.anatomy.distributed.names import FULLY_SHARD
 from ddpify.anatomy.vocabulary import STATE_DICT_METHODS, TORCH_SAVE, opens_for_writing
 from ddpify.codemods.base import Transform
+from ddpify.codemods.options import Options
 from ddpify.edits.expressions import parse_expr
 
 STATE_DICT_MODULE = "torch.distributed.checkpoint.state_dict"
@@ -87,6 +88,11 @@ class FullStateDicts(CollectiveStateDicts):
     """Full (unsharded) state dicts of sharded models, gathered on every rank."""
 
     NAME = "state_dict"
+
+    @classmethod
+    def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
+        """Only a state-dict method called can hold shards (the shard adds none)."""
+        return any(isinstance(c.node.func, ast.Attribute) and c.node.func.attr in STATE_DICT_METHODS for c in anatomy.calls)  # type: ignore[attr-defined]
 
     def plan(self) -> None:
         sharded = self.sharded_models()

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import ast
 
+from ddpify.anatomy import Anatomy
 from ddpify.anatomy.distributed.fsdp import after_shard, is_sharded_model
 from ddpify.anatomy.vocabulary import TORCH_SAVE
 from ddpify.codemods.base import Transform
+from ddpify.codemods.options import Options
 from ddpify.codemods.module_access import calls_handed_the_model
 
 _TODO = {
@@ -31,6 +33,11 @@ class WholeShardedModel(Transform):
 
     NAME = "shard"
     SEES_EDITS_OF = ("shard",)  # where fully_shard now runs
+
+    @classmethod
+    def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
+        """Only a call handed a model can be handed the sharded one (the shard adds none)."""
+        return bool(calls_handed_the_model(anatomy))
 
     def plan(self) -> None:
         for call in calls_handed_the_model(self.anatomy):
