@@ -392,6 +392,7 @@ class DistributedSamplers(SamplerTransform):
 
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
+_WARM_UP = "with a few epochs of warm-up"
 
 
 def advise_learning_rate(transform: Transform) -> None:
@@ -400,12 +401,19 @@ def advise_learning_rate(transform: Transform) -> None:
         return
     for call in transform.anatomy.calls:
         if transform.anatomy.has_role(call.node, ROLE_OPTIMIZER):
-            name = call.qualname.rpartition(".")[2]
-            factor = f"math.sqrt({WORLD_SIZE})" if name in ADAPTIVE_OPTIMIZERS else WORLD_SIZE
-            rule = "square-root rule for adaptive optimizers" if name in ADAPTIVE_OPTIMIZERS else "linear scaling rule"
             transform.advise(call.line, f"the global batch is {WORLD_SIZE} times the original (--batch-size per-gpu): to train alike, "
-                                        f"multiply {name}'s learning rate by {factor} ({rule}, with a few epochs of warm-up), "
+                                        f"{_scaled_learning_rate(call.qualname.rpartition('.')[2])}, "
                                         "or convert with --batch-size global")
+
+
+def _scaled_learning_rate(name: str) -> str:
+    """How to scale the learning rate of optimizer class `name` (or of what a function `name()` returns)."""
+    if name in ADAPTIVE_OPTIMIZERS:
+        return f"multiply {name}'s learning rate by math.sqrt({WORLD_SIZE}) (square-root rule for adaptive optimizers, {_WARM_UP})"
+    if name[:1].isupper():
+        return f"multiply {name}'s learning rate by {WORLD_SIZE} (linear scaling rule, {_WARM_UP})"
+    return (f"multiply the learning rate of the optimizer {name}() returns by {WORLD_SIZE} (linear scaling rule, SGD) "
+            f"or math.sqrt({WORLD_SIZE}) (square-root rule, adaptive optimizers), {_WARM_UP}")
 
 
 def _bind(node: cst.CSTNode, name: str, parenthesize: bool) -> cst.CSTNode:
