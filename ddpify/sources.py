@@ -10,6 +10,7 @@ files under a directory is `ddpify.python_files`.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import errno
 import functools
 import hashlib
@@ -21,6 +22,7 @@ import tempfile
 import tokenize
 import warnings
 from dataclasses import dataclass, field
+from typing import Iterator
 
 __all__ = [
     "SourceError",
@@ -28,6 +30,8 @@ __all__ = [
     "read_source",
     "check_syntax",
     "write_atomic",
+    "write_beside",
+    "put_in_place",
     "unchanged_since_read",
     "mentions_torch",
 ]
@@ -226,12 +230,20 @@ def _python2_construct(message: str, line_text: str) -> str | None:
 def write_atomic(path: str | os.PathLike, data: bytes, mode: int | None = None) -> None:
     """Replace ``path`` with ``data`` atomically: readers (and crashes) see old or new, never half.
 
-    Writes a temp file in the same directory, fsyncs it, gives it ``mode`` (default: the
-    existing file's permission bits, else the umask default) and the existing file's owner and
-    group (where this user may), and renames it over the target. A symlinked ``path`` is
+    Writes a temp file beside it (``write_beside``) and renames it over the target (``put_in_place``).
+    Raises ``SourceError`` if it can't; the original is then untouched and no temp file is left.
+    """
+    put_in_place(write_beside(path, data, mode), path)
+
+
+def write_beside(path: str | os.PathLike, data: bytes, mode: int | None = None) -> str:
+    """Write ``data`` to a new temp file in ``path``'s directory, to be renamed over it: its name.
+
+    Fsynced, with ``mode`` (default: the existing file's permission bits, else the umask default)
+    and the existing file's owner and group (where this user may). A symlinked ``path`` is
     followed, so the link stays and its target is replaced. Like black and ruff, which write into
     the file itself, a file this user may not write to (read-only) is refused, not replaced.
-    Raises ``SourceError`` if it can't; the original is then untouched and no temp file is left.
+    Raises ``SourceError`` if it can't, leaving no temp file.
     """
     target = os.path.realpath(path)
     directory, name = os.path.split(target)
@@ -244,21 +256,35 @@ def write_atomic(path: str | os.PathLike, data: bytes, mode: int | None = None) 
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".ddpify-tmp")
     except OSError as e:
         raise SourceError(path, f"cannot write: {describe_os_error(e)}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            if existing is not None:
-                _keep_owner(f.fileno(), existing)
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
+    with _removed_on_failure(tmp, path), os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        if existing is not None:
+            _keep_owner(f.fileno(), existing)
+        os.fchmod(f.fileno(), mode)
+        os.fsync(f.fileno())
+    return tmp
+
+
+def put_in_place(tmp: str, path: str | os.PathLike) -> None:
+    """Rename the temp file ``write_beside`` made over ``path`` (its target, where it is a symlink);
+    where that fails, remove it and raise ``SourceError``."""
+    target = os.path.realpath(path)
+    with _removed_on_failure(tmp, path):
         os.replace(tmp, target)
+    _fsync_directory(os.path.dirname(target))
+
+
+@contextlib.contextmanager
+def _removed_on_failure(tmp: str, path: str | os.PathLike) -> Iterator[None]:
+    """Remove the temp file where the block fails; an OSError becomes a SourceError naming ``path``."""
+    try:
+        yield
     except BaseException as e:
         _remove_quietly(tmp)
         if isinstance(e, OSError):
             raise SourceError(path, f"cannot write: {describe_os_error(e)}") from None
         raise
-    _fsync_directory(directory)
 
 
 def _existing_stat(path: str) -> os.stat_result | None:

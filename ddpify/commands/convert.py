@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -126,9 +127,19 @@ def convert(paths, target, output, in_place, show_diff, check, partial, batch_si
     outcomes = [_convert_one(item, job.for_file(plan.output_for(item, output)), explicit=_named(item, paths), member=plan.job(item))
                 for item in plan.items]
     outcomes += [_fail(error) for error in plan.copy_unchanged_modules(partial)] if mode == "write" else []
+    outcomes += _finish_writes(plan, outcomes, job) if job.writes else []
     if len(outcomes) > 1:
         click.echo(summary_line(outcomes), err=job.to_stderr)
     sys.exit(exit_code(outcomes, check))
+
+
+def _finish_writes(plan, outcomes: list[Outcome], job: "_Job") -> list[Outcome]:
+    """Put each project's files in place together, or none of a project a file of which failed."""
+    failed = [item for item, outcome in zip(plan.items, outcomes) if outcome.failed]
+    errors, held = plan.finish_writes(failed)
+    for path, cause in held:
+        click.echo(f"{path}: held: {cause}, of the same project, failed; nothing written", err=job.to_stderr)
+    return [_fail(error) for error in errors]
 
 
 @dataclass(frozen=True)
@@ -205,8 +216,7 @@ def _convert_one(item, job: _Job, explicit: bool, member=None) -> Outcome:
         click.echo(markdown_summary(item, result, job.target), err=job.output == "-")
     else:
         _report(item, result, job)
-    launched = member is None or member.entry  # an imported module is not launched
-    return _settle(item, result, job, lambda: _preview(item, result, job) or _emit(item, source, result, job, launched),
+    return _settle(item, result, job, lambda: _preview(item, result, job) or _emit(item, source, result, job, member),
                    mirrored=bool(member and member.output), entry_incomplete=bool(member and member.entry_incomplete),
                    failed_member=member.failed_member if member else "")
 
@@ -250,37 +260,48 @@ def _preview(item, result: ConversionResult, job: _Job) -> Outcome | None:
     return _CHANGED
 
 
-def _emit(item, source, result, job: _Job, launched: bool = True) -> Outcome:
+def _emit(item, source, result, job: _Job, member=None) -> Outcome:
+    """Print the converted code, or write it: with its project where it is a member of one (written
+    all or none, ddpify.project_conversion), else at once. An imported module is not launched."""
     if job.output == "-":
         click.echo(result.output, nl=False)
         return _CHANGED
     if job.mode == "in-place" and not unchanged_since_read(source):
         return _fail(f"{item}: changed on disk while being converted; not overwritten (run again)")
     destination = _destination(item, job)
-    launch = LAUNCH[job.target].format(path=destination) if launched else ""
+    launch = LAUNCH[job.target].format(path=destination) if member is None or member.entry else ""
     if launch and job.target == "accelerate":
         from ddpify.codemods.accelerate.runtime import install_note
 
         launch += install_note()
-    return _write(destination, lambda: source.encode(result.output), source.mode, job.quiet, launch)
+    return _write(destination, lambda: source.encode(result.output), source.mode, job.quiet, launch, member and member.writes)
 
 
 def _destination(item: Path, job: _Job) -> Path:
     return Path(job.output) if job.output else item if job.mode == "in-place" else _default_output(item, job.target)
 
 
-def _write(destination: Path, data, file_mode, quiet, launch: str) -> Outcome:
-    """Write atomically (`data()` builds the bytes and may refuse), then say where and how to run it."""
+def _write(destination: Path, data, file_mode, quiet, launch: str, project=None) -> Outcome:
+    """Write atomically (`data()` builds the bytes and may refuse), then say where and how to run it;
+    with the rest of `project` (its ProjectWrites) where one is given: said once they are all written."""
+    written = partial(_say_written, destination, quiet, launch)
     try:
+        if project is not None:
+            project.write(destination, data(), file_mode, written)
+            return _CHANGED
         os.makedirs(destination.parent, exist_ok=True)
         write_atomic(destination, data(), file_mode)
     except SourceError as error:
         return _fail(error)
+    written()
+    return _CHANGED
+
+
+def _say_written(destination: Path, quiet: bool, launch: str) -> None:
     if not quiet:
         click.echo(f"wrote {destination}")
         if launch:
             click.echo(f"launch: {launch}")
-    return _CHANGED
 
 
 def _convert_notebook(item, job: _Job) -> Outcome:
