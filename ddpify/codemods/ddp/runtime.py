@@ -173,10 +173,13 @@ AVERAGE_HELPER = '''
 
 def broadcast_parameters(optimizer):
     """Rank 0's values of the parameters `optimizer` trains, on every rank: the
-    ranks start alike, and averaged gradients keep them alike."""
+    ranks start alike, and averaged gradients keep them alike. (Through this
+    rank's device: NCCL takes no CPU tensor.)"""
     for group in optimizer.param_groups:
         for param in group["params"]:
-            dist.broadcast(param.data, src=0)
+            value = param.data.to(RANK_DEVICE)
+            dist.broadcast(value, src=0)
+            param.data.copy_(value)
 
 
 def average_gradients(optimizer):
@@ -187,7 +190,7 @@ def average_gradients(optimizer):
     params = [p for group in optimizer.param_groups for p in group["params"]]
     grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
     had = [float(p.grad is not None) for p in params]
-    flat = torch.cat([grads[0].new_tensor(had), *(g.reshape(-1) for g in grads)])
+    flat = torch.cat([grads[0].new_tensor(had), *(g.reshape(-1) for g in grads)]).to(RANK_DEVICE)
     dist.all_reduce(flat)
     offset = len(params)
     for param, grad, ranks_with_grad in zip(params, grads, flat[:offset].tolist()):
