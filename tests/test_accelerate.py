@@ -505,10 +505,11 @@ def test_conversion_verifies_equivalent(name, tmp_path):
     assert done.stdout.splitlines()[-1].startswith("equivalent: 4 steps match"), done.stdout
 
 
-@pytest.mark.parametrize("project", ["projects/classic", "real/trainer_project"])
+@pytest.mark.parametrize("project", ["projects/classic", "real/trainer_project", "projects/trainer_package"])
 def test_a_project_conversion_verifies_equivalent(project, tmp_path):
-    """The entry prepares the loader another module returns and hands its Accelerator to the modules
-    that train (classic: a step function; trainer_project: a Trainer class that prepares and saves)."""
+    """The entry prepares the loader another module returns (or the one it builds and hands to another
+    module's Trainer: trainer_package) and hands its Accelerator to the modules that train (classic: a
+    step function; the trainers: a Trainer class that prepares and saves)."""
     entry = next(e for e in PROJECTS if e.name == project)
     shutil.copytree(entry.folder, tmp_path / "project")
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FIXTURES_DIR.parent), os.environ.get("PYTHONPATH")]))}

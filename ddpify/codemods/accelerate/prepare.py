@@ -64,9 +64,13 @@ class PrepareForAccelerator(WrapModel):
     def _prepared_elsewhere(self) -> bool:
         """Is the training data another file's to prepare (it iterates a loader of its own, or binds the
         loaders this file returns), or no loader's (the rows of each loss are shared: rows.py)?"""
-        facts = self.anatomy.facts
-        return facts.data_loaded_elsewhere or any(loader.handled_elsewhere for loader in self.anatomy.train_loaders) \
+        return self.anatomy.facts.data_loaded_elsewhere or any(self._returned_to_another_file(ld) for ld in self.anatomy.train_loaders) \
             or trains_without_loader(self.anatomy)
+
+    def _returned_to_another_file(self, loader: LoaderSite) -> bool:
+        """Is the loader returned to another file, which trains on it (and prepares it where it binds it)?
+        One this file hands to another file's function (`Trainer(model, build_loader())`) is prepared here."""
+        return any(scope == loader.scope for scope, _ in self.anatomy.facts.trained_returns)
 
     def _prepare_bound(self, stmt: ast.stmt, value: ast.AST, what: str) -> None:
         """Prepare what `stmt` binds to one name (`optimizer = SGD(...)`)."""
@@ -99,7 +103,7 @@ class PrepareForAccelerator(WrapModel):
     def _prepare_loader(self, loader: LoaderSite) -> bool:
         """A loader bound to a name joins its block's prepare call; one built in an expression (a helper's
         `return DataLoader(...)`, `for x in DataLoader(...)`) is prepared where it is built."""
-        if loader.built_elsewhere or loader.handled_elsewhere or loader.call is None:
+        if loader.built_elsewhere or loader.call is None or self._returned_to_another_file(loader):
             return False
         name = loader.target.name if loader.target is not None else None
         if name is not None and isinstance(loader.stmt, ast.Assign) and ast.unparse(loader.stmt.targets[0]) == name:
