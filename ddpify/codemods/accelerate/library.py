@@ -29,7 +29,7 @@ class ModuleWithoutAccelerator(Transform):
         uses = [node for node in self.anatomy.nodes if isinstance(node, ast.Name) and node.id == ACCELERATOR]
         if not uses:
             return
-        at_import = [node for node in uses if not any(isinstance(parent, _FUNCTIONS) for parent, _ in ancestors(self.anatomy, node))]
+        at_import = [node for node in uses if not self._run_when_called(node)]
         imports = last_leading_import(self.anatomy.tree)
         if at_import or imports is None:
             self.missing((at_import or uses)[0].lineno, f"this module, which the entry script imports, uses `{ACCELERATOR}` "
@@ -40,3 +40,8 @@ class ModuleWithoutAccelerator(Transform):
         self.add_import(module, name)
         self.insert_after(imports, f"\n{HANDED_OVER.format(name=name)}\n")
         self.changed(imports.lineno, f"{ACCELERATOR}: the entry script's, which it hands over once built (one per process)")
+
+    def _run_when_called(self, node: ast.AST) -> bool:
+        """Is `node` in the body of a function (not in its defaults or decorators, which run at import)?"""
+        return any(child is parent.body if isinstance(parent, ast.Lambda) else child in parent.body
+                   for parent, child in ancestors(self.anatomy, node) if isinstance(parent, _FUNCTIONS))
