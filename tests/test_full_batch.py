@@ -223,7 +223,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 torch.manual_seed(0)
-data = torch.randint(0, 10, (41,))
+x = torch.randint(0, 10, (6, 8))
+y = torch.where(torch.rand(6, 8) < 0.3, -1, torch.randint(0, 10, (6, 8)))  # a token mean over the targets not ignored
 
 
 class Bigram(nn.Module):
@@ -233,22 +234,38 @@ class Bigram(nn.Module):
 
     def forward(self, idx, targets):
         logits = self.table(idx)
-        return logits, F.cross_entropy(logits.view(-1, 10), targets.view(-1))
+        loss = F.cross_entropy(logits.view(-1, 10), targets.view(-1), ignore_index=-1)
+        return logits, loss
 
 
 model = Bigram()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 for step in range(10):
-    logits, loss = model(data[:40].view(5, 8), data[1:].view(5, 8))
+    logits, loss = model(x, y)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
 """
 
 
-def test_a_loss_the_model_returns_is_refused_naming_the_models_call():
-    """The model computes its loss from the whole batch in its forward: no loss call here to share by rows."""
+def test_a_token_mean_the_model_returns_is_shared_by_rows_of_the_model_call(tmp_path):
+    """The model runs on each rank's rows; the loss weighted by the rank's share of the targets not ignored."""
     result = convert_source(MODEL_LOSS, "ddp")
+    assert result.status is Status.CONVERTED, result.missing
+    assert "logits, loss = model_loss_of_rank_rows(model, x, y, loss_at=1, targets=1, ignored=-1)\n" in result.output
+    (tmp_path / "train.py").write_text(MODEL_LOSS)
+    verdict = verify(tmp_path, "train.py")
+    assert (verdict["verdict"], verdict["mode"]) == ("equivalent", "exact"), verdict["message"]
+
+
+@pytest.mark.parametrize("change, why", [
+    (("    optimizer.step()\n", "    optimizer.step()\n    print(logits.shape)\n"), "reads the model's other outputs too"),
+    (("self.table = nn.Embedding(10, 10)\n", "self.table = nn.Embedding(10, 10)\n        self.norm = nn.BatchNorm1d(8)\n"),
+     "the model may hold BatchNorm"),
+    (("ignore_index=-1", "weight=torch.ones(10)"), "no plain mean over the rows of its targets (it takes weight=)"),
+])
+def test_a_loss_the_model_returns_is_refused_where_rows_would_change_it(change, why):
+    result = convert_source(MODEL_LOSS.replace(*change), "ddp")
     assert result.status is Status.INCOMPLETE
     (missing,) = result.missing
-    assert "the model returns the loss (`logits, loss = model(data[:40].view(5, 8), data[1:].view(5, 8))`)" in missing.what
+    assert "the model returns the loss (`logits, loss = model(x, y)`)" in missing.what and why in missing.what

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.environments import trains_on_environment
 from ddpify.anatomy.losses import full_reduction, loss_terms, sums_over_batch
+from ddpify.anatomy.model_losses import ModelRowLoss, model_row_loss
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.syntax import ancestors, keyword
 from ddpify.anatomy.tree import walk_body
@@ -37,12 +38,14 @@ _NOT_A_ROW_MEAN = ("weight", "ignore_index", "reduce")
 
 @dataclass(frozen=True)
 class RowLosses:
-    """The loss calls whose rows the ranks can share, (line, why) for each loss they can't, and (line, why)
-    for the backwards whose loss comes from no loss call or reduction of this file (the model returns it)."""
+    """The loss calls whose rows the ranks can share, (line, why) for each loss they can't, (line, why) for
+    the backwards whose loss comes from no loss call or reduction of this file (the model returns it), and
+    the model calls whose returned loss the ranks can share by rows instead."""
 
     calls: tuple[ast.Call, ...]
     refusals: tuple[tuple[int, str], ...]
     from_model: tuple[tuple[int, str], ...]
+    model_calls: tuple[ModelRowLoss, ...] = ()
 
 
 def trains_without_loader(a: Anatomy) -> bool:
@@ -56,21 +59,26 @@ def row_losses(a: Anatomy) -> RowLosses:
     calls: list[ast.Call] = []
     refusals: list[tuple[int, str]] = []
     from_model: list[tuple[int, str]] = []
+    model_calls: list[ModelRowLoss] = []
+    draws = random_offset_draws(a)  # each rank draws its own batches there (ddp/batch_draws.py): no rows to share
     for site in a.training_calls:
         call: ast.Call = site.node  # type: ignore[assignment]
         if not (isinstance(call.func, ast.Attribute) and call.func.attr == "backward"):
             continue
         loss = backward_loss(a, call.func.value)
         terms = loss_terms(a, loss, by_hand=True)
-        if not terms:
-            from_model.append((site.line, _why_no_loss_call(a, loss)))
+        shared = model_row_loss(a, loss) if not terms and not draws else None
+        if isinstance(shared, ModelRowLoss):
+            model_calls.append(shared)
+        elif not terms:
+            from_model.append((site.line, _why_no_loss_call(a, loss, shared)))
         for term in terms:
             why = _why_not_row_mean(a, term)
             if why:
                 refusals.append((term.lineno, why))
             elif term not in calls:
                 calls.append(term)
-    return RowLosses(tuple(calls), tuple(refusals), tuple(from_model))
+    return RowLosses(tuple(calls), tuple(refusals), tuple(from_model), tuple(dict.fromkeys(model_calls)))
 
 
 def unseeded_rngs(a: Anatomy) -> list[str]:
@@ -117,14 +125,15 @@ def backward_loss(a: Anatomy, receiver: ast.expr) -> ast.expr:
     return receiver
 
 
-def _why_no_loss_call(a: Anatomy, loss: ast.expr) -> str:
-    """Why no loss call of this file reaches `loss`: the model returns it, or it is written by hand otherwise."""
+def _why_no_loss_call(a: Anatomy, loss: ast.expr, why_not_model_rows: str | None) -> str:
+    """Why no loss call of this file reaches `loss`: the model returns it (and why its rows can't be shared),
+    or it is written by hand otherwise."""
     ref = a.ref(loss)
     bound = [b.stmt for b in bindings(a).get(ref, ()) if b.stmt.lineno <= loss.lineno] if ref is not None else []
     value = bound[-1].value if bound and isinstance(bound[-1], ast.Assign) else loss
     if isinstance(value, ast.Call) and a.has_role(value.func, ROLE_MODEL):
         return (f"the model returns the loss (`{ast.unparse(bound[-1]) if bound else ast.unparse(loss)}`), computed in its forward "
-                "from the whole batch: only a loss this file computes can be shared by rows")
+                f"from the whole batch: {why_not_model_rows or 'only a loss this file computes can be shared by rows'}")
     return "the loss is written by hand, and is no mean or sum over all the elements of one tensor"
 
 

@@ -81,8 +81,9 @@ class Plan:
         return self.reference if role == REFERENCE else self.candidate
 
     def aligns_reference(self) -> bool:
-        """A DDP candidate draws its batches from DistributedSampler, so the reference's are re-cut to match."""
-        return self.distributed
+        """A DDP candidate draws its batches from DistributedSampler, so the reference's are re-cut to match;
+        not where the ranks share the rows of each loss instead (every rank reads the reference's batches)."""
+        return self.distributed and not self.loss_rows_shared
 
     @property
     def distributed(self) -> bool:

@@ -23,10 +23,11 @@ from ddpify.anatomy import Anatomy
 from ddpify.anatomy.distributed.names import NUMPY, PYTHON, TORCH
 from ddpify.anatomy.full_batch import random_offset_draws, row_losses, trains_without_loader, unseeded_rngs
 from ddpify.anatomy.losses import full_reduction, reduced_tensor, sums_over_batch
+from ddpify.anatomy.model_losses import ModelRowLoss
 from ddpify.anatomy.syntax import spelling
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.evaluation import add_helpers
-from ddpify.codemods.ddp.runtime import ROWS_CALL
+from ddpify.codemods.ddp.runtime import MODEL_ROWS_CALL, ROWS_CALL
 from ddpify.codemods.ddp.samplers import DistributedSamplers
 from ddpify.codemods.options import Options
 from ddpify.edits.positions import last_leading_import
@@ -53,10 +54,13 @@ class RowsOfEachRank(Transform):
             self._missing_rows(line, why)
         for line, why in losses.from_model if not draws else ():  # batches drawn at random offsets: each rank its own (ddp/batch_draws.py)
             self._missing_rows(line, why)
-        if losses.refusals or losses.from_model or not losses.calls or not self._same_draws_on_every_rank():
+        if losses.refusals or losses.from_model or not (losses.calls or losses.model_calls) or not self._same_draws_on_every_rank():
             return
-        if not add_helpers(self, {ROWS_CALL}):
+        helpers = {ROWS_CALL: losses.calls, MODEL_ROWS_CALL: losses.model_calls}
+        if not add_helpers(self, {name for name, uses in helpers.items() if uses}):
             return
+        for shared in losses.model_calls:
+            self._share_model_loss(shared)
         for call in losses.calls:
             by_hand = full_reduction(self.anatomy, call) is not None
             self.rewrite_expression(call, self._shared_by_hand(call) if by_hand else _shared)
@@ -66,6 +70,18 @@ class RowsOfEachRank(Transform):
                                       f"the batch, {weight} (the averaged gradient is the single-process one, exactly; the "
                                       "loss's value is the whole batch's)")
         self.fulfil()
+
+    def _share_model_loss(self, shared: ModelRowLoss) -> None:
+        """`model(X, Y)` -> `model_loss_of_rank_rows(model, X, Y, loss_at=1, ignored=-1)`: forward on this rank's rows."""
+        options = {"loss_at": shared.at, "targets": shared.targets, "ignored": shared.ignored}
+        given = [f"{name}={value if isinstance(value, int) else ast.unparse(value)}" for name, value in options.items() if value is not None]
+        code = ast.unparse(shared.call)
+        arguments = ", ".join([ast.unparse(shared.call.func), *map(ast.unparse, shared.call.args), *given])
+        self.rewrite_expression(shared.call, lambda _: cst.parse_expression(f"{MODEL_ROWS_CALL}({arguments})"))
+        counted = "the targets not ignored" if shared.ignored is not None else "the rows"
+        self.changed(shared.call.lineno, f"{code} -> {MODEL_ROWS_CALL}(...): each rank runs the model on every WORLD_SIZE-th row "
+                                         f"of the batch, its loss weighted by its share of {counted} (the averaged gradient is the "
+                                         "single-process one, exactly; the loss's value is the whole batch's)")
 
     def _shared_by_hand(self, call: ast.Call) -> Callable[[cst.CSTNode], cst.CSTNode]:
         """`x.sum()` (or `torch.sum(x)`) -> `loss_of_rank_rows(torch.sum, x)`: the rows of `x` shared."""

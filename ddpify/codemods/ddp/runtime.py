@@ -95,10 +95,25 @@ def all_gather_lists(items):
 
 MEAN_HELPER = '''
 
-def mean_over_ranks(value):
-    """The mean over the ranks: the training loss of the whole global batch."""
-    (total,) = all_reduce_sums(value)
-    return total / WORLD_SIZE
+def mean_over_ranks(*values):
+    """Each value's mean over the ranks, all in one all_reduce: the training
+    losses of the whole global batch. One value, or a tuple of them."""
+    parts = [v.detach().to(RANK_DEVICE).reshape(-1) if torch.is_tensor(v)
+             else torch.tensor([float(v)], dtype=torch.float64, device=RANK_DEVICE) for v in values]
+    totals = torch.cat(parts)  # in the widest of their types
+    dist.all_reduce(totals)
+    means = (totals / WORLD_SIZE).split([part.numel() for part in parts])
+    means = [_shaped_like(value, mean) for value, mean in zip(values, means)]
+    return means[0] if len(means) == 1 else tuple(means)
+
+
+def _shaped_like(value, mean):
+    """A mean in its value's form: a tensor of its shape, on its device (in its
+    floating type), or a float."""
+    if not torch.is_tensor(value):
+        return mean.item()
+    dtype = value.dtype if value.is_floating_point() else mean.dtype
+    return mean.view(value.shape).to(value.device, dtype)
 '''
 
 MODULE_HELPER = '''
@@ -200,6 +215,31 @@ def average_gradients(optimizer):
         offset += grad.numel()
 '''
 
+MODEL_ROWS_HELPER = '''
+
+def model_loss_of_rank_rows(model, *batch, loss_at=None, targets=1, ignored=None):
+    """The loss `model` returns (item `loss_at` of its result) for this rank's
+    rows of a whole batch (every WORLD_SIZE-th).
+
+    Weighted by its share of the rows (of the targets not `ignored`), so DDP's
+    average of the ranks' gradients is the whole batch's gradient; its value is
+    the whole batch's loss, alike on every rank. The model's other outputs hold
+    this rank's rows only. Arguments whose rows don't pair up: the whole batch.
+    """
+    sizes = {len(t) if torch.is_tensor(t) and t.dim() else 0 for t in batch}
+    rows = sizes.pop() if len(sizes) == 1 else 0
+    if rows < WORLD_SIZE:
+        return model(*batch)
+    mine = torch.arange(RANK, rows, WORLD_SIZE, device=batch[0].device)
+    out = model(*(t[mine] for t in batch))
+    counted = torch.ones_like(batch[targets], dtype=torch.bool) if ignored is None else batch[targets] != ignored
+    share = (out if loss_at is None else out[loss_at]) * (counted[mine].sum() * WORLD_SIZE / counted.sum())
+    whole = share.detach().clone()
+    dist.all_reduce(whole)
+    loss = share + (whole / WORLD_SIZE - share.detach())
+    return loss if loss_at is None else (*out[:loss_at], loss, *out[loss_at + 1:])
+'''
+
 TENSORS_HELPER = '''
 
 def average_tensor_gradients(*tensors):
@@ -222,8 +262,9 @@ BROADCAST_CALL = "broadcast_parameters"
 AVERAGE_CALL = "average_gradients"
 ROWS_CALL = "loss_of_rank_rows"
 TENSORS_CALL = "average_tensor_gradients"
+MODEL_ROWS_CALL = "model_loss_of_rank_rows"
 # each helper's code, in the order they are added to a script (after cleanup_distributed)
 EVALUATION_HELPERS = {SHARD_CALL: SHARD_HELPER, MODULE_CALL: MODULE_HELPER, PLAIN_CALL: PLAIN_HELPER, SUMS_CALL: SUMS_HELPER, GATHER_CALL: GATHER_HELPER, MEAN_CALL: MEAN_HELPER,
-                      ROWS_CALL: ROWS_HELPER, TENSORS_CALL: TENSORS_HELPER, EVERY_CALL: AGREE_HELPER, BROADCAST_CALL: AVERAGE_HELPER}
+                      ROWS_CALL: ROWS_HELPER, MODEL_ROWS_CALL: MODEL_ROWS_HELPER, TENSORS_CALL: TENSORS_HELPER, EVERY_CALL: AGREE_HELPER, BROADCAST_CALL: AVERAGE_HELPER}
 # the functions ddpify adds at the top of a script: new helpers go after the last one present
-ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed", ANY_CALL, AVERAGE_CALL)
+ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed", "_shaped_like", ANY_CALL, AVERAGE_CALL)
