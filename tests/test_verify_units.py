@@ -200,29 +200,69 @@ def test_random_draws_in_forward_switch_to_statistical_mode_and_say_which():
     assert any("draws random numbers while it trains (torch.randn_like in a forward)" in note for note in result["notes"])
 
 
-def test_random_draws_are_flagged_once_training_forwards_record(recorder):
+@pytest.fixture
+def watched_draws(recorder):
+    """watch_training_randomness installed on `recorder`; torch's and numpy's draw functions restored after the test."""
+    import numpy
+
     from ddpify.verify.harness import watch_training_randomness
-    saved = {name: getattr(torch, name) for name in RANDOM_DRAWS}
-    try:
-        watch_training_randomness(recorder)
-        torch.randn(2)  # before training: the data
-        with torch.no_grad():
-            NoisyLayer()(torch.ones(2))
-        torch.randperm(4, generator=torch.Generator())  # a sampler's own generator
-        assert "training_randomness" not in recorder.flags
+    saved_torch = {name: getattr(torch, name) for name in RANDOM_DRAWS}
+    saved_numpy = dict(vars(numpy.random))
+    watch_training_randomness(recorder)
+    yield recorder
+    vars(numpy.random).update(saved_numpy)
+    for name, function in saved_torch.items():
+        setattr(torch, name, function)
+
+
+def test_random_draws_are_flagged_once_training_forwards_record(watched_draws):
+    recorder = watched_draws
+    torch.randn(2)  # before training: the data
+    with torch.no_grad():
         NoisyLayer()(torch.ones(2))
-        assert recorder.flags["training_randomness"].startswith("torch.randn_like in a forward, in forward() at test_verify_units.py:")
-        recorder.flags.clear()
-        for seed in (1, 1, 2):
-            torch.manual_seed(seed)
-            torch.randn(2)  # a GAN's noise for the next step, a get_batch's offsets
-        assert recorder.flags["training_randomness"].startswith("torch.randn between training steps, in "
-                                                               "test_random_draws_are_flagged_once_training_forwards_record() at ")
-        forward_noise, first, again, other = recorder.draws
-        assert first == again != other and first.startswith("(2,) torch.float32 ")
+    torch.randperm(4, generator=torch.Generator())  # a sampler's own generator
+    assert "training_randomness" not in recorder.flags
+    NoisyLayer()(torch.ones(2))
+    assert recorder.flags["training_randomness"].startswith("torch.randn_like in a forward, in forward() at test_verify_units.py:")
+    recorder.flags.clear()
+    for seed in (1, 1, 2):
+        torch.manual_seed(seed)
+        torch.randn(2)  # a GAN's noise for the next step, a get_batch's offsets
+    assert recorder.flags["training_randomness"].startswith("torch.randn between training steps, in "
+                                                           "test_random_draws_are_flagged_once_training_forwards_record() at ")
+    forward_noise, first, again, other = recorder.draws
+    assert first == again != other and first.startswith("(2,) torch.float32 ")
+
+
+def test_numpy_draws_are_flagged_and_fingerprinted_but_not_in_a_seeded_sample(watched_draws):
+    import numpy as np
+
+    from ddpify.verify.harness import SeededSample
+    recorder = watched_draws
+    np.random.choice(8, 2)  # before training: the data
+    NoisyLayer()(torch.ones(2))
+    recorder.flags.clear()
+    recorder.draws.clear()
+    SeededSample.depth += 1
+    try:
+        np.random.normal()  # a Dataset's augmentation, seeded per sample
     finally:
-        for name, function in saved.items():
-            setattr(torch, name, function)
+        SeededSample.depth -= 1
+    assert "training_randomness" not in recorder.flags and not recorder.draws
+    for seed in (1, 1, 2):
+        np.random.seed(seed)
+        np.random.choice(8, 2)  # rows picked for the next step
+    assert recorder.flags["training_randomness"].startswith("numpy.random.choice between training steps, in "
+                                                           "test_numpy_draws_are_flagged_and_fingerprinted_but_not_in_a_seeded_sample() at ")
+    shuffled = []
+    for seed in (1, 2):
+        rows = np.arange(8)
+        np.random.seed(seed)
+        np.random.shuffle(rows)  # draws into its argument, returns None
+        shuffled.append(rows)
+    first, again, other, shuffle_1, shuffle_2 = recorder.draws
+    assert first == again != other and first.startswith("ndarray ")
+    assert shuffle_1 != shuffle_2 and not (shuffled[0] == shuffled[1]).all()
 
 
 def drawing(losses, params, draws, backward_losses=None, flags=None):

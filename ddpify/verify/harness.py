@@ -38,6 +38,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.utils.data import DistributedSampler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from ddpify.anatomy.distributed.names import NUMPY_NON_DRAWS
 from ddpify.anatomy.vocabulary import MODEL_WRAPPERS, RANDOM_DRAWS
 from ddpify.verify.alignment import PassClock, align_training_loaders
 from ddpify.verify.dataparallel import simulate_data_parallel
@@ -70,14 +71,15 @@ def make_deterministic() -> None:
     random.seed(SEED)
 
 
-def seed_reference_numpy() -> None:
-    """Start the reference's global numpy generator from SEED, as torch's and Python's are. Where a script draws
-    its data from numpy unseeded, the converter seeds it with the same 0 on every rank (codemods/ddp/rows.py), so
-    the ranks then draw the reference's numbers. The candidate's generator is left alone: a port that forgot
-    that seed draws other numbers than the reference, and diverges."""
+def seed_numpy(role: str) -> None:
+    """Start numpy's global generator as a process of its own would, but repeatably: the reference's from SEED
+    (as torch's and Python's), each candidate rank's from SEED + its rank (forked ranks would otherwise share
+    the launcher's state, which no two torchrun ranks do). Where a script draws its data from numpy unseeded,
+    the converter seeds it with the same 0 on every rank (codemods/ddp/rows.py): its ranks then draw the
+    reference's numbers, and a port that forgot that seed diverges."""
     numpy = sys.modules.get("numpy")  # torch imports it where it is installed
     if numpy:
-        numpy.random.seed(SEED)
+        numpy.random.seed(SEED if role == REFERENCE else SEED + int(os.environ.get("RANK", "0")))
 
 
 def _arguments(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:
@@ -111,6 +113,12 @@ def disable_dropout(recorder: Recorder) -> None:
     F.scaled_dot_product_attention = attention_without_dropout
 
 
+class SeededSample:
+    """How deep the running code is in a sample that seed_each_sample seeded: its draws are alike in both runs."""
+
+    depth = 0
+
+
 def seed_each_sample(recorder: Recorder) -> None:
     """Random draws inside `Dataset.__getitem__` (augmentation, noise) come from generators seeded
     by the sample's index and the training epoch, so both runs see the same data however the
@@ -127,7 +135,11 @@ def seed_each_sample(recorder: Recorder) -> None:
         saved = _random_states()
         _seed_everything(hash((SEED, index, PassClock.epoch)) & 0xFFFFFFFF)
         seeded = _random_states()
-        item = dataset[index]
+        SeededSample.depth += 1
+        try:
+            item = dataset[index]
+        finally:
+            SeededSample.depth -= 1
         if not _same_states(seeded, _random_states()):
             recorder.flag("sample_randomness", "the dataset draws random numbers per sample (augmentation, noise): "
                                                "both runs seed them by sample index and epoch, so they see the same data")
@@ -193,10 +205,11 @@ def watch_sum_reduction(recorder: Recorder) -> None:
 
 
 def watch_training_randomness(recorder: Recorder) -> None:
-    """Flag random draws from the global generator made while autograd records, inside a module's
-    forward (a VAE's `torch.randn_like` noise) or once training forwards have run (a GAN's noise for
-    the next step, a `get_batch()` drawing offsets), with where they were drawn and a fingerprint of
-    each: split over ranks, each may draw other numbers than the single process does (compare tells)."""
+    """Flag random draws from torch's or numpy's global generator made while autograd records, inside a
+    module's forward (a VAE's `torch.randn_like` noise) or once training forwards have run (a GAN's noise
+    for the next step, a `get_batch()` drawing offsets, rows picked by `np.random.choice`), with where they
+    were drawn and a fingerprint of each: split over ranks, each may draw other numbers than the single
+    process does (compare tells). Draws of a sample seed_each_sample seeded are alike in both runs: not flagged."""
     depth, trained = [0], [False]
 
     def entered(module, args):
@@ -206,18 +219,36 @@ def watch_training_randomness(recorder: Recorder) -> None:
         depth[0] -= 1
         trained[0] = trained[0] or (module.training and torch.is_grad_enabled())
 
+    def watch(owner, name: str, label: str) -> None:
+        function = getattr(owner, name)
+
+        def watched(*args, **kwargs):
+            drawn = function(*args, **kwargs)
+            if (torch.is_grad_enabled() and kwargs.get("generator") is None and not SeededSample.depth
+                    and (depth[0] > 0 or trained[0])):
+                where = "in a forward" if depth[0] > 0 else "between training steps"
+                recorder.flag("training_randomness", f"{label} {where}, in {_caller(sys._getframe(1))}")
+                recorder.drew(args[0] if drawn is None else drawn)  # np.random.shuffle(x) draws into x
+            return drawn
+
+        setattr(owner, name, watched)
+
     register_module_forward_pre_hook(entered)
     register_module_forward_hook(left)
     for name in RANDOM_DRAWS:
-        def watched(*args, _function=getattr(torch, name), _name=name, **kwargs):
-            drawn = _function(*args, **kwargs)
-            if torch.is_grad_enabled() and kwargs.get("generator") is None and (depth[0] > 0 or trained[0]):
-                where = "in a forward" if depth[0] > 0 else "between training steps"
-                recorder.flag("training_randomness", f"torch.{_name} {where}, in {_caller(sys._getframe(1))}")
-                recorder.drew(drawn)
-            return drawn
+        watch(torch, name, f"torch.{name}")
+    for name in _numpy_draws():
+        watch(sys.modules["numpy"].random, name, f"numpy.random.{name}")
 
-        setattr(torch, name, watched)
+
+def _numpy_draws() -> list[str]:
+    """The functions of numpy.random that draw from its global generator (`np.random.normal`, `choice`, ...)."""
+    numpy = sys.modules.get("numpy")  # torch imports it where it is installed
+    if numpy is None:
+        return []
+    generator = numpy.random.mtrand._rand
+    return [name for name in dir(numpy.random)
+            if name not in NUMPY_NON_DRAWS and getattr(getattr(numpy.random, name), "__self__", None) is generator]
 
 
 def _caller(frame) -> str:
@@ -373,8 +404,7 @@ def run_script(run: Run, args: tuple[str, ...]) -> None:
 
 def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
     make_deterministic()
-    if role == REFERENCE:
-        seed_reference_numpy()
+    seed_numpy(role)
     disable_dropout(recorder)
     seed_each_sample(recorder)
     watch_sum_reduction(recorder)

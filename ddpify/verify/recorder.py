@@ -10,6 +10,7 @@ from __future__ import annotations
 import faulthandler
 import hashlib
 import os
+import pickle
 import sys
 
 import torch
@@ -46,9 +47,9 @@ class Recorder:
         self.last_backward = tensor
         self.step_backwards.append(tensor.detach())
 
-    def drew(self, tensor: torch.Tensor) -> None:
-        """Remember a random draw made while training, by its fingerprint."""
-        self.draws.append(_fingerprint(tensor))
+    def drew(self, drawn) -> None:
+        """Remember a random draw made while training (a tensor, numpy's array or number), by its fingerprint."""
+        self.draws.append(_fingerprint(drawn))
 
     def before_step(self, optimizer, args, kwargs) -> None:
         """Optimizer step pre-hook: the parameters the first update starts from."""
@@ -101,9 +102,11 @@ def _flat(params: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([_whole(p).reshape(-1).to("cpu", torch.float64) for p in params])
 
 
-def _fingerprint(tensor: torch.Tensor) -> str:
-    """Shape, dtype and a digest of the values: equal only for equal tensors."""
-    values = tensor.detach().to("cpu").clone(memory_format=torch.contiguous_format)
+def _fingerprint(drawn) -> str:
+    """Shape, dtype and a digest of the values: equal only for equal draws (tensors; numpy's arrays and numbers too)."""
+    if not torch.is_tensor(drawn):
+        return f"{type(drawn).__name__} {hashlib.blake2b(pickle.dumps(drawn), digest_size=8).hexdigest()}"
+    values = drawn.detach().to("cpu").clone(memory_format=torch.contiguous_format)
     digest = hashlib.blake2b(bytes(values.untyped_storage()), digest_size=8).hexdigest()
     return f"{tuple(values.shape)} {values.dtype} {digest}"
 
