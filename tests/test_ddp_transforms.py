@@ -17,6 +17,7 @@ from ddpify.anatomy import analyze
 from ddpify.codemods.options import Options
 from ddpify.codemods.ddp import (
     DDP_TRANSFORMS,
+    AveragedOwnedOptimizers,
     BatchesOfEachRank,
     DDPModuleAccess,
     DistributedSamplers,
@@ -64,8 +65,8 @@ def messages(result: ConversionResult) -> list[str]:
 
 def test_the_ddp_transforms_in_order():
     assert DDP_TRANSFORMS == (
-        DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank,
-        DistributedSamplers, RowsOfEachRank, HandAveragedGradients, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints,
+        DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, AveragedOwnedOptimizers, DDPModuleAccess, SameSplitOnEveryRank,
+        NoiseOfEachRank, DistributedSamplers, RowsOfEachRank, HandAveragedGradients, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints,
         RankZeroDuties,
         NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
     )
