@@ -44,11 +44,12 @@ VERIFY_TIMEOUT_S = 300
 # exit codes of `ddpify convert` (issue 10's contract): 0 converted or nothing to do, 2 error,
 # 3 incomplete (output written only with --partial)
 EXIT_ERROR, EXIT_INCOMPLETE = 2, 3
-# the gradients averaged over the ranks: a wrapper, or (DDP) by hand for an optimizer its model owns
-WRAPS = {"ddp": re.compile(r"\b(DistributedDataParallel|DDP|average_gradients)\("), "dp": re.compile(r"\bDataParallel\(")}
+# the gradients averaged over the ranks: a wrapper, or (DDP) by hand for an optimizer its model owns or tensors
+# trained by hand
+WRAPS = {"ddp": re.compile(r"\b(DistributedDataParallel|DDP|average_gradients|average_tensor_gradients)\("), "dp": re.compile(r"\bDataParallel\(")}
 # the training data split over the ranks: a sampler, (reinforcement learning) an environment per rank,
 # or (no DataLoader) each loss's rows shared, or each rank's own draws (a seed plus the rank)
-SHARDING = re.compile(r"\bDistributedSampler\(|(\breset\(seed=|\.seed\(|\bmanual_seed\()[^\n]*\+ RANK\b|\bon_(every|any)_rank\(|\bloss_of_rank_rows\(")
+SHARDING = re.compile(r"\bDistributedSampler\(|(\breset\(seed=|\.seed\(|\bmanual_seed\()[^\n]*\+ RANK\b|\bon_(every|any)_rank\(|\b(model_)?loss_of_rank_rows\(")
 # torch's gloo backend sometimes aborts a rank at interpreter exit, after the script finished
 # and left the process group (see tests/test_ddp_codemod.py); such a run counts as a success.
 
