@@ -75,3 +75,18 @@ def test_verify_finds_it_exactly_equivalent_on_two_ranks(tmp_path: Path):
     done = run_script([sys.executable, "-m", "ddpify", "verify", "regressor.py", "--to", "ddp", "--json"], tmp_path, timeout=300)
     result = json.loads(done.stdout[done.stdout.index("{"):])
     assert (result["verdict"], result["mode"]) == ("equivalent", "exact"), result["message"]
+
+
+def test_in_an_imported_module_it_is_missing_with_the_recipe(tmp_path: Path):
+    """An imported module gets the rank constants, not the process-group setup after which the averaging
+    helpers go: the optimizer its model owns is named, and nothing is written."""
+    model, main = REGRESSOR.split("\n\ndef main():")
+    (tmp_path / "model.py").write_text(model + "\n\ndef fit(model, loader):\n    for xb, yb in loader:\n        loss = model.train_step(xb, yb)\n    print(loss)\n")
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\nfrom model import Regressor, fit\n\n\n"
+        "def main():\n    x = torch.randn(64, 8)\n    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)\n"
+        "    fit(Regressor(), loader)\n\n\nif __name__ == \"__main__\":\n    main()\n")
+    done = run_script([sys.executable, "-m", "ddpify", "convert", "train.py", "--to", "ddp"], tmp_path, timeout=120)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "model.py:11: missing: self.optimizer trains its own class's parameters" in done.stdout + done.stderr
+    assert not (tmp_path / "model_ddp.py").exists() and not (tmp_path / "train_ddp").exists()

@@ -38,7 +38,13 @@ class AveragedOwnedOptimizers(Transform):
     def plan(self) -> None:
         owned = owned_optimizers(self.anatomy)
         refused = [optimizer for optimizer in owned if not self._can_average(optimizer)]
-        if refused or not add_helpers(self, {BROADCAST_CALL}):
+        if refused:
+            return
+        if not add_helpers(self, {BROADCAST_CALL}):
+            for optimizer in owned:
+                self.missing(optimizer.built.line, f"self.{optimizer.attribute} trains its own class's parameters, and "
+                                                   "this file has no distributed setup to put the averaging helpers after",
+                             f"average the gradients by hand before each step ({AVERAGE_CALL}(optimizer))")
             return
         for optimizer in owned:
             self._average(optimizer)
