@@ -33,11 +33,7 @@ HOST_SYNCS = frozenset({"item", "cpu", "tolist", "numpy"})
 COLLECTIVE, HOST_SYNC, PRINT = "collective", "host sync", "print"
 Key = tuple[tuple[str, ...], str]  # (the branch: its `if` tests, `not (...)` in an else), kind
 # Conversions that add waits today: {name: why} (strict xfail, so fixing one fails until it is removed).
-KNOWN_WAITS = {
-    "real/shape_gan.py": "one print of two losses averages each in an all_reduce of its own (mean_over_ranks(lossD), "
-                         "mean_over_ranks(lossG)): 2 collectives per step where one all_reduce of both would do",
-    "real/gan_semi_supervised.py": "the same: one print of d_loss and g_loss, two all_reduces per step",
-}
+KNOWN_WAITS: dict[str, str] = {}
 
 
 def snapshot_pairs() -> list[tuple[str, Path, Path]]:

@@ -12,7 +12,8 @@ inside the DDP wrapper (`eval_model = evaluation_module(model)`, rank 0's buffer
 every rank): the wrapper's forward broadcasts buffers, a collective that would hang; a loop whose model
 is called out of its sight stays whole. Any other evaluation loop
 stays on the whole set, with advice. `--log-loss reduced` (default): a training-loss print shows
-`mean_over_ranks(loss)`, computed just before the print (one all_reduce per print, not per step).
+`mean_over_ranks(loss)`, computed just before the print (one all_reduce per print, not per step; a
+print of several losses averages them all in that one: `d_avg, g_avg = mean_over_ranks(d, g)`).
 """
 
 from __future__ import annotations
@@ -109,12 +110,12 @@ class ReducedLossPrints(Transform):
 
     def plan(self) -> None:
         prints = loss_prints(self.anatomy) if self.options.log_loss == "reduced" else []
-        if not prints or not add_helpers(self, {SUMS_CALL, MEAN_CALL}):
+        if not prints or not add_helpers(self, {MEAN_CALL}):
             return
         taken: set[str] = set()
         for p in prints:
             renames = {name: fresh_name(self.anatomy, f"{name}_avg", taken) for name in p.names}
-            self.insert_before(p.stmt, "".join(f"{avg} = {MEAN_CALL}({name})\n" for name, avg in renames.items()))
+            self.insert_before(p.stmt, f"{', '.join(renames.values())} = {MEAN_CALL}({', '.join(renames)})\n")
             self.rewrite_in_place(p.stmt, lambda stmt, r=renames: stmt.visit(_Renamer(r)))  # type: ignore[misc, return-value]
             self.changed(p.stmt.lineno, f"training loss printed as its mean over ranks ({', '.join(p.names)}; one all_reduce per print, not per step)")
 
