@@ -25,6 +25,7 @@ from test_converted_runs import bench, launcher  # noqa: E402
 from ddpify.anatomy import ScriptKind, analyze  # noqa: E402
 from ddpify.cli import cli  # noqa: E402
 from ddpify.codemods.accelerate import runtime  # noqa: E402
+from ddpify.codemods.ddp.runtime import EVALUATION_HELPERS, MODEL_ROWS_CALL, ROWS_CALL  # noqa: E402
 from ddpify.codemods.pipeline import Status  # noqa: E402
 from ddpify.convert import convert_source  # noqa: E402
 from ddpify.project_conversion import convert_entry  # noqa: E402
@@ -183,6 +184,13 @@ def test_full_batch_losses_are_shared_by_the_rows_of_each_process():
     assert "accelerator.process_index" in flat(helper) and flat('whole = accelerator.reduce(whole, "sum")') in flat(helper)
     assert not re.search(r"\b(RANK|WORLD_SIZE|dist)\b", helper)  # the DDP target's names: undefined here
     assert out.index("accelerator = Accelerator(") < out.index("def loss_of_rank_rows")
+
+
+@pytest.mark.parametrize("name", [ROWS_CALL, MODEL_ROWS_CALL])
+def test_the_rows_helpers_have_an_accelerate_spelling(name):
+    spelled = runtime.accelerator_spelling(EVALUATION_HELPERS[name])
+    assert runtime.ddp_names_left(spelled) == [] and "accelerator.process_index" in spelled
+    assert runtime.ddp_names_left(EVALUATION_HELPERS[name])  # it had DDP names to spell
 
 
 def test_checkpoints_hold_the_unwrapped_model_and_load_onto_this_device():

@@ -7,7 +7,7 @@ every `num_processes`-th row of the batch on this process, weighted so that the 
 gradient average is exactly the single-process gradient, and valued as the whole batch's loss.
 """
 
-from ddpify.codemods.accelerate.runtime import accelerator_spelling
+from ddpify.codemods.accelerate.runtime import accelerator_spelling, ddp_names_left
 from ddpify.codemods.ddp.rows import RowsOfEachRank
 
 
@@ -16,4 +16,10 @@ class AcceleratorRows(RowsOfEachRank):
 
     def add_helper(self, name: str, code: str) -> None:
         """The DDP helper, with the Accelerator's process index, process count and reduce."""
-        super().add_helper(name, accelerator_spelling(code))
+        spelled = accelerator_spelling(code)
+        left = ddp_names_left(spelled)
+        if left:
+            self.missing(1, f"the rows of each loss are not shared: ddpify has no Accelerate spelling of {', '.join(left)} (in {name})",
+                         "share them by hand (accelerator.process_index, accelerator.num_processes, accelerator.reduce)")
+            return
+        super().add_helper(name, spelled)

@@ -41,6 +41,15 @@ def install_note() -> str:
     return "" if accelerate_installed() else f"\nnote: running it needs accelerate, which is not installed here: {INSTALL}"
 
 
+# What a DDP helper may still name once spelled with the Accelerator: torch.distributed calls and rank constants it has no spelling for.
+_DDP_NAMES = re.compile(r"\b(dist\.\w+|RANK_DEVICE|LOCAL_RANK|RANK|WORLD_SIZE|setup_distributed)\b")
+
+
+def ddp_names_left(code: str) -> list[str]:
+    """The names of the DDP target's runtime that `code` still uses (none once accelerator_spelling could spell them all)."""
+    return sorted(set(_DDP_NAMES.findall(code)))
+
+
 def accelerator_spelling(code: str) -> str:
     """A helper of the DDP target (ddpify.codemods.ddp.runtime) spelled with the Accelerator: this
     process's index and the number of processes for RANK and WORLD_SIZE, `t = accelerator.reduce(t, "sum")`
