@@ -74,7 +74,7 @@ def _hidden_work(a, call: ast.Call) -> str | None:
     """What `call` makes every rank join, unless DDP002 reports it (a collective, in a function of
     this file too, or the wrapper's own forward)."""
     callee = a.callee(call)
-    if is_collective(a, call) or (callee and a.function_contains(callee, lambda n: calls_collective(a, [n]))):
+    if is_collective(a, call) or (callee and calls_collective(a, a.functions[callee].node.body)):
         return None
     if joins_by_itself(a, call) and not _before_every_wrap(a, call):
         return "trains (DDP's backward all-reduces the gradients, a collective every rank must join)"

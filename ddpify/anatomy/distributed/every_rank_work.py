@@ -37,7 +37,27 @@ def is_collective(a: Anatomy, call: ast.AST) -> bool:
 
 def calls_collective(a: Anatomy, body: Iterable[ast.AST]) -> bool:
     """Does this code (or a local function it calls) run a collective?"""
-    return a.body_contains(body, lambda n: is_collective(a, n))
+    reaching = _functions_calling_collectives(a)
+    return any(is_collective(a, n) or (isinstance(n, ast.Call) and a.callee(n) in reaching) for n in walk_body(body))
+
+
+@per_anatomy
+def _functions_calling_collectives(a: Anatomy) -> frozenset[str]:
+    """The local functions that call a collective, themselves or through the local functions they
+    call (what `a.function_contains(f, is_collective)` answers, for every f at once)."""
+    found: set[str] = set()
+    callees: dict[str, set[str]] = {}
+    for scope, fn in a.functions.items():
+        calls = [n for n in walk_body(fn.node.body) if isinstance(n, ast.Call)]
+        if any(is_collective(a, call) for call in calls):
+            found.add(scope)
+        callees[scope] = {callee for call in calls if (callee := a.callee(call))}
+    grown = True
+    while grown:
+        reached = {scope for scope, called in callees.items() if scope not in found and called & found}
+        found |= reached
+        grown = bool(reached)
+    return frozenset(found)
 
 
 def joins_every_rank(a: Anatomy, body: Iterable[ast.AST]) -> bool:
