@@ -116,6 +116,30 @@ def main():
 """
 
 
+def test_a_model_trained_before_the_next_is_built_is_prepared_before_it_trains():
+    result = convert(HEAD + """
+def main():
+""" + DATA + """\
+    teacher = nn.Linear(8, 2)
+    teacher_opt = torch.optim.SGD(teacher.parameters(), lr=0.1)
+    for x, y in loader:
+        teacher_opt.zero_grad()
+        nn.functional.cross_entropy(teacher(x), y).backward()
+        teacher_opt.step()
+    student = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
+    for x, y in loader:
+        optimizer.zero_grad()
+        nn.functional.mse_loss(student(x), teacher(x).detach()).backward()
+        optimizer.step()
+""")
+    assert result.status is Status.CONVERTED, result.missing
+    out = flat(result.output)
+    teacher = out.index(flat("teacher, teacher_opt, loader = accelerator.prepare(teacher, teacher_opt, loader)"))
+    student = out.index(flat("student, optimizer = accelerator.prepare(student, optimizer)"))
+    assert teacher < out.index("forx,yinloader:") < out.index("student=nn.Linear") < student
+
+
 def test_a_grad_scaler_becomes_accelerates_fp16():
     result = convert(AMP)
     assert result.status is Status.CONVERTED, result.missing

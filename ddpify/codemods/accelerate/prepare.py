@@ -124,11 +124,24 @@ class PrepareForAccelerator(WrapModel):
             group.append((anchor, name))
 
     def _insert_prepare(self, group: list[tuple[ast.stmt, str]]) -> None:
-        """`a, b = accelerator.prepare(a, b)` after the last statement of the block that builds one of them."""
-        last = max((anchor for anchor, _ in group), key=lambda stmt: self.anatomy.place_of(stmt)[2])
-        names = ", ".join(name for _, name in group)
-        self.insert_after(last, f"{names} = {PREPARE}({names})\n")
-        self.changed(last.lineno, f"{names} = {PREPARE}({names}), after the last of them is built")
+        """`a, b = accelerator.prepare(a, b)` after the last statement of the block that builds one of them;
+        where the block trains before the last is built (a teacher trained before its student), what is built
+        by then is prepared before that training, the rest after."""
+        block = self.anatomy.block_of(group[0][0])
+        cuts = [index for index in range(1, len(block)) if self._trains(block[index])]
+        batches: dict[int, list[tuple[ast.stmt, str]]] = {}
+        for anchor, name in group:  # in the group's order: models, optimizers, loaders
+            batches.setdefault(sum(cut < block.index(anchor) for cut in cuts), []).append((anchor, name))
+        for batch in batches.values():
+            last = max((anchor for anchor, _ in batch), key=block.index)
+            names = ", ".join(name for _, name in batch)
+            self.insert_after(last, f"{names} = {PREPARE}({names})\n")
+            self.changed(last.lineno, f"{names} = {PREPARE}({names}), after the last of them is built")
+
+    def _trains(self, stmt: ast.stmt) -> bool:
+        """Does the statement run a training step (a backward or an optimizer step)?"""
+        steps = {site.node for site in self.anatomy.training_calls}
+        return any(node in steps for node in ast.walk(stmt))
 
 
 def returned_training_loaders(anatomy: Anatomy) -> list[LoaderSite]:
