@@ -172,7 +172,7 @@ def test_a_loss_by_hand_that_is_no_reduction_of_all_elements_is_not_shared(loss)
 
 def test_tensors_updated_by_hand_train_on_two_ranks_as_in_one_process(tmp_path):
     """No module to wrap: the ranks average the tensors' gradients after backward; with the rows of the summed
-    loss shared, the weights after 20 steps are the single-process ones (torchrun, 2 ranks)."""
+    loss shared, the weights after 20 steps are the single-process ones (torchrun, 2 ranks; and verify, exact)."""
     script = BY_HAND.format(loss="(y_pred - y).pow(2).sum()")
     result = convert_source(script, "ddp")
     assert result.status is Status.CONVERTED, result.missing
@@ -184,6 +184,26 @@ def test_tensors_updated_by_hand_train_on_two_ranks_as_in_one_process(tmp_path):
                        tmp_path, timeout=240)
     assert single.returncode == 0 and ranks.returncode == 0, ranks.stderr[-2000:]
     assert _weights(ranks.stdout) == pytest.approx(_weights(single.stdout), rel=1e-5)
+    verdict = verify(tmp_path, "train.py")  # each hand update ends a step (verify/recorder.py)
+    assert (verdict["verdict"], verdict["mode"]) == ("equivalent", "exact"), verdict["message"]
+
+
+def test_verify_ends_a_step_at_each_update_of_bare_tensors_by_hand(tmp_path):
+    """No optimizer step and no module's zero_grad: the next backward after the bare tensors changed ends the
+    step (their values recorded), and a backward with nothing changed (gradients accumulated) ends none."""
+    import torch
+
+    from ddpify.verify.recorder import Recorder
+
+    recorder = Recorder(str(tmp_path / "record"), steps=10)
+    w = torch.ones(3, requires_grad=True)
+    for update in (0.5, 0.0, 0.25):
+        recorder.on_backward((w * torch.arange(3.0)).sum())
+        with torch.no_grad():
+            w -= update
+    recorder.on_backward((w * torch.arange(3.0)).sum())
+    assert [p.tolist() for p in recorder.params] == [[0.5] * 3, [0.25] * 3]
+    assert recorder.losses == [3.0, 1.5]
 
 
 def _weights(stdout: str) -> list[float]:

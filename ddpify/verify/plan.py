@@ -64,8 +64,9 @@ class Plan:
     # The converter gave each rank an environment of its own (codemods/ddp/environments.py): the ranks
     # play other episodes than the reference, so no step's loss compares with the reference's.
     plays_own_episodes: bool = False
-    # The converter averaged the gradients of an optimizer a model owns by hand (codemods/ddp/
-    # owned_optimizers.py): no forward runs through a wrapper, yet the ranks' gradients are averaged.
+    # The converter averaged the gradients of an optimizer a model owns, or of tensors trained by hand, by
+    # hand (codemods/ddp/owned_optimizers.py, hand_gradients.py): no forward runs through a wrapper, yet the
+    # ranks' gradients are averaged.
     averages_by_hand: bool = False
 
     def change_at(self, file: str, line: int) -> str | None:

@@ -32,6 +32,9 @@ class Recorder:
         self.step_backwards: list[torch.Tensor] = []
         self.last_backward: torch.Tensor | None = None
         self.scaled: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.stepped = False  # an optimizer step or a module's zero_grad ended a step
+        self.bare: list[torch.Tensor] = []  # the tensors (no nn.Parameter) the last backward reached, till then
+        self.bare_values: torch.Tensor | None = None
 
     def flag(self, name: str, detail: str) -> None:
         self.flags.setdefault(name, detail)
@@ -41,11 +44,18 @@ class Recorder:
             self.notes.append(text)
 
     def on_backward(self, tensor: torch.Tensor) -> None:
-        """Remember the loss a backward starts from, before any GradScaler scaling."""
+        """Remember the loss a backward starts from, before any GradScaler scaling. Where no optimizer or
+        module steps, a backward after the tensors the last one reached changed (`w -= lr * w.grad` on
+        bare tensors) ends the step that update made."""
         if self.scaled is not None and tensor is self.scaled[0]:
             tensor = self.scaled[1]
+        if self.last_backward is not None and self.bare_values is not None and not torch.equal(_flat(self.bare), self.bare_values):
+            self.record_step(self.bare)
         self.last_backward = tensor
         self.step_backwards.append(tensor.detach())
+        if not self.stepped:
+            self.bare = _bare_leaves(tensor)
+            self.bare_values = _flat(self.bare) if self.bare else None
 
     def drew(self, drawn) -> None:
         """Remember a random draw made while training (a tensor, numpy's array or number), by its fingerprint."""
@@ -58,12 +68,14 @@ class Recorder:
 
     def on_step(self, optimizer, args, kwargs) -> None:
         """Optimizer step post-hook: record, and leave once enough steps are recorded."""
+        self.stepped, self.bare_values = True, None
         self.record_step(_optimized(optimizer))
 
     def on_zero_grad(self, module: torch.nn.Module) -> None:
         """`model.zero_grad()` after a backward that no optimizer stepped: a hand-written update
         (`p -= lr * p.grad`) just ran, so this is the end of a step."""
         if self.last_backward is not None:
+            self.stepped, self.bare_values = True, None
             self.record_step(list(module.parameters()))
 
     def record_step(self, params: list[torch.Tensor]) -> None:
@@ -100,6 +112,24 @@ def _optimized(optimizer) -> list[torch.Tensor]:
 def _flat(params: list[torch.Tensor]) -> torch.Tensor:
     """The parameters' whole values (FSDP shards gathered) as one float64 CPU vector."""
     return torch.cat([_whole(p).reshape(-1).to("cpu", torch.float64) for p in params])
+
+
+def _bare_leaves(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors, not nn.Parameter, whose gradient a backward from `tensor` accumulates (weights kept in
+    bare tensors), by shape then in the order the graph reaches them."""
+    found: dict[int, torch.Tensor] = {}
+    seen: dict[int, object] = {}  # holds the nodes, so that no id is reused while walking
+    stack = [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node
+        variable = getattr(node, "variable", None)
+        if variable is not None and not isinstance(variable, torch.nn.Parameter):
+            found.setdefault(id(variable), variable)
+        stack.extend(reversed([next_node for next_node, _ in node.next_functions]))
+    return sorted(found.values(), key=lambda t: tuple(t.shape))
 
 
 def _fingerprint(drawn) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from ddpify.codemods.ddp.environments import EnvironmentsOfEachRank
+from ddpify.codemods.ddp.hand_gradients import HandAveragedGradients
 from ddpify.codemods.ddp.owned_optimizers import AveragedOwnedOptimizers
 from ddpify.codemods.ddp.rows import RowsOfEachRank
 from ddpify.verify.diagnose import exception_line_in
@@ -138,7 +139,7 @@ def make_plan(request: Request, workspace: str, converted: dict[Path, Conversion
                 changes=tuple(_changes_by_line(placed) if converted else ()),
                 loss_rows_shared=_made_changes(converted, RowsOfEachRank.NAME),
                 plays_own_episodes=_made_changes(converted, EnvironmentsOfEachRank.NAME),
-                averages_by_hand=_made_changes(converted, AveragedOwnedOptimizers.NAME))
+                averages_by_hand=any(_made_changes(converted, t.NAME) for t in (AveragedOwnedOptimizers, HandAveragedGradients)))
     notes = [note for side in sides.values() if (note := side.note())]
     return plan, list(dict.fromkeys(notes))
 
