@@ -18,7 +18,14 @@ Single-GPU entries with "runs": false (hard-coded CUDA, or too slow for a CPU) a
 Every process sees the shims first on PYTHONPATH (a made-up-data torchvision, and the patches of
 shims/ddpify_corpus_site.py), MPLBACKEND=Agg, and the entry's env.
 
-    python bench/public_corpus/run.py [--only NAME ...] [--jobs N] [--json FILE] [--merge FILE] [--no-verify] [--timeout S]
+    python bench/public_corpus/run.py [--only NAME ...] [--jobs N] [--json FILE] [--rows FILE] [--merge FILE] [--originals FILE]
+                                      [--no-verify] [--timeout S]
+
+--rows appends each entry's row to FILE (a JSON line) as soon as it is measured: a long run cut short
+keeps what it measured (--json is written at the end only).
+
+--originals takes the original step from an earlier --json file where it finished there (the scripts,
+shims and data do not change with ddpify); the others run again.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -107,7 +115,7 @@ def summary(report: str) -> str:
     return " | ".join(lines)[:400]
 
 
-def measure(entry: dict, work: Path, with_verify: bool, timeout: float) -> Row:
+def measure(entry: dict, work: Path, with_verify: bool, timeout: float, finished_original: bool = False) -> Row:
     row = Row(entry["name"], entry.get("kind", "single"), capped="DDPIFY_CORPUS_MAX_STEPS" in entry.get("env", {}), runs=entry.get("runs", True))
     started = time.perf_counter()
     limit = float(entry.get("timeout", timeout))
@@ -115,14 +123,7 @@ def measure(entry: dict, work: Path, with_verify: bool, timeout: float) -> Row:
     single = row.kind == "single"
 
     if single and row.runs:
-        folder, script = copy(entry, work / "original")
-        done = run_real([sys.executable, script, *argv], folder, environment(entry), limit)
-        if done is None:
-            row.original, row.original_detail = "timeout", f"still running after {limit:.0f} s"
-        elif done.returncode != 0:
-            row.original, row.original_detail = "failed", f"exit {done.returncode}: {exception_line(done.stderr)}"
-        else:
-            row.original = "ok"
+        row.original, row.original_detail = ("ok", "") if finished_original else run_original(entry, work, limit)
     else:
         row.original = "-"
 
@@ -179,6 +180,17 @@ def measure(entry: dict, work: Path, with_verify: bool, timeout: float) -> Row:
             except (json.JSONDecodeError, KeyError, TypeError):
                 row.verify, row.verify_detail = "no verdict", exception_line(done.stderr or done.stdout)
     return finish(row, started)
+
+
+def run_original(entry: dict, work: Path, limit: float) -> tuple[str, str]:
+    """The script itself, one process: ok | failed | timeout, and why."""
+    folder, script = copy(entry, work / "original")
+    done = run_real([sys.executable, script, *entry.get("argv", [])], folder, environment(entry), limit)
+    if done is None:
+        return "timeout", f"still running after {limit:.0f} s"
+    if done.returncode != 0:
+        return "failed", f"exit {done.returncode}: {exception_line(done.stderr)}"
+    return "ok", ""
 
 
 def output_checks(folder: Path, changed: list[str]) -> tuple[str, str]:
@@ -251,12 +263,21 @@ def details(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
+def finished_originals(path: str | None) -> set[str]:
+    """The entries whose original finished (exit 0) in an earlier --json file."""
+    if not path:
+        return set()
+    return {r["name"] for r in json.loads(Path(path).read_text())["rows"] if r["original"] == "ok"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", metavar="NAME")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--json", metavar="FILE", help="write the rows and totals here")
+    parser.add_argument("--rows", metavar="FILE", help="append each row here as a JSON line once it is measured")
     parser.add_argument("--merge", metavar="FILE", help="an earlier --json file: its rows of entries not run now are kept (table and totals over both)")
+    parser.add_argument("--originals", metavar="FILE", help="an earlier --json file: where the original finished there, it is not run again")
     parser.add_argument("--no-verify", action="store_true")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds for each run (an entry's own timeout wins)")
     options = parser.parse_args()
@@ -265,12 +286,17 @@ def main() -> None:
     for entry in chosen:
         rebuild.build(entry, data["repos"])
     started = time.perf_counter()
+    finished = finished_originals(options.originals)
+    appending = threading.Lock()
 
     def one(entry: dict) -> Row:
         with tempfile.TemporaryDirectory(prefix=f"public-corpus-{entry['name']}-") as work:
-            row = measure(entry, Path(work), not options.no_verify, options.timeout)
+            row = measure(entry, Path(work), not options.no_verify, options.timeout, entry["name"] in finished)
         print(f"{row.name}: original {row.original}, convert {row.convert} ({row.convert_exit}), torchrun {row.torchrun}"
               f" {row.torchrun_detail}, verify {row.verify} [{row.seconds} s]", file=sys.stderr, flush=True)
+        if options.rows:
+            with appending, open(options.rows, "a") as rows_file:
+                rows_file.write(json.dumps(asdict(row)) + "\n")
         return row
 
     with ThreadPoolExecutor(max_workers=options.jobs) as pool:
