@@ -39,9 +39,14 @@ def setup_distributed():
 
 
 def cleanup_distributed():
-    """Leave the process group, once the DDP wrappers (in cycles) are freed."""
-    # Their all-reduces hold Python state: released at interpreter exit, gloo
-    # can abort.
+    """Leave the process group, once the DDP wrappers' gradient all-reduces are
+    released: they hold Python state, and released at interpreter exit, gloo
+    can abort the rank ('terminate called without an active exception')."""
+    gc.collect()  # the wrappers in reference cycles
+    ddp = torch.nn.parallel.DistributedDataParallel
+    for wrapper in gc.get_objects():  # those still held (by an object)
+        if issubclass(type(wrapper), ddp):  # its logger holds its reducer
+            wrapper.reducer = wrapper.logger = None
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()

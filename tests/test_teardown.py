@@ -1,0 +1,65 @@
+"""A converted script ends cleanly: gloo must not abort a rank at interpreter exit after the work is done.
+
+The abort ('terminate called without an active exception', SIGABRT; bench/bench_teardown.py has the
+core dump's account) comes from a DDP wrapper's gradient all-reduces, which hold Python state,
+being released during interpreter finalization. The generated cleanup_distributed() releases
+them while Python still runs: the wrappers in cycles are collected, and those still held (here by
+a trainer object at module level, fixtures/trainer_class.py) drop their reducer. A probe at exit
+counts the wrappers still holding one (none may); the script then runs several times under the
+real torchrun, whose interpreters finalize as a user's do (the test fork server's skip that).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpify.convert import convert_source
+from helpers import failure_report, run_script
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trainer_class.py"
+PROBE = '''
+
+def _wrappers_holding_all_reduces():
+    import gc, sys, torch
+    gc.collect()
+    held = [w for w in gc.get_objects() if isinstance(w, torch.nn.parallel.DistributedDataParallel) and w.reducer is not None]
+    print(f"wrappers holding all-reduces at exit: {len(held)}", file=sys.stderr)
+
+
+__import__("atexit").register(_wrappers_holding_all_reduces)
+'''
+PROBED = re.compile(r"wrappers holding all-reduces at exit: (\d+)")
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+@pytest.fixture
+def converted(tmp_path: Path) -> Path:
+    """fixtures/trainer_class.py converted, with the probe: its Trainer, bound at module level, holds the wrapper."""
+    script = tmp_path / "trainer_class_ddp.py"
+    script.write_text(convert_source(FIXTURE.read_text(), "ddp", path=str(FIXTURE)).output + PROBE)
+    return script
+
+
+def torchrun(script: Path, real: bool) -> list[str]:
+    """argv of a 2-rank torchrun of `script`: through the tests' fork server, or (`real`) torchrun itself
+    (`-c`: a launch the fork server does not take)."""
+    launcher = ["-c", "from torch.distributed.run import main; main()"] if real else ["-m", "torch.distributed.run"]
+    return [sys.executable, *launcher, "--standalone", "--nproc_per_node=2", str(script)]
+
+
+def test_no_wrapper_holds_its_all_reduces_after_cleanup(converted: Path):
+    run = run_script(torchrun(converted, real=False), converted.parent, timeout=180)
+    assert run.returncode == 0, failure_report(run)
+    assert PROBED.findall(run.stderr) == ["0", "0"], failure_report(run)
+
+
+def test_the_converted_script_ends_cleanly_under_torchrun_every_time(converted: Path):
+    for attempt in range(3):
+        run = run_script(torchrun(converted, real=True), converted.parent, timeout=300)
+        assert run.returncode == 0 and TEARDOWN_ABORT not in run.stderr, f"run {attempt + 1}: {failure_report(run)}"
+        assert PROBED.findall(run.stderr) == ["0", "0"], failure_report(run)
+        assert "done after 8 steps" in run.stdout  # 16 steps, half on each rank
