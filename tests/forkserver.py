@@ -42,6 +42,8 @@ import torch.distributed  # noqa: F401
 import torch.nn.parallel  # noqa: F401
 import torch.utils.data  # noqa: F401
 
+import accelerate  # noqa: F401  (the test extra installs it: scripts converted --to accelerate import it)
+
 from ddpify.verify import launcher, runner
 from ddpify.verify.launcher import ForkedRun, rank_environment
 from ddpify.verify.rendezvous import serve_store
