@@ -15,7 +15,7 @@ import libcst as cst
 from ddpify.anatomy import Anatomy, Pos, ScriptKind, syntax
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.accelerate import accelerator_spelling, is_prepared_model, prepared_models
-from ddpify.anatomy.distributed.ranks import is_rank_test, is_rank_zero_test, mentions_rank, spawn_workers
+from ddpify.anatomy.distributed.ranks import is_rank_zero_test, mentions_rank, spawn_workers
 from ddpify.anatomy.distributed.reaching import assignments
 from ddpify.anatomy.distributed.wrappers import is_wrapper, wrap_calls
 from ddpify.anatomy.vocabulary import ACCELERATOR_UNWRAP, TORCH_SAVE
@@ -138,14 +138,8 @@ def rank_zero_guard_fix(a: Anatomy, stmt: ast.stmt, may_be_safe: bool, hoisted: 
 
 
 def per_rank_target(a: Anatomy, *exprs: ast.AST | None, through_variables: bool = True) -> bool:
-    """Do these arguments name their target after the rank (`f"ckpt_rank{rank}.pt"`, `print(f"[{rank}] ...")`,
-    `path if accelerator.is_main_process else os.devnull`)?"""
-    return any(expr is not None and (mentions_rank(a, expr, through_variables) or _chosen_by_rank(a, expr)) for expr in exprs)
-
-
-def _chosen_by_rank(a: Anatomy, expr: ast.AST) -> bool:
-    """`x if <rank test> else y`: a target of its own on rank 0."""
-    return isinstance(expr, ast.IfExp) and is_rank_test(a, expr.test)
+    """Do these arguments name their target after the rank (`f"ckpt_rank{rank}.pt"`, `print(f"[{rank}] ...")`)?"""
+    return any(expr is not None and mentions_rank(a, expr, through_variables) for expr in exprs)
 
 
 def is_saved(a: Anatomy, call: ast.Call) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.distributed.ranks import rank_guarded, runs_on_every_rank
+from ddpify.anatomy.distributed.ranks import is_rank_test, rank_guarded, runs_on_every_rank
 from ddpify.anatomy.distributed.reaching import callers
 from ddpify.anatomy import syntax
 from ddpify.anatomy.output import FILE_WRITTEN, output_kind
@@ -59,7 +59,7 @@ class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="
         reported: set[ast.Call] = set()
         for site in a.calls:
             call: ast.Call = site.node  # type: ignore[assignment]
-            if not _writes_file(a, site) or per_rank_target(a, _path(a, site)) or not runs_on_every_rank(a, call):
+            if not _writes_file(a, site) or _per_rank_file(a, _path(a, site)) or not runs_on_every_rank(a, call):
                 continue
             unguarded = _unguarded_calls_of_a_guarded_function(a, site)
             if not unguarded:
@@ -86,6 +86,11 @@ def _fix_call(a, call: ast.Call):
 
 def _writes_file(a, site) -> bool:
     return output_kind(a, site.node) in (TORCH_SAVE, FILE_WRITTEN) or opens_for_writing(a, site.node)
+
+
+def _per_rank_file(a, path: ast.AST | None) -> bool:
+    """A path named after the rank, or chosen by a rank test (`path if accelerator.is_main_process else os.devnull`)."""
+    return per_rank_target(a, path) or (isinstance(path, ast.IfExp) and is_rank_test(a, path.test))
 
 
 def _path(a, site) -> ast.AST | None:
