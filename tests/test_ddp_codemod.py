@@ -444,7 +444,8 @@ class Run:
 
 
 class Runs:
-    """Runs of the original fixtures (once per module) and of converted scripts, each in its own cwd."""
+    """Runs of the original fixtures and of their snapshots as plain python (once per module each), and of
+    converted scripts under torchrun, each in its own cwd."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -452,6 +453,7 @@ class Runs:
         self.probe_path.mkdir()
         (self.probe_path / "sitecustomize.py").write_text(PROBE)
         self._originals: dict[str, Run] = {}
+        self._converted: dict[str, Run] = {}
         self._count = 0
 
     def fresh(self, label: str) -> Path:
@@ -464,6 +466,12 @@ class Runs:
         if script.name not in self._originals:
             self._originals[script.name] = self.python(script, probe=False)
         return self._originals[script.name]
+
+    def converted(self, script: Path) -> Run:
+        """The snapshot of `script`'s conversion run as plain python (once per module, like the original)."""
+        if script.name not in self._converted:
+            self._converted[script.name] = self.python(EXPECTED_DIR / script.name)
+        return self._converted[script.name]
 
     def _probe_env(self, probe_dir: Path, workers_only: bool) -> dict[str, str]:
         path = os.pathsep.join(p for p in (str(self.probe_path), os.environ.get("PYTHONPATH", "")) if p)
@@ -588,7 +596,7 @@ def test_runs_as_plain_python_like_the_original(script: Path, runs: Runs):
     """World size 1: the same lines in the same order, the same files, checkpoints without `module.`."""
     with ThreadPoolExecutor(2) as pool:
         original = pool.submit(runs.original, script)
-        converted = pool.submit(runs.python, EXPECTED_DIR / script.name)
+        converted = pool.submit(runs.converted, script)
         original, converted = original.result(), converted.result()
     assert original.returncode == 0, original.report
     assert converted.returncode == 0, converted.report
@@ -599,7 +607,7 @@ def test_runs_as_plain_python_like_the_original(script: Path, runs: Runs):
 @pytest.mark.parametrize("script", fixture_params(WORLD_SIZE_1_ORDER))
 def test_plain_python_prints_exactly_what_the_original_prints(script: Path, runs: Runs):
     original = runs.original(script)
-    converted = runs.python(EXPECTED_DIR / script.name)
+    converted = runs.converted(script)
     assert converted.returncode == 0, converted.report
     assert converted.stdout == original.stdout
 
