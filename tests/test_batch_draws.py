@@ -340,3 +340,33 @@ def test_a_trainer_of_another_file_wraps_the_model_it_is_handed_and_each_rank_sa
     assert ran.returncode == 0, ran.stderr[-2000:]
     (first_0, weights_0), (first_1, weights_1) = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert first_0 != first_1 and weights_0 == weights_1
+
+
+UNIFORM_GUESSES = """
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+
+torch.manual_seed(0)
+ds = TensorDataset(torch.randn(256, 8), torch.randint(0, 50, (256,)))
+model = nn.Linear(8, 50)
+nn.init.zeros_(model.weight)  # every batch's loss starts at log(50): a loss that compares across batches
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(ds, batch_size=16, sampler=RandomSampler(ds, replacement=True))
+for epoch in range(2):
+    for x, y in loader:
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_verify_compares_samples_drawn_by_each_rank_statistically(tmp_path: Path):
+    """The reference can't draw what each rank's generator draws: it keeps its own sampling (no re-cut
+    as if by a DistributedSampler, which held the runs to exact equality and found them diverged)."""
+    (tmp_path / "sampled.py").write_text(UNIFORM_GUESSES)
+    done = run_ddpify(["verify", "sampled.py", "--to", "ddp", "--steps", "4", "--json"], tmp_path, timeout=300)
+    result = json.loads(done.stdout)
+    assert (result["verdict"], result["mode"]) == ("equivalent", "statistical"), result["message"]
+    assert any("a RandomSampler with replacement, loader at sampled.py:11" in note for note in result["notes"]), result["notes"]

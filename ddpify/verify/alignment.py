@@ -9,7 +9,9 @@ concatenates the k-th batch of every rank. Each pass over a training loader insi
 epoch loops is one more epoch from where that loop counts (the candidate's `set_epoch(epoch)`),
 counted per call site so that a loader rebuilt every epoch keeps counting; a pass outside its
 epoch loops keeps the epoch last set, and with no epoch loop known each pass is one more epoch.
-Evaluation loaders are left alone.
+Evaluation loaders are left alone, and so are those that sample with replacement (converted, each rank
+draws from a generator seeded with the rank): no reference draws what the ranks draw, so they flag
+training randomness and the runs are compared in statistical mode.
 
 An Accelerate candidate's prepared loader deals the script's own batches to the ranks instead
 (Accelerate's BatchSamplerShard: batch i to rank i % N, the last ones filled from the start),
@@ -216,9 +218,17 @@ def _shuffles(arguments: dict) -> bool | None:
     sampler = arguments.get("sampler")
     if sampler is None:
         return bool(arguments.get("shuffle"))
+    if _draws_its_own(sampler):
+        return None
     if isinstance(sampler, (RandomSampler, SequentialSampler)):
         return isinstance(sampler, RandomSampler)
     return None
+
+
+def _draws_its_own(sampler) -> bool:
+    """A RandomSampler with replacement (converted: each rank draws from a generator seeded with the rank):
+    the ranks' draws are their own, so the reference cannot mirror them."""
+    return isinstance(sampler, RandomSampler) and sampler.replacement
 
 
 def align_training_loaders(world: int, batch_mode: str, static_sites: set[tuple[str, int]], recorder,
@@ -258,6 +268,8 @@ def _aligned_sampler(arguments: dict, site: tuple[str, int], world: int, batch_m
     if arguments.get("batch_sampler") is not None or batch_size is None or shuffle is None \
             or isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
         recorder.note(f"loader at {_where(site)} uses its own sampling, so the reference cannot mirror the ranks' samples")
+        if _draws_its_own(arguments.get("sampler")):
+            recorder.flag("training_randomness", f"a RandomSampler with replacement, loader at {_where(site)}")
         return None
     per_rank_batch = batch_size
     if batch_mode == "global":
