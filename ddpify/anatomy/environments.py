@@ -58,8 +58,18 @@ def trains_on_environment(a: Anatomy) -> bool:
 
 
 def worker_processes(a: Anatomy) -> list[CallSite]:
-    """`mp.Process(target=train, ...)`: workers that train on their own (A3C)."""
-    return a.calls_to(*WORKER_PROCESSES)
+    """`mp.Process(target=train, ...)`: workers that train on their own (A3C). A target of this file
+    that trains nothing (A2C's workers only step an environment for one learner) is not one."""
+    return [site for site in a.calls_to(*WORKER_PROCESSES) if _target_may_train(a, site.node)]  # type: ignore[arg-type]
+
+
+def _target_may_train(a: Anatomy, process: ast.Call) -> bool:
+    """Does the process's `target=` train (a backward or an optimizer step, in it or what it calls), or is it unknown?"""
+    target = keyword(process, "target")
+    name = identifier(target.value) if target is not None else None
+    if name not in a.functions:
+        return True
+    return a.function_contains(name, lambda node: isinstance(node, ast.Call) and a.is_training_call(node))  # type: ignore[arg-type]
 
 
 def environment_seeds(a: Anatomy) -> list[ast.expr]:

@@ -8,6 +8,11 @@ hand instead: its parameters broadcast from rank 0 once it is built, and its gra
 the ranks (one all_reduce) between the backward passes and its step. That holds whatever calls the
 forward, however many backward passes a step sums (REINFORCE backpropagates once per transition),
 and at world size 1 it changes no number.
+
+A model the training step calls through methods other than its forward (`prob = model.pi(s)`,
+`model.v(s)` feeding the loss: minimalRL's A2C) is averaged the same way, its optimizer built in the
+loop's own scope: a DDP wrapper all-reduces gradients only after a forward through the wrapper, so
+`model.module.pi(s)` would leave each rank with its own gradients (no error, no average).
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from ddpify.anatomy.scatter_gather import feeds_backward, forward_aliases_of
 from ddpify.anatomy.script import Anatomy
-from ddpify.anatomy.sites import CallSite
+from ddpify.anatomy.sites import CallSite, ModelSite, Ref
 from ddpify.anatomy.syntax import method_name
 from ddpify.anatomy.tree import walk_body
 
@@ -26,22 +32,69 @@ _BACKWARD = "backward"
 
 @dataclass(frozen=True)
 class OwnedOptimizer:
-    """An optimizer a class keeps in `self.<attribute>`, built over what `self` holds."""
+    """An optimizer whose gradients no DDP wrapper would average: one a class keeps in `self.<attribute>`,
+    built over what `self` holds, or one over a `model` the training step calls past its forward."""
 
-    built: CallSite  # its construction, in a method of `owner`
-    owner: str  # the class
-    attribute: str  # `optimizer` for `self.optimizer`
+    built: CallSite  # its construction
+    name: str  # `self.optimizer` in its class's methods, `optimizer` where it is built
     steps: tuple[ast.Call, ...]  # `self.optimizer.step()` in the class, `model.optimizer.step()` elsewhere
+    why: str  # why no wrapper reaches its model (the report's words)
+    model: ModelSite | None = None  # the model trained past its forward (None: the class's own parameters)
 
 
 def owned_optimizers(a: Anatomy) -> list[OwnedOptimizer]:
-    """The optimizers without a model to wrap that a class builds over its own parameters and keeps."""
+    """The optimizers whose gradients are averaged by hand: those a class builds over its own
+    parameters and keeps, then those over a model the training step calls past its forward."""
     owned = []
     for site in a.optimizers_without_model:
         owner, attribute = a.class_of_scope.get(site.scope), _self_attribute(site)
         if owner and attribute and _reads_self(site.node):
-            owned.append(OwnedOptimizer(site, owner, attribute, tuple(_steps_of(a, owner, attribute))))
-    return owned
+            owned.append(OwnedOptimizer(site, f"self.{attribute}", tuple(_steps_of(a, owner, attribute)),
+                                        f"self.{attribute} trains its own class's parameters, which no DDP wrapper can reach"))
+    return owned + _optimizers_of_models_trained_past_forward(a)
+
+
+def _optimizers_of_models_trained_past_forward(a: Anatomy) -> list[OwnedOptimizer]:
+    """`optimizer = Adam(model.parameters())` where the step's loss comes from `model.pi(s)`."""
+    found = []
+    for model, call in _models_trained_past_forward(a):
+        for site in a.optimizers:
+            target = _bound_name(site)
+            if target is not None and any(a.ref(n) == model.target for n in a.walk_through_variables(site.node)
+                                          if isinstance(n, (ast.Name, ast.Attribute))):
+                why = f"{model.target.name} is trained through {ast.unparse(call.func)}(...), past the forward a DDP wrapper syncs"
+                found.append(OwnedOptimizer(site, target.id, tuple(_steps_through(a, a.ref(target))), why, model))
+    return found
+
+
+def _models_trained_past_forward(a: Anatomy) -> list[tuple[ModelSite, ast.Call]]:
+    """Each trained model of a class of this file, with the first call of one of its methods other
+    than forward (or a method that only calls forward) whose result the training step back-propagates."""
+    found = []
+    for model in a.trained_models:
+        for call in (c.node for c in a.calls):
+            method = method_name(call)
+            if (method and f"{model.class_name}.{method}" in a.functions and method != "forward"
+                    and a.ref(call.func.value) == model.target  # type: ignore[attr-defined]
+                    and method not in forward_aliases_of(a, call.func.value)  # type: ignore[attr-defined]
+                    and feeds_backward(a, call)):  # type: ignore[arg-type]
+                found.append((model, call))
+                break
+    return found
+
+
+def _bound_name(site: CallSite) -> ast.Name | None:
+    """`optimizer` in `optimizer = Adam(...)`."""
+    stmt = site.stmt
+    if isinstance(stmt, ast.Assign) and stmt.value is site.node and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        return stmt.targets[0]
+    return None
+
+
+def _steps_through(a: Anatomy, optimizer: Ref | None) -> list[ast.Call]:
+    """`optimizer.step()` where `optimizer` is that variable."""
+    return [site.node for site in a.training_calls  # type: ignore[misc]
+            if method_name(site.node) == _STEP and a.ref(site.node.func.value) == optimizer]  # type: ignore[attr-defined]
 
 
 def averaging_point(a: Anatomy, step: ast.Call) -> ast.stmt:

@@ -8,7 +8,9 @@ the optimizer is built (every rank starts from rank 0's values) and `average_gra
 after the last backward before each step (one all_reduce; a gradient clip after it sees averaged
 gradients). The ranks then hold the same parameters after every step, as under DDP, whatever calls
 the forward and however many backward passes a step sums. That the ranks make the same number of
-steps is the environments transform's to ensure (the averaging is their collective).
+steps is the environments transform's to ensure (the averaging is their collective). An optimizer
+over a model the training step calls past its forward (`model.pi(s)`) is averaged alike, the model
+left unwrapped (ddpify.anatomy.owned_optimizers).
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ class AveragedOwnedOptimizers(Transform):
             return
         if not add_helpers(self, {BROADCAST_CALL}):
             for optimizer in owned:
-                self.missing(optimizer.built.line, f"self.{optimizer.attribute} trains its own class's parameters, and "
-                                                   "this file has no distributed setup to put the averaging helpers after",
+                self.missing(optimizer.built.line, f"{optimizer.why}, and this file has no distributed setup to put the "
+                                                   "averaging helpers after",
                              f"average the gradients by hand before each step ({AVERAGE_CALL}(optimizer))")
             return
         for optimizer in owned:
@@ -52,7 +54,7 @@ class AveragedOwnedOptimizers(Transform):
 
     def _can_average(self, optimizer: OwnedOptimizer) -> bool:
         """Is every step of the optimizer found, and none given a closure (which computes the gradients inside the step)?"""
-        name = f"self.{optimizer.attribute}"
+        name = optimizer.name
         if not optimizer.steps:
             self.missing(optimizer.built.line, f"{name} is built over its class's own parameters, but no {name}.step() "
                                                "was found, so its gradients are not averaged over the ranks",
@@ -65,10 +67,9 @@ class AveragedOwnedOptimizers(Transform):
         return bool(optimizer.steps) and not any(s.args or s.keywords for s in optimizer.steps)
 
     def _average(self, optimizer: OwnedOptimizer) -> None:
-        name = f"self.{optimizer.attribute}"
+        name = optimizer.name
         self.insert_after(optimizer.built.stmt, f"{BROADCAST_CALL}({name})\n")
-        self.changed(optimizer.built.line, f"{BROADCAST_CALL}({name}): every rank starts from rank 0's parameters "
-                                           f"({name} trains its own class's, which no DDP wrapper can reach)")
+        self.changed(optimizer.built.line, f"{BROADCAST_CALL}({name}): every rank starts from rank 0's parameters ({optimizer.why})")
         for step in optimizer.steps:
             receiver = ast.unparse(step.func.value)  # type: ignore[attr-defined]
             self.insert_before(averaging_point(self.anatomy, step), f"{AVERAGE_CALL}({receiver})\n")

@@ -81,7 +81,9 @@ class WrapModel(Transform):
     WRAPS_BEFORE_COMPILE = True  # wrap a model compiled where it is bound before the compile (DDP's order)
 
     def plan(self) -> None:
-        models = self.models_to_wrap("DistributedDataParallel", {owned.built.node for owned in owned_optimizers(self.anatomy)})
+        owned = owned_optimizers(self.anatomy)
+        averaged = {optimizer.model for optimizer in owned}  # trained past their forward: averaged by hand
+        models = [m for m in self.models_to_wrap("DistributedDataParallel", {o.built.node for o in owned}) if m not in averaged]
         if not models:
             return
         self.add_wrapper_import()
