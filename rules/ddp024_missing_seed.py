@@ -12,7 +12,8 @@ class MissingSeed(Rule, code="DDP024", name="missing-seed", severity="warning"):
     """## What it does
     Flags a multi-GPU script (DDP, FSDP, `mp.spawn` workers, DataParallel) that shows it wants runs
     to repeat (it sets `cudnn.deterministic = True` or `torch.use_deterministic_algorithms(...)`,
-    seeds some RNG, or has a seed option such as `--seed`) but leaves an RNG it draws from unseeded:
+    seeds some RNG, or has a seed option such as `--seed` or `args.seed`; an environment's `env.seed(i)`
+    is a method, not an option) but leaves an RNG it draws from unseeded:
 
     - nothing seeds torch: reported where the process group starts (`init_process_group`,
       `mp.spawn`, or the wrap);
@@ -88,6 +89,8 @@ MissingSeed.VALID = (
     _HEAD + _MODEL,
     # torch seeded, and numpy draws nothing
     _HEAD + "import numpy as np\ntorch.manual_seed(0)\n" + _MODEL + "x = np.zeros(3)\n",
+    # an environment's own seed (each worker plays its own episodes) is a method called, not a seed option
+    _HEAD + "import gym\n" + _MODEL + "env = gym.make('CartPole-v1')\nenv.seed(dist.get_rank())\n",
 )
 MissingSeed.INVALID = (
     Invalid(_HEAD + _DETERMINISTIC + _MODEL, line=7, fixed=(

@@ -33,6 +33,7 @@ from ddpify.codemods.ddp import (
     RowsOfEachRank,
     NoiseOfEachRank,
     SameSplitOnEveryRank,
+    SeedWhereReproducibilityIsAskedFor,
     SumLossScaling,
     WrapModel,
 )
@@ -65,8 +66,8 @@ def messages(result: ConversionResult) -> list[str]:
 
 def test_the_ddp_transforms_in_order():
     assert DDP_TRANSFORMS == (
-        DistributedSetup, RankDevices, RemoveDataParallel, WrapModel, AveragedOwnedOptimizers, DDPModuleAccess, SameSplitOnEveryRank,
-        NoiseOfEachRank, DistributedSamplers, RowsOfEachRank, HandAveragedGradients, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints,
+        DistributedSetup, SeedWhereReproducibilityIsAskedFor, RankDevices, RemoveDataParallel, WrapModel, AveragedOwnedOptimizers,
+        DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank, DistributedSamplers, RowsOfEachRank, HandAveragedGradients, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints,
         RankZeroDuties,
         NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
     )

@@ -305,7 +305,8 @@ def looks_after_reproducibility(a: Anatomy) -> bool:
     any RNG, or a seed option (`--seed`, `args.seed`)?"""
     if any(seeds(a)) or a.calls_to(DETERMINISTIC_ALGORITHMS):
         return True
-    return any(_sets_deterministic(a, n) or _names_seed_option(n) for n in a.nodes)
+    called = {n.func for n in a.nodes if isinstance(n, ast.Call)}  # `env.seed(i)` is a method, not an option
+    return any(_sets_deterministic(a, n) or (n not in called and _names_seed_option(n)) for n in a.nodes)
 
 
 def _sets_deterministic(a: Anatomy, node: ast.AST) -> bool:

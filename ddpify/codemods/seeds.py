@@ -1,0 +1,47 @@
+"""Seed every RNG alike on every rank before the first trained model is built.
+
+A helper in the style of PyTorch's reproducibility notes (Python's `random`, numpy where the script
+imports it, torch and every GPU) joins the other helpers once, or follows the imports where no
+transform left room for helpers, and is called with seed 0 just before the first trained model is
+built: the same helper lint's fix for DDP023/DDP024 inserts (ddpify.edits.seeding). Each target
+says when its script needs it (`finds_work`) and why (`WHY`).
+"""
+
+from __future__ import annotations
+
+from ddpify.anatomy.distributed.names import NUMPY, PYTHON, TORCH
+from ddpify.anatomy.syntax import spelling
+from ddpify.codemods.base import Transform
+from ddpify.edits.positions import last_leading_import
+from ddpify.edits.seeding import SEED_CALL, SEED_HELPER, seed_helper
+
+
+class SeedEveryRng(Transform):
+    """`seed_everything(0)` before the first trained model is built, the helper defined once."""
+
+    NAME = "seed"
+    SEES_EDITS_OF: tuple[str, ...] = ()
+    WHY = ""  # why the script needs the seed (the report's words)
+
+    def plan(self) -> None:
+        model = self.anatomy.trained_models[0]
+        if SEED_HELPER in self.anatomy.functions or not self._define_helper(model.stmt.lineno):
+            self.advise(model.line, f"seed every RNG alike on every rank before this model is built: {self.WHY}")
+            return
+        self.insert_before(model.stmt, SEED_CALL)
+        self.changed(model.line, f"{SEED_HELPER}(0) before the model is built: {self.WHY}")
+
+    def _define_helper(self, before_line: int) -> bool:
+        """The helper among the others, or after the imports where no room was left for helpers
+        (False where the model is built among the imports)."""
+        helper = seed_helper(spelling(self.anatomy, TORCH) or TORCH, spelling(self.anatomy, NUMPY))
+        if self.can_add_helpers():
+            self.add_import(PYTHON)
+            self.add_helper(SEED_HELPER, helper)
+            return True
+        anchor = last_leading_import(self.anatomy.tree)
+        if anchor is None or anchor.end_lineno >= before_line:  # type: ignore[operator]
+            return False
+        self.add_import(PYTHON)
+        self.insert_after(anchor, helper)
+        return True
