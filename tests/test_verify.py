@@ -407,3 +407,40 @@ def test_a_port_of_numpy_drawn_batches_that_forgot_the_seed_diverges(tmp_path):
     (tmp_path / "unseeded_ddp.py").write_text(converted.stdout.replace("np.random.seed(0)\n", ""))
     code, result = verify_json("numpy_drawn_batches.py", "--to", "ddp", "--against", str(tmp_path / "unseeded_ddp.py"))
     assert (code, result["verdict"]) == (1, "diverged"), result["message"]
+
+
+PACKAGE_TRAINER = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train(epochs=2):
+    model = torch.nn.Linear(4, 1)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=generator)
+    y = x.sum(dim=1, keepdim=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
+    for epoch in range(epochs):
+        for xb, yb in loader:
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+'''
+
+
+def test_a_package_imported_through_a_relative_pythonpath_is_each_sides_own(tmp_path):
+    """minGPT's layout: `PYTHONPATH=. python projects/demo/run.py`, the trainer in a package at the root
+    (converted in the candidate's mirror): both sides import it from their own mirror, not the launcher's folder."""
+    (tmp_path / "tinypkg").mkdir()
+    (tmp_path / "tinypkg" / "__init__.py").write_text("")
+    (tmp_path / "tinypkg" / "trainer.py").write_text(PACKAGE_TRAINER)
+    (tmp_path / "projects" / "demo").mkdir(parents=True)
+    (tmp_path / "projects" / "demo" / "run.py").write_text("import torch\n\nfrom tinypkg.trainer import train\n\n"
+                                                           "torch.manual_seed(0)\ntrain()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [".", str(ROOT), os.environ.get("PYTHONPATH")]))}
+    completed = subprocess.run([sys.executable, "-m", "ddpify", "verify", "projects/demo/run.py", "--to", "ddp", "--json"],
+                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    result = json.loads(completed.stdout)
+    assert (completed.returncode, result["verdict"], result["mode"]) == (0, "equivalent", "exact"), result["message"]

@@ -434,12 +434,24 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
         simulate_data_parallel(plan.dp_replicas, recorder.flag)
 
 
+def follow_relative_pythonpath(started_in: str) -> None:
+    """PYTHONPATH entries written relative (`.`, `src`) name folders of the working directory, which Python
+    resolved against the one this process started in (the launcher's): resolve them against the run's (this
+    side's mirror of the user's), so `PYTHONPATH=. python projects/x/train.py` imports the side's own package."""
+    for entry in filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+        if not os.path.isabs(entry):
+            stale, fresh = os.path.normpath(os.path.join(started_in, entry)), os.path.abspath(entry)
+            sys.path[:] = [fresh if path == stale else path for path in sys.path]
+
+
 def run_role(plan: Plan, role: str):
     """Run the plan's `role` script as rank $RANK under the hooks; never returns."""
     rank = int(os.environ.get("RANK", "0"))
     run = plan.run(role)
     die_with_parent()
+    started_in = os.getcwd()
     os.chdir(run.workdir)
+    follow_relative_pythonpath(started_in)
     redirect_output(plan.file("log", role, rank))
     arm_stack_dump(plan.file("stack", role, rank))
     recorder = Recorder(plan.file("record", role, rank), plan.steps)
