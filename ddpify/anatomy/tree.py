@@ -56,6 +56,7 @@ class ScriptTree:
         self.class_of_scope: dict[str, str] = {}
         _Structure(self).walk()
         self.names = ImportTable(self.nodes, pending_imports)
+        self._qualnames: dict[ast.AST, str | None] = {}  # rules and transforms ask it of the same nodes
         self.main_guard: ast.If | None = None
         self.entry: str | None = None
         _find_entry(self)
@@ -81,7 +82,9 @@ class ScriptTree:
 
     # ----- names -----------------------------------------------------------------------------
     def qualname(self, expr: ast.AST) -> str | None:
-        return self.names.qualname(expr)
+        if expr not in self._qualnames:
+            self._qualnames[expr] = self.names.qualname(expr)
+        return self._qualnames[expr]
 
     def ref(self, expr: ast.AST, scope: str | None = None) -> Ref | None:
         """The variable an expression reads: `x` (local or global) or `self.x`."""
