@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ddpify.codemods.pipeline import Status
 from ddpify.convert import convert_source
 
@@ -49,8 +51,10 @@ if __name__ == "__main__":
 NO_SIGN_OF_CARE = UNUSED_SEED_OPTION.replace('    parser.add_argument("--seed", type=int, default=1)\n', "")
 
 
-def test_a_script_asking_for_repeatable_runs_is_seeded_before_its_model():
-    result = convert_source(UNUSED_SEED_OPTION, "ddp", path="train.py")
+@pytest.mark.parametrize("target", ["ddp", "dp"])
+def test_a_script_asking_for_repeatable_runs_is_seeded_before_its_model(target: str):
+    """DataParallel's output is linted by DDP024 too; with no distributed helpers, the seed's helper follows the imports."""
+    result = convert_source(UNUSED_SEED_OPTION, target, path="train.py")
     assert result.status is Status.CONVERTED, result.missing
     assert "    seed_everything(0)\n    model = nn.Sequential(" in result.output
     assert "def seed_everything(seed):" in result.output

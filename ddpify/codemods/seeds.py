@@ -5,13 +5,21 @@ imports it, torch and every GPU) joins the other helpers once, or follows the im
 transform left room for helpers, and is called with seed 0 just before the first trained model is
 built: the same helper lint's fix for DDP023/DDP024 inserts (ddpify.edits.seeding). Each target
 says when its script needs it (`finds_work`) and why (`WHY`).
+
+A script that asks for runs that repeat (a `--seed` option nothing reads, `cudnn.deterministic = True`)
+and seeds torch nowhere gets it on every target whose output lint judges (DDP024, a warning that any
+multi-GPU script with that text earns, whoever wrote it): seeding is what the script asked for, and
+costs nothing it had, since an unseeded script draws other numbers at every run anyway.
 """
 
 from __future__ import annotations
 
+from ddpify.anatomy import Anatomy
 from ddpify.anatomy.distributed.names import NUMPY, PYTHON, TORCH
+from ddpify.anatomy.distributed.seeding import looks_after_reproducibility, seeded_anywhere
 from ddpify.anatomy.syntax import spelling
 from ddpify.codemods.base import Transform
+from ddpify.codemods.options import Options
 from ddpify.edits.positions import last_leading_import
 from ddpify.edits.seeding import SEED_CALL, SEED_HELPER, seed_helper
 
@@ -45,3 +53,13 @@ class SeedEveryRng(Transform):
         self.add_import(PYTHON)
         self.insert_after(anchor, helper)
         return True
+
+
+class SeedWhereAskedFor(SeedEveryRng):
+    """`seed_everything(0)` before the model, where the script shows care for reproducibility and seeds torch nowhere."""
+
+    WHY = "the script asks for runs that repeat (a seed option, a deterministic switch, a seed of another RNG) and seeds torch nowhere"
+
+    @classmethod
+    def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
+        return bool(anatomy.trained_models) and looks_after_reproducibility(anatomy) and not seeded_anywhere(anatomy, TORCH)

@@ -7,5 +7,6 @@ from ddpify.codemods.dp.loss import MeanLoss
 from ddpify.codemods.dp.module_access import DPModuleAccess
 from ddpify.codemods.dp.scatter import ScatterGather
 from ddpify.codemods.dp.wrap import WrapDataParallel
+from ddpify.codemods.seeds import SeedWhereAskedFor
 
-DP_TRANSFORMS = (ForwardDevices, WrapDataParallel, MeanLoss, DPModuleAccess, ForwardState, ScatterGather, BatchSizeAdvice)
+DP_TRANSFORMS = (SeedWhereAskedFor, ForwardDevices, WrapDataParallel, MeanLoss, DPModuleAccess, ForwardState, ScatterGather, BatchSizeAdvice)
