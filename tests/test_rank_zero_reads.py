@@ -67,3 +67,106 @@ def test_a_function_a_rank_zero_print_hands_the_plain_model_reads_through_plain_
                      tmp_path, timeout=180)
     assert run.returncode == 0, failure_report(run)
     assert "epoch 1 2 words, 2 outputs" in run.stdout
+
+
+# A function the rank-0 prints call, which calls the model it finds as a global (or in the `__main__`
+# block, as graykode/nlp-tutorial's Seq2Seq `translate` does), not one handed to it. The model has a
+# buffer: each forward of the wrapper broadcasts it from rank 0, which the other ranks never join.
+RANK_ZERO_MODULE = textwrap.dedent("""\
+    import torch
+    import torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 2)
+            self.register_buffer("scale", torch.ones(2))
+
+        def forward(self, x):
+            return self.fc(x) * self.scale
+
+
+    def predict(x):
+        return model(x).argmax(1).tolist()
+
+
+    def outputs_of(net):
+        return net(torch.zeros(1, 8)).shape[1]
+
+
+    def report():
+        return f"{len(predict(torch.ones(3, 8)))} predictions of {outputs_of(model)} classes"
+
+
+    if __name__ == "__main__":
+        torch.manual_seed(0)
+        loader = DataLoader(TensorDataset(torch.randn(32, 8), torch.randint(0, 2, (32,))), batch_size=8, shuffle=True)
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                optimizer.step()
+
+        def translate(x):
+            with torch.no_grad():
+                return len(predict(x) + model(x).argmax(1).tolist())
+
+        print("report:", report())
+        print("translated:", translate(torch.ones(2, 8)))
+    """)
+
+# A function that training calls too, and a print: its forward stays the wrapper's, whose gradients are averaged.
+TRAINING_AND_PRINT = textwrap.dedent("""\
+    import torch
+    import torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    def logits(x):
+        return model(x)
+
+
+    if __name__ == "__main__":
+        loader = DataLoader(TensorDataset(torch.randn(32, 8), torch.randint(0, 2, (32,))), batch_size=8, shuffle=True)
+        model = nn.Linear(8, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(logits(x), y)
+            loss.backward()
+            optimizer.step()
+        print(logits(x).shape)
+    """)
+
+
+def _converted_runs(script: str, tmp_path) -> tuple[str, str]:
+    """The conversion of `script`, lint-clean, and its stdout on 2 ranks."""
+    result = convert_source(script, "ddp")
+    assert not result.missing, result.missing
+    path = tmp_path / "train_ddp.py"
+    path.write_text(result.output)
+    run = run_script([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(path)],
+                     tmp_path, timeout=180)
+    assert run.returncode == 0, failure_report(run)
+    return result.output, run.stdout
+
+
+def test_functions_only_rank_zero_prints_call_run_the_plain_global_model(tmp_path):
+    output, stdout = _converted_runs(RANK_ZERO_MODULE, tmp_path)
+    assert "    return model.module(x).argmax(1).tolist()\n" in output  # called by rank-0-only functions alone
+    assert "{outputs_of(model.module)} classes" in output  # handed on by one of them
+    assert "    return net(torch.zeros(1, 8)).shape[1]\n" in output  # already the plain model
+    assert "return len(predict(x) + model.module(x).argmax(1).tolist())" in output  # defined in the __main__ block
+    assert "loss = nn.functional.cross_entropy(model(x), y)" in output
+    assert "report: 3 predictions of 2 classes\ntranslated: 4\n" in stdout
+
+
+def test_a_function_training_calls_too_keeps_the_wrapper():
+    output = convert_source(TRAINING_AND_PRINT, "ddp").output
+    assert "def logits(x):\n    return model(x)\n" in output
+    assert "print(logits(x).shape)" in output

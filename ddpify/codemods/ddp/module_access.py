@@ -2,7 +2,7 @@
 
 Where the name read is the wrapper on some paths and a plain model on others (the best model
 reloaded with `model = torch.load(f)` after training, then evaluated by the function that evaluated
-the wrapper; a function that rank-0-only output hands `model.module`, ddpify.codemods.ddp.rank_zero),
+the wrapper; a function that rank-0-only code hands `model.module`, ddpify.codemods.ddp.rank_zero),
 `.module` would fail on the plain one: the read goes through `plain_model(model)`, a
 helper that unwraps only a wrapper.
 """
@@ -15,11 +15,10 @@ from typing import Callable
 
 import libcst as cst
 
-from ddpify.anatomy import DDP_WRAPPER, Anatomy
-from ddpify.anatomy.distributed.reaching import reaching_values
+from ddpify.anatomy import DDP_WRAPPER
 from ddpify.anatomy.distributed.wrappers import wrapper_or_plain
 from ddpify.codemods.ddp.evaluation import add_helpers
-from ddpify.codemods.ddp.rank_zero import handed_plain_on_rank_zero
+from ddpify.codemods.ddp.rank_zero import handed_plain
 from ddpify.codemods.ddp.runtime import PLAIN_CALL
 from ddpify.codemods.module_access import ModuleAccess
 
@@ -31,7 +30,7 @@ class DDPModuleAccess(ModuleAccess):
     WRAPPER = DDP_WRAPPER
 
     def reach_inner(self, read: ast.expr) -> tuple[Callable[[cst.CSTNode], cst.CSTNode], Callable[[str], str]]:
-        if not (wrapper_or_plain(self.anatomy, read, self.WRAPPER) or _handed_plain(self.anatomy, read)):
+        if not (wrapper_or_plain(self.anatomy, read, self.WRAPPER) or handed_plain(self.anatomy, read)):
             return super().reach_inner(read)
         if self._plain_model_helper:
             return _plain_model_of, lambda name: f"{PLAIN_CALL}({name})"
@@ -44,20 +43,6 @@ class DDPModuleAccess(ModuleAccess):
     def _plain_model_helper(self) -> bool:
         """Is `plain_model` there, or queued (once; False: no room for helpers)?"""
         return add_helpers(self, {PLAIN_CALL})
-
-
-def _handed_plain(a: Anatomy, read: ast.expr) -> bool:
-    """Does rank-0-only output hand the function that `read` is in the plain model (`print(describe(model))`
-    calls `describe(model.module)`), through any depth of calls?"""
-    handed, seen, values = handed_plain_on_rank_zero(a), set(), reaching_values(a, read)
-    while values:
-        value = values.pop()
-        if value in handed:
-            return True
-        if isinstance(value, (ast.Name, ast.Attribute)) and value not in seen:
-            seen.add(value)
-            values.extend(reaching_values(a, value))
-    return False
 
 
 def _plain_model_of(wrapper: cst.CSTNode) -> cst.CSTNode:

@@ -13,7 +13,9 @@ and where the script later reads what rank 0 saved, a barrier waits for the file
 rank-0 block.
 
 Rank-0-only code never runs work that every rank must join: the DDP wrapper it would call or pass
-to a local function becomes `wrapper.module`. A call in the arguments of an output it guards (a print,
+to a local function becomes `wrapper.module`, also in a local function that only such code calls
+(`print('man ->', translate('man'))`, `translate` calling the model it finds as a global or in a
+closure), through any depth of calls. A call in the arguments of an output it guards (a print,
 a log, a save) that is not known to only format or read (`vocabulary.is_pure_call`) runs on every rank
 first, into a fresh variable the guarded output reads: one that trains or calls a collective, another
 file's function that may (`train_one_epoch` imported from engine.py), and any call whose work is
@@ -33,9 +35,10 @@ from ddpify.anatomy import MODULE_SCOPE, ROLE_WRITER, CallSite
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.distributed.every_rank_work import judged_alike_once_made, joins_every_rank, values_to_compute_first
-from ddpify.anatomy.distributed.ranks import runs_on_every_rank
+from ddpify.anatomy.distributed.ranks import rank_guarded, runs_on_every_rank
 from ddpify.anatomy.output import PROGRESS_BAR, WRITER, output_kind, rank_zero_object
-from ddpify.anatomy.distributed.reaching import calls_running, reaching_values
+from ddpify.anatomy.distributed.reaching import callers, calls_running, reaching_values
+from ddpify.anatomy.syntax import enclosing_function
 from ddpify.anatomy.distributed.wrappers import is_wrapper
 from ddpify.anatomy.vocabulary import (
     DIRECTORY_CREATORS,
@@ -110,8 +113,9 @@ class RankZeroDuties(Transform):
         self._barriers: set[ast.stmt] = set()
         self._names_taken: set[str] = set()
         self._stand_in_added = False
-        self._judged: list[ast.stmt] = []  # whether they need every rank
+        self._judged: list[ast.stmt] = []  # whether they need every rank, or run a wrapper
         self._hoists = False
+        self._unwrapped: set[ast.expr] = set()
         saves = []
         for call in self.anatomy.calls:
             kind, keeper = output_kind(self.anatomy, call.node), rank_zero_object(self.anatomy, call.node)
@@ -137,6 +141,7 @@ class RankZeroDuties(Transform):
                 self._guard(stmt, "file written")
         for save in saves:
             self._barrier_before_reads(save)
+        self._unwrap_in_rank_zero_functions()
 
     def reads_pending_edits(self) -> bool:
         """Planned ahead of the setup, wrap or shard, devices, evaluation and loss prints: its plan holds
@@ -188,7 +193,7 @@ class RankZeroDuties(Transform):
         return self._writes_file_in_block(stmt) and not self._needs_every_rank(stmt)
 
     def _writes_file_in_block(self, stmt: ast.AST) -> bool:
-        return isinstance(stmt, (ast.With, ast.AsyncWith)) and any(opens_for_writing(self.anatomy, i.context_expr) for i in stmt.items)
+        return _writes_file_in_block(self.anatomy, stmt)
 
     def _needs_every_rank(self, stmt: ast.stmt) -> bool:
         """Does the statement train or call a collective, or compute in an output's arguments what
@@ -202,7 +207,19 @@ class RankZeroDuties(Transform):
         for wrapper in _wrappers_run(self.anatomy, _walk_outside(stmt, keep)):
             self._use_module(wrapper)
 
+    def _unwrap_in_rank_zero_functions(self) -> None:
+        """A local function that rank-0-only code alone calls (`rank_zero_functions`) calls the plain
+        model too, or hands it on; not where the wrapper read is a parameter its callers hand
+        `wrapper.module` already."""
+        a = self.anatomy
+        functions = [a.functions[scope].node for scope in rank_zero_functions(a)]
+        self._judged.extend(functions)
+        for wrapper in _wrappers_run(a, (n for fn in functions for n in walk_body(fn.body))):
+            if wrapper not in self._unwrapped and not handed_plain(a, wrapper):
+                self._use_module(wrapper)
+
     def _use_module(self, expr: ast.expr) -> None:
+        self._unwrapped.add(expr)
         self.rewrite_expression(expr, module_of)
         name = ast.unparse(expr)
         self.changed(expr.lineno, f"{name} -> {name}.module in rank-0-only code (the DDP wrapper's forward syncs with every rank)")
@@ -354,12 +371,63 @@ def _wrappers_run(a, nodes: Iterable[ast.AST]) -> Iterator[ast.expr]:
 
 @per_anatomy
 def handed_plain_on_rank_zero(a) -> set[ast.expr]:
-    """The wrappers that rank-0-only output hands to a local function (`print(describe(model))`): it
-    is handed `wrapper.module` instead, so that function's parameter may hold the plain model. Judged
-    before planning: an argument computed first on every rank, which keeps the wrapper, counts too."""
-    outputs = [n for n in a.nodes if (isinstance(n, ast.Expr) and output_kind(a, n.value))
-               or (isinstance(n, (ast.With, ast.AsyncWith)) and any(opens_for_writing(a, i.context_expr) for i in n.items))]
-    return {wrapper for stmt in outputs for wrapper in _wrappers_run(a, ast.walk(stmt))}
+    """The wrappers that rank-0-only code hands to a local function (`print(describe(model))`, or
+    `describe(model)` in a function that only such code calls): it is handed `wrapper.module` instead,
+    so that function's parameter may hold the plain model. Judged before planning: an argument
+    computed first on every rank, which keeps the wrapper, counts too."""
+    outputs = [n for stmt in _outputs(a) for n in ast.walk(stmt)]
+    bodies = [n for scope in rank_zero_functions(a) for n in walk_body(a.functions[scope].node.body)]
+    return set(_wrappers_run(a, outputs + bodies))
+
+
+def handed_plain(a, read: ast.expr) -> bool:
+    """Does rank-0-only code hand the function that `read` is in the plain model (`print(describe(model))`
+    calls `describe(model.module)`), through any depth of calls?"""
+    handed, seen, values = handed_plain_on_rank_zero(a), set(), reaching_values(a, read)
+    while values:
+        value = values.pop()
+        if value in handed:
+            return True
+        if isinstance(value, (ast.Name, ast.Attribute)) and value not in seen:
+            seen.add(value)
+            values.extend(reaching_values(a, value))
+    return False
+
+
+@per_anatomy
+def rank_zero_functions(a) -> set[str]:
+    """The local functions that rank 0 alone runs once output is guarded (`translate` of
+    `print('man ->', translate('man'))`): each call of them sits in rank-0-only output, under a rank
+    test, or in another such function (which may be itself)."""
+    in_output = {n for stmt in _outputs(a) for n in _rank_zero_part(a, stmt) if isinstance(n, ast.Call)}
+    found = {scope for scope in a.functions if callers(a, scope)}
+    while True:
+        called_elsewhere = {scope for scope in found if not all(
+            call in in_output or enclosing_function(a, call) in found or rank_guarded(a, call) for call in callers(a, scope))}
+        if not called_elsewhere:
+            return found
+        found -= called_elsewhere
+
+
+def _outputs(a) -> list[ast.stmt]:
+    """The output statements: a print, log or save (`output_kind`), and `with open(..., "w")` blocks."""
+    return [n for n in a.nodes if (isinstance(n, ast.Expr) and output_kind(a, n.value)) or _writes_file_in_block(a, n)]
+
+
+def _rank_zero_part(a, stmt: ast.stmt) -> list[ast.AST]:
+    """The nodes of output statement `stmt` that rank 0 alone runs once it is planned: all but the
+    values computed first on every rank; none where it stays on every rank (a block that trains, a
+    print whose work can't be computed apart from it, a spawn script's parent)."""
+    if not (runs_on_every_rank(a, stmt) or rank_guarded(a, stmt)):
+        return []
+    if isinstance(stmt, ast.Expr):
+        hoisted, reason = values_to_compute_first(a, stmt)
+        return [] if reason else list(_walk_outside(stmt, hoisted))
+    return [] if joins_every_rank(a, [stmt]) else list(ast.walk(stmt))
+
+
+def _writes_file_in_block(a, stmt: ast.AST) -> bool:
+    return isinstance(stmt, (ast.With, ast.AsyncWith)) and any(opens_for_writing(a, i.context_expr) for i in stmt.items)
 
 
 def _walk_outside(root: ast.AST, skipped: Sequence[ast.AST]) -> Iterator[ast.AST]:
