@@ -14,6 +14,20 @@ import textwrap
 from ddpify.convert import convert_source
 from helpers import failure_report, run_script
 
+# Two epochs of training a Net, as a block's body.
+TRAINING = textwrap.indent(textwrap.dedent("""\
+    torch.manual_seed(0)
+    loader = DataLoader(TensorDataset(torch.randn(32, 8), torch.randint(0, 2, (32,))), batch_size=8, shuffle=True)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+    """), "    ")
+
 SCRIPT = textwrap.dedent("""\
     import torch
     import torch.nn as nn
@@ -39,16 +53,7 @@ SCRIPT = textwrap.dedent("""\
 
 
     def main():
-        torch.manual_seed(0)
-        loader = DataLoader(TensorDataset(torch.randn(32, 8), torch.randint(0, 2, (32,))), batch_size=8, shuffle=True)
-        model = Net()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for epoch in range(2):
-            for x, y in loader:
-                optimizer.zero_grad()
-                loss = nn.functional.cross_entropy(model(x), y)
-                loss.backward()
-                optimizer.step()
+    """) + TRAINING + textwrap.dedent("""\
             print("epoch", epoch, describe(model))
 
 
@@ -58,15 +63,10 @@ SCRIPT = textwrap.dedent("""\
 
 
 def test_a_function_a_rank_zero_print_hands_the_plain_model_reads_through_plain_model(tmp_path):
-    output = convert_source(SCRIPT, "ddp").output
+    output, stdout = _converted_runs(SCRIPT, tmp_path)
     assert "describe(model.module))" in output  # rank 0 alone calls the forward: the plain model
     assert "    return len(plain_model(net).vocab)\n" in output  # two calls deep, either model reads right
-    script = tmp_path / "train_ddp.py"
-    script.write_text(output)
-    run = run_script([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)],
-                     tmp_path, timeout=180)
-    assert run.returncode == 0, failure_report(run)
-    assert "epoch 1 2 words, 2 outputs" in run.stdout
+    assert "epoch 1 2 words, 2 outputs" in stdout
 
 
 # A function the rank-0 prints call, which calls the model it finds as a global (or in the `__main__`
@@ -101,24 +101,15 @@ RANK_ZERO_MODULE = textwrap.dedent("""\
 
 
     if __name__ == "__main__":
-        torch.manual_seed(0)
-        loader = DataLoader(TensorDataset(torch.randn(32, 8), torch.randint(0, 2, (32,))), batch_size=8, shuffle=True)
-        model = Net()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for epoch in range(2):
-            for x, y in loader:
-                optimizer.zero_grad()
-                loss = nn.functional.cross_entropy(model(x), y)
-                loss.backward()
-                optimizer.step()
+    """) + TRAINING + textwrap.indent(textwrap.dedent("""\
 
-        def translate(x):
-            with torch.no_grad():
-                return len(predict(x) + model(x).argmax(1).tolist())
+    def translate(x):
+        with torch.no_grad():
+            return len(predict(x) + model(x).argmax(1).tolist())
 
-        print("report:", report())
-        print("translated:", translate(torch.ones(2, 8)))
-    """)
+    print("report:", report())
+    print("translated:", translate(torch.ones(2, 8)))
+    """), "    ")
 
 # A function that training calls too, and a print: its forward stays the wrapper's, whose gradients are averaged.
 TRAINING_AND_PRINT = textwrap.dedent("""\
