@@ -36,6 +36,20 @@ compare only figures taken back to back):
     planned in 2-3 (setup and wrap with samplers and log-loss; `.module` access when it has work;
     rank 0, whose plan reads the wrap, the evaluation helpers and the printed losses); removing the
     rank-0 stage (outputs wrong, timing only) gives 5.0-5.3x.
+
+    From 2026-11-26 the figures are CPU seconds of the process (`seconds`): wall seconds swung 2x
+    between rounds on the shared machine. The corpus is now 127 files and each conversion does more
+    (new transforms and rules), so the ratios are not comparable with those above. One process, the
+    changes of 3c3b86b..HEAD toggled off and on, best of 3 interleaved rounds (rank 0 planned ahead
+    of the first stage's edits: one stage for 48 of 105 pipeline runs of --to ddp, 53 of --to fsdp,
+    so one analysis and one CST pass fewer there; calls_collective answered from one per-anatomy set,
+    for DDP020; ScriptTree.qualname remembered per node):
+      before --to ddp : ratio 8.5x     after: 7.25x
+      before --to fsdp: ratio 6.7x     after: 5.5x
+    Still above 5x for ddp: what the profile shows next is the lint of the output (a third of the
+    time: its analysis, DDP020's and the seeding rules' whole-script questions), the stages that
+    still re-analyse (`.module` access after the wrap; rank 0 where its plan reads the wrap or the
+    evaluation's collectives), codegen of each stage, and the width pass.
 """
 
 from __future__ import annotations
@@ -92,9 +106,11 @@ def floor(texts: dict[Path, str], target: str, rounds: int) -> None:
 
 
 def seconds(work) -> float:
-    started = time.perf_counter()
+    """CPU seconds of this process: other work on the machine barely moves the figure (wall seconds,
+    on the 2 cores that ~8 sessions share, varied by 2x between rounds)."""
+    started = time.process_time()
     work()
-    return time.perf_counter() - started
+    return time.process_time() - started
 
 
 def convert_all(texts: dict[Path, str], target: str) -> None:
