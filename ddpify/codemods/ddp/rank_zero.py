@@ -39,7 +39,7 @@ from ddpify.anatomy.distributed.ranks import rank_guarded, runs_on_every_rank
 from ddpify.anatomy.output import PROGRESS_BAR, WRITER, output_kind, rank_zero_object
 from ddpify.anatomy.distributed.reaching import callers, calls_running, reaching_values
 from ddpify.anatomy.syntax import enclosing_function
-from ddpify.anatomy.distributed.wrappers import is_wrapper
+from ddpify.anatomy.distributed.wrappers import is_wrapper, unwrapping_function
 from ddpify.anatomy.vocabulary import (
     DIRECTORY_CREATORS,
     TORCH_LOAD,
@@ -357,13 +357,14 @@ def _hoist_found(stmt: cst.BaseStatement, hoisted: list[ast.expr], names: list[s
 
 
 def _wrappers_run(a, nodes: Iterable[ast.AST]) -> Iterator[ast.expr]:
-    """The DDP wrappers that code made of `nodes` runs work through: called, or handed to a local function."""
+    """The DDP wrappers that code made of `nodes` runs work through: called, or handed to a local
+    function (not one that unwraps it, as `plain_model` does)."""
     for node in nodes:
         if not isinstance(node, ast.Call):
             continue
         if isinstance(node.func, (ast.Name, ast.Attribute)) and is_wrapper(a, node.func):
             yield node.func
-        elif a.callee(node):
+        elif (callee := a.callee(node)) and not unwrapping_function(a, callee):
             for arg in [*node.args, *(kw.value for kw in node.keywords)]:
                 if isinstance(arg, (ast.Name, ast.Attribute)) and is_wrapper(a, arg):
                     yield arg
