@@ -39,7 +39,7 @@ from ddpify.anatomy.distributed.ranks import rank_guarded, runs_on_every_rank
 from ddpify.anatomy.output import PROGRESS_BAR, WRITER, output_kind, rank_zero_object
 from ddpify.anatomy.distributed.reaching import callers, calls_running, reaching_values
 from ddpify.anatomy.syntax import enclosing_function
-from ddpify.anatomy.distributed.wrappers import is_wrapper, unwrapping_function
+from ddpify.anatomy.distributed.wrappers import is_wrapper, unwrapping_function, wrapper_or_plain
 from ddpify.anatomy.vocabulary import (
     DIRECTORY_CREATORS,
     TORCH_LOAD,
@@ -210,12 +210,13 @@ class RankZeroDuties(Transform):
     def _unwrap_in_rank_zero_functions(self) -> None:
         """A local function that rank-0-only code alone calls (`rank_zero_functions`) calls the plain
         model too, or hands it on; not where the wrapper read is a parameter its callers hand
-        `wrapper.module` already."""
+        `wrapper.module` already, nor where it is a plain model on some paths (`model = torch.load(f)`
+        after training: `.module` would fail there; lint then names the forward left to do)."""
         a = self.anatomy
         functions = [a.functions[scope].node for scope in rank_zero_functions(a)]
         self._judged.extend(functions)
         for wrapper in _wrappers_run(a, (n for fn in functions for n in walk_body(fn.body))):
-            if wrapper not in self._unwrapped and not handed_plain(a, wrapper):
+            if wrapper not in self._unwrapped and not handed_plain(a, wrapper) and not wrapper_or_plain(a, wrapper):
                 self._use_module(wrapper)
 
     def _use_module(self, expr: ast.expr) -> None:
