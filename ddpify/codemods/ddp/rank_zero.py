@@ -14,8 +14,8 @@ rank-0 block.
 
 Rank-0-only code never runs work that every rank must join: the DDP wrapper it would call or pass
 to a local function becomes `wrapper.module`, also in a local function that only such code calls
-(`print('man ->', translate('man'))`, `translate` calling the model it finds as a global or in a
-closure), through any depth of calls. A call in the arguments of an output it guards (a print,
+(`print('man ->', translate('man'))`, `translate` calling the model it reads as a global, defined at
+module level or in the `__main__` block), through any depth of calls. A call in the arguments of an output it guards (a print,
 a log, a save) that is not known to only format or read (`vocabulary.is_pure_call`) runs on every rank
 first, into a fresh variable the guarded output reads: one that trains or calls a collective, another
 file's function that may (`train_one_epoch` imported from engine.py), and any call whose work is
