@@ -47,16 +47,18 @@ for epoch in range(2):
         loss = (x @ w - y).pow(2).mean()
         loss.backward()
         with torch.no_grad():
-            w -= 0.1 * w.grad
+            w.copy_(w - 0.1 * w.grad)
             w.grad.zero_()
 """
-# full-batch training: a model to wrap, but no loader to shard
+# the same tensor updated in the form ddpify knows (w -= lr * w.grad): its gradients are averaged by hand
+HAND_TRAINED = NO_MODEL.replace("w.copy_(w - 0.1 * w.grad)", "w -= 0.1 * w.grad")
+# full-batch training: a model to wrap, but no loader to shard, and a loss that is no mean or sum of rows
 NO_LOADER = HEAD + """\
 x, y = data.tensors
 model = nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(10):
-    loss = (model(x) - y).pow(2).mean()
+    loss = (model(x) - y).abs().max()
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -116,6 +118,15 @@ def test_no_model_is_incomplete_even_when_the_data_is_sharded(target, duty):
     assert [(m.line, m.what) for m in result.missing] == [(line_of(NO_MODEL, "loss.backward()"), duty.what)]
     if target == "ddp":  # sharding the data without a wrapped model is never silent
         assert "DistributedSampler(" in result.output
+
+
+def test_tensors_trained_by_hand_start_alike_and_average_their_gradients():
+    result = convert_source(HAND_TRAINED, "ddp")
+    assert result.status is Status.CONVERTED and not result.missing
+    lines = [line.strip() for line in result.output.splitlines()]
+    assert lines.index("broadcast_tensors(w)") == lines.index("w = torch.zeros(4, 1, requires_grad=True)") + 1
+    assert lines.index("average_tensor_gradients(w)") == lines.index("loss.backward()") + 1
+    assert "DistributedSampler(" in result.output
 
 
 def test_a_model_without_a_loader_is_incomplete_under_ddp_only():

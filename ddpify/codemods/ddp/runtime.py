@@ -247,6 +247,16 @@ def model_loss_of_rank_rows(model, *batch, loss_at=None, targets=1, ignored=None
 
 TENSORS_HELPER = '''
 
+def broadcast_tensors(*tensors):
+    """Rank 0's values of tensors trained by hand, on every rank, as a DDP wrap
+    starts a model's parameters alike (through this rank's device: NCCL takes
+    no CPU tensor)."""
+    for tensor in tensors:
+        value = tensor.data.to(RANK_DEVICE)
+        dist.broadcast(value, src=0)
+        tensor.data.copy_(value)
+
+
 def average_tensor_gradients(*tensors):
     """Each tensor's gradient averaged over the ranks, as DDP averages a
     model's: tensors trained by hand, with no module to wrap."""
@@ -267,9 +277,11 @@ BROADCAST_CALL = "broadcast_parameters"
 AVERAGE_CALL = "average_gradients"
 ROWS_CALL = "loss_of_rank_rows"
 TENSORS_CALL = "average_tensor_gradients"
+TENSORS_BROADCAST_CALL = "broadcast_tensors"
 MODEL_ROWS_CALL = "model_loss_of_rank_rows"
 # each helper's code, in the order they are added to a script (after cleanup_distributed)
 EVALUATION_HELPERS = {SHARD_CALL: SHARD_HELPER, MODULE_CALL: MODULE_HELPER, PLAIN_CALL: PLAIN_HELPER, SUMS_CALL: SUMS_HELPER, GATHER_CALL: GATHER_HELPER, MEAN_CALL: MEAN_HELPER,
                       ROWS_CALL: ROWS_HELPER, MODEL_ROWS_CALL: MODEL_ROWS_HELPER, TENSORS_CALL: TENSORS_HELPER, EVERY_CALL: AGREE_HELPER, BROADCAST_CALL: AVERAGE_HELPER}
 # the functions ddpify adds at the top of a script: new helpers go after the last one present
-ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed", "_shaped_like", ANY_CALL, AVERAGE_CALL)
+ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed", "_shaped_like", ANY_CALL, AVERAGE_CALL,
+                   TENSORS_BROADCAST_CALL)
