@@ -293,7 +293,7 @@ def _convert_projects(projects: list[Project], sources: dict[Path, Source], targ
         conversions[id(project)].jobs.append(job)
     for conversion in conversions.values():
         if target == "accelerate":
-            hand_over_accelerator(conversion)
+            hand_over_accelerator(conversion.jobs)
         distributed = _entries_already_distributed(conversion)
         for job in conversion.jobs:
             job.entry_incomplete = not job.entry and conversion.entry_incomplete

@@ -16,24 +16,29 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol, Sequence
 
 from ddpify.anatomy.project import import_roots, within
 from ddpify.codemods.accelerate.runtime import ACCELERATOR
 from ddpify.codemods.pipeline import ConversionResult
 from ddpify.codemods.report import Change, Missing
 
-if TYPE_CHECKING:
-    from ddpify.project_conversion import FileJob, ProjectConversion
+
+class ProjectFile(Protocol):
+    """One file of a project conversion, as the hand-over reads it (project_conversion's FileJob)."""
+
+    path: Path
+    entry: bool
+    result: ConversionResult | None
 
 HANDOVER_COMMENT = f"# ddpify: the project's modules use this process's one {ACCELERATOR}\n"
 
 
-def hand_over_accelerator(conversion: ProjectConversion) -> None:
+def hand_over_accelerator(jobs: Sequence[ProjectFile]) -> None:
     """Each entry of the project hands its Accelerator to the modules waiting for it; where an entry
     builds none, those modules are missing it."""
-    waiting = [job for job in conversion.jobs if not job.entry and job.result is not None and awaits_accelerator(job.result.output)]
-    entries = [job for job in conversion.jobs if job.entry and job.result is not None]
+    waiting = [job for job in jobs if not job.entry and job.result is not None and awaits_accelerator(job.result.output)]
+    entries = [job for job in jobs if job.entry and job.result is not None]
     for entry in entries if waiting else ():
         if not _hand_over(entry.result, [_module_name(job.path, entry.path) for job in waiting]):  # type: ignore[arg-type]
             for job in waiting:
