@@ -8,16 +8,70 @@ import ast
 
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.cache import per_anatomy
-from ddpify.anatomy.distributed.names import DIST, DOWNLOADERS
+from ddpify.anatomy.distributed.names import (
+    ARCHIVE_OPENERS, DIST, DOWNLOADERS, EXISTENCE_CHECKS, EXTRACTIONS, PATH_EXISTENCE_METHODS, TRANSFER_OPENERS,
+    URL_READS, WRITE_MODES,
+)
 from ddpify.anatomy.distributed.reaching import MAX_DEPTH, reaching_values
 from ddpify.anatomy.sites import CallSite
 from ddpify.anatomy.syntax import argument, constant, keyword, method_name
+from ddpify.anatomy.vocabulary import OPEN_CALLS
 
 
 @per_anatomy
 def downloads(a: Anatomy) -> list[CallSite]:
-    """Calls that fetch data onto the node's disk: `MNIST(root, download=True)`, `load_dataset(...)`."""
-    return [c for c in a.calls if c.qualname in DOWNLOADERS or constant(getattr(keyword(c.node, "download"), "value", None), True)]  # type: ignore[arg-type]
+    """Calls that fetch data onto the node's disk: `MNIST(root, download=True)`, `load_dataset(...)`,
+    `tar.extractall()`, and `requests.get(url)` in a statement that writes what it reads to a file."""
+    return [c for c in a.calls if _stores_files(c) or (c.qualname in URL_READS and _writes_files(a, download_unit(a, c.stmt)))]
+
+
+def _stores_files(c: CallSite) -> bool:
+    call: ast.Call = c.node  # type: ignore[assignment]
+    return c.qualname in DOWNLOADERS or method_name(call) in EXTRACTIONS or constant(getattr(keyword(call, "download"), "value", None), True)
+
+
+def _writes_files(a: Anatomy, unit: ast.stmt) -> bool:
+    """Does `unit` open a file for writing, or store a download or an archive's contents?"""
+    inside = set(ast.walk(unit))
+    return any(c.node in inside and (_stores_files(c) or _opens_for_writing(c)) for c in a.calls)
+
+
+def _opens_for_writing(c: CallSite) -> bool:
+    mode = argument(c.node, 1, "mode")  # type: ignore[arg-type]
+    return c.qualname in OPEN_CALLS and isinstance(mode, ast.Constant) and isinstance(mode.value, str) and bool(WRITE_MODES & set(mode.value))
+
+
+def download_unit(a: Anatomy, stmt: ast.stmt) -> ast.stmt:
+    """The statement that runs once per node around a download in `stmt`: with the `with` blocks that
+    stream it (`with requests.get(url) as r:`) and the `if`s that skip it when its files exist."""
+    parent = a.parents.get(stmt)
+    while (_streams_a_download(a, parent) or (isinstance(parent, ast.If) and _checks_existence(a, parent.test))) and not _holds_training(a, parent):
+        stmt, parent = parent, a.parents.get(parent)
+    return stmt
+
+
+def _streams_a_download(a: Anatomy, stmt: ast.AST | None) -> bool:
+    """`with requests.get(url) as r, open(path, "wb") as f:`, `with tarfile.open(...) as tar:`."""
+    if not isinstance(stmt, ast.With):
+        return False
+    opened = [a.qualname(item.context_expr.func) if isinstance(item.context_expr, ast.Call) else None for item in stmt.items]
+    return all(name in TRANSFER_OPENERS for name in opened) and any(name in URL_READS | ARCHIVE_OPENERS for name in opened)
+
+
+def _holds_training(a: Anatomy, stmt: ast.stmt) -> bool:
+    """Does `stmt` build a model, loop over steps, or call this file's functions (which may train)?
+    Run on local rank 0 alone, its collectives would wait for ranks held at the barrier."""
+    inside = set(ast.walk(stmt))
+    sites = [*a.models, *a.step_loops, *a.epoch_loops]
+    return any(s.node in inside for s in sites) or any(c.node in inside and c.qualname in a.functions for c in a.calls)
+
+
+def _checks_existence(a: Anatomy, test: ast.expr) -> bool:
+    """`os.path.exists(p)`, `not Path(p).is_file()`, combined with `and`/`or`: whether files are there already."""
+    return any(
+        isinstance(node, ast.Call) and (a.qualname(node.func) in EXISTENCE_CHECKS or method_name(node) in PATH_EXISTENCE_METHODS)
+        for node in ast.walk(test)
+    )
 
 
 def env_writes(a: Anatomy, variable: str) -> list[ast.AST]:

@@ -4,7 +4,7 @@ seeding, spawning and per-node downloads, each a qualified name or a set of them
 
 from __future__ import annotations
 
-from ddpify.anatomy.vocabulary import LEGACY_FSDP, RANDOM_FILLS
+from ddpify.anatomy.vocabulary import LEGACY_FSDP, OPEN_CALLS, RANDOM_FILLS
 
 DIST = "torch.distributed"
 COLLECTIVES = frozenset(
@@ -37,8 +37,19 @@ STATE_DICT_GATHERS = frozenset(
 DOWNLOADERS = frozenset({
     "torchvision.datasets.utils.download_url", "torchvision.datasets.utils.download_and_extract_archive",
     "torch.hub.download_url_to_file", "huggingface_hub.snapshot_download", "huggingface_hub.hf_hub_download",
-    "datasets.load_dataset",
+    "datasets.load_dataset", "urllib.request.urlretrieve", "shutil.unpack_archive",
 })
+# An archive's extraction onto disk (`tarfile`/`zipfile` objects), and URL reads that are a download
+# when the statement around them writes a file (`open(path, "wb")`) or extracts an archive.
+EXTRACTIONS = frozenset({"extractall"})
+URL_READS = frozenset({"requests.get", "urllib.request.urlopen"})
+WRITE_MODES = frozenset("wax")
+# The `with` items that stream a download (its body finishes it): a URL read or an archive, with the
+# files it writes; and the tests that skip a download done already.
+ARCHIVE_OPENERS = frozenset({"tarfile.open", "zipfile.ZipFile"})
+TRANSFER_OPENERS = URL_READS | ARCHIVE_OPENERS | OPEN_CALLS
+EXISTENCE_CHECKS = frozenset({"os.path.exists", "os.path.isfile", "os.path.isdir"})
+PATH_EXISTENCE_METHODS = frozenset({"exists", "is_file", "is_dir"})
 DISTRIBUTED_SAMPLER = "torch.utils.data.DistributedSampler"
 SYNC_BATCHNORM_CONVERT = "torch.nn.SyncBatchNorm.convert_sync_batchnorm"
 SPAWN_CALLS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})

@@ -3,7 +3,9 @@
 Every rank downloading the same dataset into the same directory races (half-written archives,
 corrupt extractions). The statement that downloads runs first on each node's local rank 0 while
 the node's other ranks wait at a barrier, then on them (they find the files and skip the
-download). On several nodes each node fetches its own copy, since local disks are not shared.
+download). A download streamed in `with` blocks, or skipped by an `if` that checks whether its files
+exist, runs whole: a barrier inside the `if` would be met only by the ranks that found no files. On
+several nodes each node fetches its own copy, since local disks are not shared.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import MODULE_SCOPE, Anatomy
-from ddpify.anatomy.distributed.launch import downloads
+from ddpify.anatomy.distributed.launch import download_unit, downloads
 from ddpify.anatomy.distributed.ranks import rank_guarded
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import LOCAL_RANK, SETUP_CALL
@@ -34,7 +36,7 @@ class PerNodeDownloads(Transform):
     def plan(self) -> None:
         done: set[ast.stmt] = set()
         for call in downloads(self.anatomy):
-            stmt = call.stmt
+            stmt = download_unit(self.anatomy, call.stmt)  # with its `if not os.path.exists(...)` test
             if stmt in done or rank_guarded(self.anatomy, call.node):
                 continue
             done.add(stmt)

@@ -1,0 +1,148 @@
+"""Downloads written by hand (URL reads written to a file, archive extractions) run once per node.
+
+The scripts below fetch an archive from a local file:// URL (no network) under an `if` that checks
+whether its files exist, as pytorch/examples' GAT does with `requests.get` and `tarfile`. Every rank
+of the unconverted script takes the download branch at once; converted, local rank 0 downloads while
+the other rank waits outside the `if`, then finds the files and skips it.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ddpify.anatomy import analyze
+from ddpify.anatomy.distributed.launch import download_unit, downloads
+from ddpify.convert import convert_source
+from tests.helpers import run_script
+
+FETCH_IN_A_FUNCTION = """
+    import os
+    import sys
+    import tarfile
+    import time
+    import urllib.request
+
+    import torch
+
+
+    def fetch(root):
+        if not os.path.isfile(os.path.join(root, "rows.txt")):
+            with open(os.path.join(root, "fetches.log"), "a") as log:
+                log.write(f"{os.getpid()}\\n")
+            time.sleep(2)  # a slow network: a rank that checks meanwhile finds no files either
+            with urllib.request.urlopen(sys.argv[1]) as response, open(os.path.join(root, "rows.tgz"), "wb") as out:
+                out.write(response.read())
+            with tarfile.open(os.path.join(root, "rows.tgz")) as archive:
+                archive.extractall(root)
+
+
+    def main():
+        os.makedirs("data", exist_ok=True)
+        fetch("data")
+        rows = torch.tensor([[float(v) for v in line.split()] for line in open("data/rows.txt")])
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(2):
+            optimizer.zero_grad()
+            loss = (model(rows[:, :2]) - rows[:, 2:]).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+        print("rows", len(rows))
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+FETCH_AT_MODULE_LEVEL = """
+    import os
+    import shutil
+    import sys
+    import time
+    import urllib.request
+
+    import torch
+
+    if __name__ == "__main__":
+        os.makedirs("data", exist_ok=True)
+        if os.path.exists("data/rows.txt"):
+            print("rows already there")
+        else:
+            with open("data/fetches.log", "a") as log:
+                log.write(f"{os.getpid()}\\n")
+            time.sleep(2)  # a slow network: a rank that checks meanwhile finds no files either
+            urllib.request.urlretrieve(sys.argv[1], "data/rows.tgz")
+            shutil.unpack_archive("data/rows.tgz", "data")
+        rows = torch.tensor([[float(v) for v in line.split()] for line in open("data/rows.txt")])
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(2):
+            optimizer.zero_grad()
+            loss = (model(rows[:, :2]) - rows[:, 2:]).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+        print("rows", len(rows))
+"""
+
+
+def _archive(path: Path) -> str:
+    """A .tgz holding rows.txt (8 rows of x1 x2 y); its file:// URL."""
+    text = "".join(f"{i} {i + 1} {2 * i}\n" for i in range(8)).encode()
+    with tarfile.open(path, "w:gz") as archive:
+        info = tarfile.TarInfo("rows.txt")
+        info.size = len(text)
+        archive.addfile(info, io.BytesIO(text))
+    return path.resolve().as_uri()
+
+
+@pytest.mark.parametrize("source", [FETCH_IN_A_FUNCTION, FETCH_AT_MODULE_LEVEL], ids=["function", "module"])
+def test_on_two_ranks_one_rank_downloads_and_both_read_the_files(tmp_path: Path, source: str):
+    url = _archive(tmp_path / "served.tgz")
+    (tmp_path / "train.py").write_text(convert_source(textwrap.dedent(source), "ddp").output)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", url]
+    done = run_script(torchrun, tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    fetches = (tmp_path / "data" / "fetches.log").read_text().split()
+    assert len(fetches) == 1, f"{len(fetches)} ranks downloaded"
+
+
+def test_the_barriers_go_around_the_if_that_checks_for_the_files():
+    """Inside the `if`, a barrier would be met only by the ranks that found no files."""
+    lines = convert_source(textwrap.dedent(FETCH_IN_A_FUNCTION), "ddp").output.splitlines()
+    test = lines.index('    if not os.path.isfile(os.path.join(root, "rows.txt")):')
+    assert lines[test - 2:test] == ["    if LOCAL_RANK != 0:", "        dist.barrier()  # local rank 0 downloads first, once per node"]
+    assert sum("dist.barrier()" in line for line in lines) == 2
+
+
+@pytest.mark.parametrize(("code", "expected"), [
+    ("with requests.get(url) as r, open('a.zip', 'wb') as f:\n    f.write(r.content)\n", True),
+    ("if not os.path.exists('a.zip'):\n    r = requests.get(url)\n    open('a.zip', 'wb').write(r.content)\n", True),
+    ("labels = requests.get(url).json()\n", False),
+    ("with open('a.json') as f:\n    labels = requests.get(f.read()).json()\n", False),
+    ("zipfile.ZipFile('a.zip').extractall('data')\n", True),
+])
+def test_a_url_read_is_a_download_where_its_statement_writes_a_file(code: str, expected: bool):
+    anatomy = analyze("import os\nimport zipfile\nimport requests\nurl = 'https://example.org/a.zip'\n" + code)
+    assert bool(downloads(anatomy)) is expected
+
+
+@pytest.mark.parametrize(("code", "runs_once_per_node"), [
+    ("if not os.path.exists('data'):\n    zipfile.ZipFile('a.zip').extractall('data')\n", "if not os.path.exists('data'):"),
+    ("with zipfile.ZipFile('a.zip') as z:\n    z.extractall('data')\n", "with zipfile.ZipFile('a.zip') as z:"),
+    # a model built, or a function of the script called, under the test: local rank 0 alone may train
+    ("if not os.path.exists('model.pt'):\n    zipfile.ZipFile('a.zip').extractall('data')\n    model = torch.nn.Linear(2, 1)\n",
+     "zipfile.ZipFile('a.zip').extractall('data')"),
+    ("def train():\n    pass\nif not os.path.isdir('data'):\n    zipfile.ZipFile('a.zip').extractall('data')\n    train()\n",
+     "zipfile.ZipFile('a.zip').extractall('data')"),
+])
+def test_the_statement_run_once_per_node_takes_the_existence_test_but_no_training(code: str, runs_once_per_node: str):
+    anatomy = analyze("import os\nimport zipfile\nimport torch\n" + code)
+    (download,) = downloads(anatomy)
+    assert ast.unparse(download_unit(anatomy, download.stmt)).splitlines()[0] == runs_once_per_node
