@@ -1,15 +1,20 @@
 """The DDP wrap's options come from the analysis (issue 26): gradient_as_bucket_view where no .grad is
-written, broadcast_buffers=False where the buffers are constants, each with its comment."""
+written and no two wrapped models share parameters, broadcast_buffers=False where the buffers are
+constants, each with its comment."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from ddpify.anatomy import analyze
-from ddpify.anatomy.ddp_options import buffers_need_no_broadcast, writes_gradients
+from ddpify.anatomy.ddp_options import buffers_need_no_broadcast, shares_parameters, writes_gradients
 from ddpify.convert import convert_source
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers import failure_report, run_script  # noqa: E402
 
 SCRIPT = """
 import torch
@@ -117,3 +122,39 @@ def test_a_model_moved_after_its_compile_is_wrapped_after_the_move() -> None:
                                         "    model = torch.compile(Classifier())\n    model.to(device)\n")
     output = convert_source(text, "ddp", path="train.py").output
     assert output.index("model.to(device)") < output.index("model = DDP(") and "wrapped before torch.compile" not in output
+
+
+SHARED_BLOCKS = Path(__file__).resolve().parent / "data" / "shared_blocks.py"
+
+
+def sharing(text: str) -> dict[str, bool]:
+    a = analyze(text, "train.py")
+    return {model.target.name: shares_parameters(a, model) for model in a.trained_models}
+
+
+def test_a_block_handed_to_two_trained_models_shares_their_parameters() -> None:
+    assert sharing(SHARED_BLOCKS.read_text()) == {"first": True, "second": True}
+
+
+@pytest.mark.parametrize("handed", ["(4, 8)", "torch.device(device)", "int(8)"])
+def test_a_value_that_is_no_module_handed_to_both_shares_nothing(handed: str) -> None:
+    text = SHARED_BLOCKS.read_text().replace("    shared = nn.Linear(8, 2)\n", f"    shared = {handed}\n")
+    assert sharing(text) == {"first": False, "second": False}
+
+
+def test_a_trained_model_handed_to_another_trained_model_shares_its_parameters() -> None:
+    text = SHARED_BLOCKS.read_text().replace("first = Encoder(shared)", "first = Encoder(nn.Linear(8, 4))")
+    text = text.replace("    second = Encoder(shared).to(device)\n", "    second = nn.Sequential(first, nn.Linear(4, 4)).to(device)\n")
+    assert sharing(text) == {"first": True, "second": True}
+
+
+def test_models_that_share_a_block_train_on_two_ranks_without_gradient_views(tmp_path: Path) -> None:
+    """Two wrappers would each point the shared block's gradients at their own buckets: the second backward
+    failed with 'parameter gradient is not the expected DDP bucket view' (gan-zoo-unit)."""
+    output = convert_source(SHARED_BLOCKS.read_text(), "ddp", path=SHARED_BLOCKS.name).output
+    (tmp_path / SHARED_BLOCKS.name).write_text(output)
+    run = run_script([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", SHARED_BLOCKS.name],
+                     cwd=tmp_path, timeout=240)
+    assert run.returncode == 0, failure_report(run)
+    assert run.stdout.count("epoch 1 loss") == 1
+    assert "gradient_as_bucket_view" not in output

@@ -2,7 +2,10 @@
 
 `gradient_as_bucket_view=True` makes each gradient a view into DDP's all-reduce buckets (no copy
 after every backward, one gradient's memory less); it is safe unless the script rebinds a `.grad`
-or changes one in place through a method (`p.grad.detach_()`). `broadcast_buffers=False` spares the
+or changes one in place through a method (`p.grad.detach_()`), or two wrapped models hold the same
+parameters (`E1 = Encoder(shared)`, `E2 = Encoder(shared)`, as in UNIT-style GANs): each wrapper
+points the shared `.grad` at its own bucket, and the other's backward fails ("parameter gradient
+is not the expected DDP bucket view"). `broadcast_buffers=False` spares the
 copy of rank 0's buffers before every forward; it is safe when the model has no BatchNorm
 statistics and no other buffer that training changes (buffers registered as constants, like a
 causal mask, are equal on every rank anyway), and it is chosen only where such constant buffers
@@ -15,8 +18,10 @@ the compiled graph breaks at DDP's buckets and their all-reduces overlap the bac
 from __future__ import annotations
 
 import ast
+import builtins
 
-from ddpify.anatomy import Anatomy, ModelSite
+from ddpify.anatomy import Anatomy, ModelSite, Ref
+from ddpify.anatomy.bindings import bindings
 
 BUFFER_REGISTRATION = "register_buffer"
 BUILTIN_LAYERS = "torch.nn."
@@ -40,6 +45,62 @@ def writes_gradients(a: Anatomy) -> bool:
         isinstance(node, ast.Attribute) and node.attr == "grad" and (isinstance(node.ctx, (ast.Store, ast.Del)) or _changed_by_method(a, node))
         for node in a.nodes
     )
+
+
+def shares_parameters(a: Anatomy, model: ModelSite) -> bool:
+    """Does `model` hold parameters another trained model holds too: a module handed to both their
+    constructors (`Encoder(shared)` twice), or one of them handed to the other's (`Full(encoder)`)?"""
+    trained = {m.target for m in a.trained_models}
+    held = _constructor_modules(a, model, trained) | {model.target}
+    return any(
+        held & (_constructor_modules(a, other, trained) | {other.target}) for other in a.trained_models if other.target != model.target
+    )
+
+
+def _constructor_modules(a: Anatomy, model: ModelSite, trained: set[Ref]) -> set[Ref]:
+    """The variables handed to the constructors that bind `model`'s variable and that hold a trained model or
+    may hold a module."""
+    calls = [
+        node for binding in bindings(a).get(model.target, []) if binding.assigned
+        for node in ast.walk(binding.value) if isinstance(node, ast.Call) and _constructs(a, node)
+    ]
+    handed = [a.ref(arg) for call in calls for arg in [*call.args, *(keyword.value for keyword in call.keywords)]]
+    return {ref for ref in handed if ref is not None and (ref in trained or _may_hold_a_module(a, ref))}
+
+
+def _may_hold_a_module(a: Anatomy, ref: Ref) -> bool:
+    """Is `ref` bound to a constructor's result (`nn.Linear(...)`, `Block(...).to(device)`) that is not a known
+    non-module (`torch.device(...)`, `int(...)`, a tuple)?"""
+    built = [_first_of_chain(binding.value) for binding in bindings(a).get(ref, []) if binding.assigned]
+    return any(isinstance(call, ast.Call) and _constructs(a, call) and not _builds_no_module(a, call) for call in built)
+
+
+def _first_of_chain(value: ast.AST) -> ast.AST:
+    """`Block(...)` in `Block(...).to(device).eval()`: the call a chain of method calls starts from."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and isinstance(value.func.value, ast.Call):
+        value = value.func.value
+    return value
+
+
+def _constructs(a: Anatomy, call: ast.Call) -> bool:
+    """`Block(...)`, `nn.Linear(...)`: a call of a name or of an import's attribute, not a method of a
+    variable (`model.cuda()`) or of a result (`Block().to(device)`)."""
+    return isinstance(call.func, ast.Name) or _imported(a, call)
+
+
+def _builds_no_module(a: Anatomy, call: ast.Call) -> bool:
+    """A call of a builtin (`int(...)`) or of an imported callable that builds no model (`torch.device(...)`,
+    `yaml.safe_load(...)`)."""
+    builtin = isinstance(call.func, ast.Name) and hasattr(builtins, call.func.id) and call.func.id not in a.names.aliases
+    return builtin or _imported(a, call) and not a.is_model_constructor(a.qualname(call.func) or "")
+
+
+def _imported(a: Anatomy, call: ast.Call) -> bool:
+    """Is the callee a name an import binds, or an attribute of one (`nn.Linear`)?"""
+    head = call.func
+    while isinstance(head, ast.Attribute):
+        head = head.value
+    return isinstance(head, ast.Name) and head.id in a.names.aliases
 
 
 def buffers_need_no_broadcast(a: Anatomy, model: ModelSite) -> bool:

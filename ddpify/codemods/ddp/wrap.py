@@ -15,7 +15,7 @@ from typing import Sequence
 import libcst as cst
 
 from ddpify.anatomy import DP_WRAPPER, ModelSite, syntax
-from ddpify.anatomy.ddp_options import buffers_need_no_broadcast, compiled_where_bound, writes_gradients
+from ddpify.anatomy.ddp_options import buffers_need_no_broadcast, compiled_where_bound, shares_parameters, writes_gradients
 from ddpify.anatomy.distributed.names import SYNC_BATCHNORM_CONVERT
 from ddpify.anatomy.owned_optimizers import owned_optimizers
 from ddpify.anatomy.unused_parameters import may_leave_parameters_unused
@@ -149,7 +149,8 @@ class WrapModel(Transform):
 
     def ddp_options(self, model: ModelSite) -> list[tuple[str, str]]:
         """(option, why) for each DistributedDataParallel option the analysis chooses for `model`."""
-        chosen = [(UNUSED_PARAMETERS, self.finds_unused(model)), (GRADIENT_VIEWS, not writes_gradients(self.anatomy)),
+        gradient_views = not writes_gradients(self.anatomy) and not shares_parameters(self.anatomy, model)
+        chosen = [(UNUSED_PARAMETERS, self.finds_unused(model)), (GRADIENT_VIEWS, gradient_views),
                   (NO_BUFFER_BROADCAST, buffers_need_no_broadcast(self.anatomy, model))]
         return [option for option, applies in chosen if applies]
 
