@@ -14,6 +14,8 @@ costs nothing it had, since an unseeded script draws other numbers at every run 
 
 from __future__ import annotations
 
+import ast
+
 from ddpify.anatomy import Anatomy
 from ddpify.anatomy.distributed.names import NUMPY, PYTHON, TORCH
 from ddpify.anatomy.distributed.seeding import looks_after_reproducibility, seeded_anywhere
@@ -33,11 +35,15 @@ class SeedEveryRng(Transform):
 
     def plan(self) -> None:
         model = self.anatomy.trained_models[0]
-        if SEED_HELPER in self.anatomy.functions or not self._define_helper(model.stmt.lineno):
-            self.advise(model.line, f"seed every RNG alike on every rank before this model is built: {self.WHY}")
+        self.seed_before(model.stmt, model.line, "the model is built")
+
+    def seed_before(self, stmt: ast.stmt, line: int, what: str) -> None:
+        """`seed_everything(0)` before `stmt` (`what` it does, for the report), or advice where there is no room."""
+        if SEED_HELPER in self.anatomy.functions or not self._define_helper(stmt.lineno):
+            self.advise(line, f"seed every RNG alike on every rank before {what}: {self.WHY}")
             return
-        self.insert_before(model.stmt, SEED_CALL)
-        self.changed(model.line, f"{SEED_HELPER}(0) before the model is built: {self.WHY}")
+        self.insert_before(stmt, SEED_CALL)
+        self.changed(line, f"{SEED_HELPER}(0) before {what}: {self.WHY}")
 
     def _define_helper(self, before_line: int) -> bool:
         """The helper among the others, or after the imports where no room was left for helpers

@@ -35,11 +35,12 @@ from ddpify.anatomy.distributed.names import (
     TRAIN_TEST_SPLIT, WEIGHT_INIT,
 )
 from ddpify.anatomy.distributed.ranks import mentions_rank, spawn_workers
+from ddpify.anatomy.distributed.reaching import MAX_DEPTH, reaching_values, returned_values
 from ddpify.anatomy.distributed.samplers import bound_name
 from ddpify.anatomy.distributed.wrappers import is_wrapper, model_origins, wrap_calls, wrapped_origins
 from ddpify.anatomy.sites import MODULE_SCOPE, CallSite
 from ddpify.anatomy.syntax import argument, constant, enclosing_function, keyword, method_name
-from ddpify.anatomy.vocabulary import DP_WRAPPER, LEGACY_FSDP, is_model_factory
+from ddpify.anatomy.vocabulary import DP_WRAPPER, LEGACY_FSDP, RANDOM_DRAWS, is_model_factory
 
 # ----- seeds -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -297,7 +298,48 @@ def unseeded_draws(a: Anatomy) -> Iterator[tuple[str, ast.Call]]:
 
 
 def numpy_draws(a: Anatomy) -> list[CallSite]:
-    return [c for c in a.calls if c.qualname.startswith(NUMPY_RANDOM) and c.qualname[len(NUMPY_RANDOM):] not in NUMPY_NON_DRAWS]
+    return [c for c in a.calls if rng_drawn(c.qualname) == NUMPY]
+
+
+def rng_drawn(qualname: str) -> str | None:
+    """The global RNG a call of `qualname` draws from (`numpy.random.normal`: numpy), if any."""
+    module, _, name = qualname.rpartition(".")
+    if qualname.startswith(NUMPY_RANDOM) and qualname[len(NUMPY_RANDOM):] not in NUMPY_NON_DRAWS:
+        return NUMPY
+    if qualname in PYTHON_DRAWS:
+        return PYTHON
+    return TORCH if module == TORCH and name in RANDOM_DRAWS else None
+
+
+def unseeded_data_draws(a: Anatomy, dataset: ast.AST) -> list[ast.Call]:
+    """The draws from a global RNG, unseeded alike before them, whose numbers `dataset` holds
+    (`noise = np.random.normal(...)`; `y = x ** 2 + noise`; `TensorDataset(x, y)`), followed through
+    variables and the return values of local functions; not into lambdas or classes (a draw per sample)."""
+    found: list[ast.Call] = []
+    seen: set[ast.AST] = set()
+    todo = [(dataset, 0)]
+    while todo:
+        expr, depth = todo.pop()
+        if expr in seen or depth > MAX_DEPTH:
+            continue
+        seen.add(expr)
+        for node in _walk_outside_lambdas(expr):
+            if isinstance(node, ast.Call):
+                rng = rng_drawn(a.qualname(node.func) or "")
+                if rng is not None and not seeded_before(a, node, rng, per_rank=False):
+                    found.append(node)
+                callee = a.callee(node)
+                todo += [(value, depth + 1) for value in returned_values(a, callee)] if callee else []
+            elif isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load):
+                todo += [(value, depth + 1) for value in reaching_values(a, node)]
+    return sorted(dict.fromkeys(found), key=lambda call: (call.lineno, call.col_offset))
+
+
+def _walk_outside_lambdas(expr: ast.AST) -> Iterator[ast.AST]:
+    yield expr
+    if not isinstance(expr, ast.Lambda):
+        for child in ast.iter_child_nodes(expr):
+            yield from _walk_outside_lambdas(child)
 
 
 def looks_after_reproducibility(a: Anatomy) -> bool:

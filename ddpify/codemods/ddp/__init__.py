@@ -15,20 +15,20 @@ from ddpify.codemods.ddp.random_split import SameSplitOnEveryRank
 from ddpify.codemods.ddp.rank_zero import RankZeroDuties
 from ddpify.codemods.ddp.rows import RowsOfEachRank
 from ddpify.codemods.ddp.samplers import DistributedSamplers
-from ddpify.codemods.ddp.seeds import SeedWhereReproducibilityIsAskedFor
+from ddpify.codemods.ddp.seeds import SeedBeforeShardedData, SeedWhereReproducibilityIsAskedFor
 from ddpify.codemods.ddp.setup import DistributedSetup
 from ddpify.codemods.ddp.sum_loss import SumLossScaling
 from ddpify.codemods.ddp.wrap import RemoveDataParallel, WrapModel
 
 DDP_TRANSFORMS = (
-    DistributedSetup, SeedWhereReproducibilityIsAskedFor, RankDevices, RemoveDataParallel, WrapModel, AveragedOwnedOptimizers, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank,
+    DistributedSetup, SeedBeforeShardedData, SeedWhereReproducibilityIsAskedFor, RankDevices, RemoveDataParallel, WrapModel, AveragedOwnedOptimizers, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank,
     DistributedSamplers, RowsOfEachRank, HandAveragedGradients, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
 )
 
 
 def library_transforms(transforms: tuple) -> tuple:
     """For a module the entry imports: the same edits, then rank constants instead of the process-group setup."""
-    return tuple(t for t in transforms if t not in (DistributedSetup, SeedWhereReproducibilityIsAskedFor)) + (LibraryRuntime,)
+    return tuple(t for t in transforms if t not in (DistributedSetup, SeedBeforeShardedData, SeedWhereReproducibilityIsAskedFor)) + (LibraryRuntime,)
 
 
 DDP_LIBRARY_TRANSFORMS = library_transforms(DDP_TRANSFORMS)
