@@ -19,10 +19,12 @@ class UnseededRanksDiverge(Rule, code="DDP023", name="unseeded-ranks-diverge", s
     - weights initialised after the DDP wrap (`nn.init.*`, `reset_parameters()`, `.normal_()` on the
       wrapped model);
     - a train/validation split drawn on every rank: `train_test_split` without `random_state`, or an
-      index list shuffled and then cut (`random_split` is DDP011's).
+      index list shuffled and then cut (`random_split` is DDP011's);
+    - data a `DistributedSampler` shards that is drawn from a global RNG (`np.random.normal(...)`,
+      `torch.randn(...)`) not seeded alike before the draw.
 
     It reports where the model is built (the first random draw the ranks must share), or at the
-    initialisation or the split itself.
+    initialisation, the split or the data's first draw itself.
 
     ## Why is this bad?
     DDP broadcasts rank 0's weights when it wraps the model, so an unseeded DDP model is fine. These
@@ -30,7 +32,8 @@ class UnseededRanksDiverge(Rule, code="DDP023", name="unseeded-ranks-diverge", s
     so the model is a mix of WORLD_SIZE initialisations; hand-averaged gradients update WORLD_SIZE
     different models; weights drawn after the wrap differ on every rank for good; and a split
     drawn on each rank puts one rank's validation samples into another rank's training set, so
-    the validation score is optimistic.
+    the validation score is optimistic. Data drawn on each rank is a different data set on each,
+    so the sampler's shards partition none of them.
 
     ## Example
     ```python
@@ -56,7 +59,8 @@ class UnseededRanksDiverge(Rule, code="DDP023", name="unseeded-ranks-diverge", s
     (Python's `random`, numpy where the script imports it, torch and every GPU) and calls
     `seed_everything(0)` just before the model; the run then draws other numbers than before, and
     a seed the script sets later (per rank, for augmentation) still applies after it. Splits and
-    initialisations after the wrap get no fix: seed them where the script's own seed belongs.
+    initialisations after the wrap, and data drawn before a sampler, get no fix: seed them where the
+    script's own seed belongs.
     """
 
     message = "wrong results: the ranks draw different random numbers where they must agree"
@@ -113,6 +117,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 dist.init_process_group("gloo")
 """
 
+_SHARDED_DATA = """from torch.utils.data import DistributedSampler, TensorDataset
+x = torch.linspace(-1, 1, 64)
+y = x ** 2 + 0.1 * torch.randn(64)
+sampler = DistributedSampler(TensorDataset(x, y))
+"""
+
 UnseededRanksDiverge.VALID = (
     _HEAD.replace('"gloo")\n', '"gloo")\ntorch.manual_seed(0)\n') + _SHARDED,
     # an imported helper named after seeding seeds what it reaches
@@ -131,6 +141,10 @@ UnseededRanksDiverge.VALID = (
     _DDP_HEAD + "from sklearn.model_selection import train_test_split\ntrain, val = train_test_split(list(range(10)), random_state=0)\n",
     # an initialisation before the wrap is broadcast by it
     _DDP_HEAD + "net = nn.Linear(4, 2)\nnn.init.zeros_(net.bias)\nnet.reset_parameters()\nmodel = DDP(net)\n",
+    # data drawn after a seed alike on every rank, and noise drawn per sample in a transform
+    _DDP_HEAD + _SHARDED_DATA.replace("x = ", "torch.manual_seed(0)\nx = "),
+    _DDP_HEAD + "from torch.utils.data import DistributedSampler\nimport torchvision\n"
+                "data = torchvision.datasets.MNIST('.', transform=lambda x: x + torch.randn(1))\nsampler = DistributedSampler(data)\n",
 )
 UnseededRanksDiverge.INVALID = (
     Invalid(_HEAD + _SHARDED, line=7, fixed=_SEEDED + _SHARDED),
@@ -141,4 +155,5 @@ UnseededRanksDiverge.INVALID = (
     Invalid(_DDP_HEAD + "model = DDP(nn.Linear(4, 2))\nnn.init.normal_(model.module.weight)\n", line=8),
     Invalid(_DDP_HEAD + "from sklearn.model_selection import train_test_split\ntrain, val = train_test_split(list(range(10)))\n", line=8),
     Invalid(_DDP_HEAD + "import random\nidx = list(range(100))\nrandom.shuffle(idx)\ntrain, val = idx[:90], idx[90:]\n", line=9),
+    Invalid(_DDP_HEAD + _SHARDED_DATA, line=9),
 )

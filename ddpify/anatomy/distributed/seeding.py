@@ -30,7 +30,7 @@ from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.every_rank_work import collectives
 from ddpify.anatomy.distributed.fsdp import shard_calls, sharded_origins
 from ddpify.anatomy.distributed.names import (
-    DETERMINISTIC_ALGORITHMS, DETERMINISTIC_FLAG, DIST, EVERY_RNG, INDEX_SHUFFLES, NUMPY, NUMPY_NON_DRAWS, NUMPY_RANDOM,
+    DETERMINISTIC_ALGORITHMS, DETERMINISTIC_FLAG, DIST, DISTRIBUTED_SAMPLER, EVERY_RNG, INDEX_SHUFFLES, NUMPY, NUMPY_NON_DRAWS, NUMPY_RANDOM,
     PYTHON, PYTHON_DRAWS, RESETS, RNG_SEEDERS, SEED_EVERYTHING, SEED_OPTION, SPAWN_CALLS, SYNC_MODULE_STATES, TORCH,
     TRAIN_TEST_SPLIT, WEIGHT_INIT,
 )
@@ -118,7 +118,7 @@ class Unseeded:
 
 def wrong_results(a: Anatomy) -> list[Unseeded]:
     """Each place where ranks draw different numbers that must be alike."""
-    return [*_unbroadcast_initialisation(a), *_initialised_after_wrap(a), *_split_per_rank(a)]
+    return [*_unbroadcast_initialisation(a), *_initialised_after_wrap(a), *_split_per_rank(a), *_sharded_data_drawn_per_rank(a)]
 
 
 def unseeded_sharding(a: Anatomy) -> Unseeded | None:
@@ -234,6 +234,19 @@ def _split_per_rank(a: Anatomy) -> Iterator[Unseeded]:
         if _cut_later(a, call):
             yield Unseeded(call.node, f"wrong results: indices shuffled with {rng} unseeded, then cut into data sets: each rank "
                                       "draws its own split, so one rank's validation samples are another rank's training samples")
+
+
+def _sharded_data_drawn_per_rank(a: Anatomy) -> Iterator[Unseeded]:
+    """`DistributedSampler(dataset)` over data drawn from an RNG not seeded alike before (`np.random.normal(...)`):
+    each rank draws a data set of its own, and the shards partition none."""
+    for sampler in a.calls_to(DISTRIBUTED_SAMPLER):
+        dataset = argument(sampler.node, 0, "dataset")  # type: ignore[arg-type]
+        draws = unseeded_data_draws(a, dataset) if dataset is not None else []
+        if draws:
+            rng = rng_drawn(a.qualname(draws[0].func) or "")
+            yield Unseeded(draws[0], f"wrong results: the data the DistributedSampler shards (line {sampler.line}) is drawn from "
+                                     f"{rng} not seeded alike on every rank: each rank draws a data set of its own, so the "
+                                     "shards partition none")
 
 
 def _cut_later(a: Anatomy, call: CallSite) -> bool:
