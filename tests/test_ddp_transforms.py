@@ -33,6 +33,7 @@ from ddpify.codemods.ddp import (
     RowsOfEachRank,
     NoiseOfEachRank,
     SameSplitOnEveryRank,
+    SeedBeforeShardedData,
     SeedWhereReproducibilityIsAskedFor,
     SumLossScaling,
     WrapModel,
@@ -66,7 +67,7 @@ def messages(result: ConversionResult) -> list[str]:
 
 def test_the_ddp_transforms_in_order():
     assert DDP_TRANSFORMS == (
-        DistributedSetup, SeedWhereReproducibilityIsAskedFor, RankDevices, RemoveDataParallel, WrapModel, AveragedOwnedOptimizers,
+        DistributedSetup, SeedBeforeShardedData, SeedWhereReproducibilityIsAskedFor, RankDevices, RemoveDataParallel, WrapModel, AveragedOwnedOptimizers,
         DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank, DistributedSamplers, RowsOfEachRank, HandAveragedGradients, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints,
         RankZeroDuties,
         NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
