@@ -7,6 +7,7 @@ from libcst.codemod import CodemodContext, CodemodTest
 
 from ddpify.anatomy import analyze
 from ddpify.codemods.options import Options
+from ddpify.codemods.seeds import SeedWhereAskedFor
 from ddpify.codemods.dp import (
     DP_TRANSFORMS,
     BatchSizeAdvice,
@@ -60,7 +61,7 @@ class TransformTest(CodemodTest):
 
 
 def test_transforms_are_named_and_described():
-    assert DP_TRANSFORMS == (ForwardDevices, WrapDataParallel, MeanLoss, DPModuleAccess, ForwardState, ScatterGather, BatchSizeAdvice)
+    assert DP_TRANSFORMS == (SeedWhereAskedFor, ForwardDevices, WrapDataParallel, MeanLoss, DPModuleAccess, ForwardState, ScatterGather, BatchSizeAdvice)
     for transform in DP_TRANSFORMS:
         assert transform.NAME and transform.__doc__, transform
 

@@ -22,7 +22,7 @@ else:
     RANK_DEVICE = torch.device("cpu")
 '''
 
-HELPERS = RANK_CONSTANTS + '''
+SETUP_HELPER = RANK_CONSTANTS + '''
 
 def setup_distributed():
     """Join the process group: NCCL on GPUs, gloo on CPU."""
@@ -37,11 +37,14 @@ def setup_distributed():
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1)
 
+'''
+# DDP's teardown releases the wrappers' gradient all-reduces first: they hold Python state,
+# and released at interpreter exit, gloo can abort the rank ('terminate called without an
+# active exception'). A sharded model has no DDP wrapper to release.
+DDP_CLEANUP = '''
 
 def cleanup_distributed():
-    """Leave the process group, once the DDP wrappers' gradient all-reduces are
-    released: they hold Python state, and released at interpreter exit, gloo
-    can abort the rank ('terminate called without an active exception')."""
+    """Leave the process group, once DDP's wrappers are released."""
     gc.collect()  # the wrappers in reference cycles
     ddp = torch.nn.parallel.DistributedDataParallel
     for wrapper in gc.get_objects():  # those still held (by an object)
@@ -51,7 +54,15 @@ def cleanup_distributed():
     if dist.is_initialized():
         dist.destroy_process_group()
 '''
+SHARDED_CLEANUP = '''
 
+def cleanup_distributed():
+    """Leave the process group."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+'''
+
+HELPERS = SETUP_HELPER + DDP_CLEANUP  # the DDP target's, as one text
 SETUP_CALL = "setup_distributed()\n"
 CLEANUP_CALL = "cleanup_distributed()\n"
 RELEASE_COMMENT = "# ddpify: drop the wrappers first, so cleanup_distributed() releases them\n# before Python exits.\n"
@@ -101,10 +112,9 @@ def all_gather_lists(items):
 MEAN_HELPER = '''
 
 def mean_over_ranks(*values):
-    """Each value's mean over the ranks, all in one all_reduce: the training
-    losses of the whole global batch. One value, or a tuple of them."""
-    parts = [v.detach().to(RANK_DEVICE).reshape(-1) if torch.is_tensor(v)
-             else torch.tensor([float(v)], dtype=torch.float64, device=RANK_DEVICE) for v in values]
+    """Each value's mean over the ranks, in one all_reduce."""
+    # the training losses of the whole global batch: one value, or a tuple
+    parts = [_flattened(value) for value in values]
     totals = torch.cat(parts)  # in the widest of their types
     dist.all_reduce(totals)
     means = (totals / WORLD_SIZE).split([part.numel() for part in parts])
@@ -112,9 +122,16 @@ def mean_over_ranks(*values):
     return means[0] if len(means) == 1 else tuple(means)
 
 
+def _flattened(value):
+    """A tensor or a number as a flat tensor on this rank's device."""
+    if torch.is_tensor(value):
+        return value.detach().to(RANK_DEVICE).reshape(-1)
+    number = torch.tensor([float(value)], dtype=torch.float64)
+    return number.to(RANK_DEVICE)
+
+
 def _shaped_like(value, mean):
-    """A mean in its value's form: a tensor of its shape, on its device (in its
-    floating type), or a float."""
+    """A mean as its value was: a float, or a tensor like it."""
     if not torch.is_tensor(value):
         return mean.item()
     dtype = value.dtype if value.is_floating_point() else mean.dtype
@@ -248,9 +265,9 @@ def model_loss_of_rank_rows(model, *batch, loss_at=None, targets=1, ignored=None
 TENSORS_HELPER = '''
 
 def broadcast_tensors(*tensors):
-    """Rank 0's values of tensors trained by hand, on every rank, as a DDP wrap
-    starts a model's parameters alike (through this rank's device: NCCL takes
-    no CPU tensor)."""
+    """Rank 0's values of tensors trained by hand, on every rank."""
+    # as a DDP wrap starts a model's parameters alike (through this rank's
+    # device: NCCL takes no CPU tensor)
     for tensor in tensors:
         value = tensor.data.to(RANK_DEVICE)
         dist.broadcast(value, src=0)
@@ -283,5 +300,5 @@ MODEL_ROWS_CALL = "model_loss_of_rank_rows"
 EVALUATION_HELPERS = {SHARD_CALL: SHARD_HELPER, MODULE_CALL: MODULE_HELPER, PLAIN_CALL: PLAIN_HELPER, SUMS_CALL: SUMS_HELPER, GATHER_CALL: GATHER_HELPER, MEAN_CALL: MEAN_HELPER,
                       ROWS_CALL: ROWS_HELPER, MODEL_ROWS_CALL: MODEL_ROWS_HELPER, TENSORS_CALL: TENSORS_HELPER, EVERY_CALL: AGREE_HELPER, BROADCAST_CALL: AVERAGE_HELPER}
 # the functions ddpify adds at the top of a script: new helpers go after the last one present
-ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed", "_shaped_like", ANY_CALL, AVERAGE_CALL,
+ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed", "_flattened", "_shaped_like", ANY_CALL, AVERAGE_CALL,
                    TENSORS_BROADCAST_CALL)

@@ -6,7 +6,7 @@ import ast
 
 from ddpify.anatomy import MODULE_SCOPE, Anatomy
 from ddpify.codemods.base import Transform
-from ddpify.codemods.ddp.runtime import CLEANUP_CALL, HELPERS, RELEASE_COMMENT, SETUP_CALL
+from ddpify.codemods.ddp.runtime import CLEANUP_CALL, DDP_CLEANUP, RELEASE_COMMENT, SETUP_CALL, SETUP_HELPER
 from ddpify.edits.positions import last_leading_import
 from ddpify.edits.statements import enclose
 
@@ -15,6 +15,7 @@ class DistributedSetup(Transform):
     """Join the process group (torchrun env, nccl/gloo) and leave it at the end."""
 
     NAME = "setup"
+    CLEANUP = DDP_CLEANUP  # the teardown helper: DDP's releases its wrappers first
 
     def plan(self) -> None:
         tree = self.anatomy.tree
@@ -23,11 +24,12 @@ class DistributedSetup(Transform):
             self.missing(1, "no process group is joined (no top-level `import torch` to put the setup after)",
                          "add the distributed setup (init_process_group) by hand")
             return
-        self.add_import("gc")
+        if "gc." in self.CLEANUP:
+            self.add_import("gc")
         self.add_import("os")
         self.add_import("torch")
         self.add_import("torch.distributed", asname="dist")
-        self.insert_after(anchor, HELPERS)
+        self.insert_after(anchor, SETUP_HELPER + self.CLEANUP)
         self.leave_room_for_helpers_after(anchor)
         self.changed(anchor.lineno, "added distributed helpers (RANK, LOCAL_RANK, WORLD_SIZE, RANK_DEVICE, setup/cleanup)")
         guard = self.anatomy.main_guard
