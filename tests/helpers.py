@@ -267,3 +267,20 @@ def one_line(code: str) -> str:
     """`code` with every bracket opened one item a line (ddpify.codemods.width) closed again onto one line."""
     closed = re.sub(r",?\n\s*([)\]}])", r"\1", code)
     return re.sub(r",\n\s*", ", ", re.sub(r"([(\[{])\n\s*", r"\1", closed))
+
+
+def ranks_alike(tmp_path: Path, scripts: Mapping[str, str], saved: str, timeout: float) -> dict[str, bool]:
+    """Each script (by name) run as rl.py on 2 ranks, each rank saving its state dict to `saved`
+    with `{RANK}` in it: whether the two ranks' tensors are equal, by script name."""
+    import torch
+
+    alike = {}
+    for name, text in scripts.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rl.py").write_text(text)
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "rl.py"]
+        done = run_script(torchrun, tmp_path / name, timeout=timeout)
+        assert done.returncode == 0, done.stderr
+        ranks = [torch.load(tmp_path / name / saved.format(RANK=rank)) for rank in (0, 1)]
+        alike[name] = all(torch.equal(ranks[0][key], ranks[1][key]) for key in ranks[0])
+    return alike

@@ -16,7 +16,7 @@ from ddpify.codemods.pipeline import Status
 from ddpify.convert import convert_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import run_script  # noqa: E402
+from helpers import ranks_alike, run_script  # noqa: E402
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
 RUN_TIMEOUT_S = 60
@@ -280,19 +280,9 @@ def test_an_owned_optimizer_averaged_by_hand_trains_exactly_as_the_original_on_o
 def test_two_ranks_hold_the_same_parameters_only_because_gradients_are_averaged(tmp_path: Path):
     """Each rank saves its parameters after training: alike with the averages, apart without them
     (the ranks play other episodes)."""
-    import torch
-
     converted = convert(OWNS_OPTIMIZER.read_text()).output.replace(
         SAVED_ON_RANK_ZERO, '    torch.save(agent.state_dict(), f"agent{RANK}.pt")\n')
     unaveraged = converted.replace(AVERAGES[0], "").replace(AVERAGES[1], "")
     assert "agent{RANK}.pt" in converted and "average_gradients(self" not in unaveraged
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "rl.py"]
-    alike = {}
-    for name, text in (("averaged", converted), ("unaveraged", unaveraged)):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "rl.py").write_text(text)
-        done = run_script(torchrun, tmp_path / name, timeout=RUN_TIMEOUT_S)
-        assert done.returncode == 0, done.stderr
-        ranks = [torch.load(tmp_path / name / f"agent{rank}.pt") for rank in (0, 1)]
-        alike[name] = all(torch.equal(ranks[0][key], ranks[1][key]) for key in ranks[0])
+    alike = ranks_alike(tmp_path, {"averaged": converted, "unaveraged": unaveraged}, "agent{RANK}.pt", RUN_TIMEOUT_S)
     assert alike == {"averaged": True, "unaveraged": False}

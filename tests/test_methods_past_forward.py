@@ -15,7 +15,7 @@ from ddpify.codemods.pipeline import Status
 from ddpify.convert import convert_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import run_script  # noqa: E402
+from helpers import ranks_alike, run_script  # noqa: E402
 
 LEARNER = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "rl_env_workers_one_learner.py"
 SAVED_ON_RANK_ZERO = '    if RANK == 0:\n        torch.save(net.state_dict(), "learner.pt")\n'
@@ -57,15 +57,7 @@ def test_two_ranks_hold_the_same_learner_only_because_its_gradients_are_averaged
     converted = convert().replace(SAVED_ON_RANK_ZERO, '    torch.save(net.state_dict(), f"learner{RANK}.pt")\n')
     unaveraged = converted.replace(AVERAGE, "")
     assert "learner{RANK}.pt" in converted and AVERAGE not in unaveraged
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "rl.py"]
-    alike = {}
-    for name, text in (("averaged", converted), ("unaveraged", unaveraged)):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "rl.py").write_text(text)
-        done = run_script(torchrun, tmp_path / name, timeout=RUN_TIMEOUT_S)
-        assert done.returncode == 0, done.stderr
-        ranks = [torch.load(tmp_path / name / f"learner{rank}.pt") for rank in (0, 1)]
-        alike[name] = all(torch.equal(ranks[0][key], ranks[1][key]) for key in ranks[0])
+    alike = ranks_alike(tmp_path, {"averaged": converted, "unaveraged": unaveraged}, "learner{RANK}.pt", RUN_TIMEOUT_S)
     assert alike == {"averaged": True, "unaveraged": False}
 
 
