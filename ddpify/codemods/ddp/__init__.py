@@ -28,7 +28,7 @@ DDP_TRANSFORMS = (
 
 def library_transforms(transforms: tuple) -> tuple:
     """For a module the entry imports: the same edits, then rank constants instead of the process-group setup."""
-    return tuple(t for t in transforms if t not in (DistributedSetup, SeedBeforeShardedData, SeedWhereReproducibilityIsAskedFor)) + (LibraryRuntime,)
+    return tuple(t for t in transforms if not issubclass(t, (DistributedSetup, SeedBeforeShardedData, SeedWhereReproducibilityIsAskedFor))) + (LibraryRuntime,)
 
 
 DDP_LIBRARY_TRANSFORMS = library_transforms(DDP_TRANSFORMS)
