@@ -25,7 +25,8 @@ from test_converted_runs import bench, launcher  # noqa: E402
 from ddpify.anatomy import ScriptKind, analyze  # noqa: E402
 from ddpify.cli import cli  # noqa: E402
 from ddpify.codemods.accelerate import runtime  # noqa: E402
-from ddpify.codemods.ddp.runtime import EVALUATION_HELPERS, MODEL_ROWS_CALL, ROWS_CALL  # noqa: E402
+from ddpify.codemods.ddp.rank_zero import SHARED_FROM_RANK_ZERO_HELPER  # noqa: E402
+from ddpify.codemods.ddp.runtime import BROADCAST_CALL, EVALUATION_HELPERS, EVERY_CALL, MODEL_ROWS_CALL, ROWS_CALL, TENSORS_CALL  # noqa: E402
 from ddpify.codemods.pipeline import Status  # noqa: E402
 from ddpify.convert import convert_source  # noqa: E402
 from ddpify.project_conversion import convert_entry  # noqa: E402
@@ -210,11 +211,22 @@ def test_full_batch_losses_are_shared_by_the_rows_of_each_process():
     assert out.index("accelerator = Accelerator(") < out.index("def loss_of_rank_rows")
 
 
-@pytest.mark.parametrize("name", [ROWS_CALL, MODEL_ROWS_CALL])
-def test_the_rows_helpers_have_an_accelerate_spelling(name):
+@pytest.mark.parametrize("name, spelled_as", [
+    (ROWS_CALL, "accelerator.process_index"), (MODEL_ROWS_CALL, "accelerator.process_index"),
+    (EVERY_CALL, "agreed = accelerator.gather(agreed).min()"),  # a MIN all_reduce: the gathered flags' minimum
+    (BROADCAST_CALL, "broadcast(value, from_process=0)"), (TENSORS_CALL, 'tensor.grad = accelerator.reduce(tensor.grad, "sum")'),
+])
+def test_the_ddp_helpers_have_an_accelerate_spelling(name, spelled_as):
     spelled = runtime.accelerator_spelling(EVALUATION_HELPERS[name])
-    assert runtime.ddp_names_left(spelled) == [] and "accelerator.process_index" in spelled
+    assert runtime.ddp_names_left(spelled) == [] and spelled_as in spelled
     assert runtime.ddp_names_left(EVALUATION_HELPERS[name])  # it had DDP names to spell
+
+
+def test_the_stand_in_of_a_rank_zero_writer_reads_the_main_process_attributes():
+    spelled = runtime.accelerator_spelling(SHARED_FROM_RANK_ZERO_HELPER)
+    assert runtime.ddp_names_left(spelled) == [] and "setup_distributed" not in spelled
+    assert "if accelerator.is_main_process:" in spelled and "broadcast_object_list(values, from_process=0)" in spelled
+    assert runtime.broadcasts_used(spelled) == ["broadcast_object_list"]
 
 
 def test_checkpoints_hold_the_unwrapped_model_and_load_onto_this_device():
@@ -548,6 +560,29 @@ def test_a_project_conversion_verifies_equivalent(project, tmp_path):
     done = run_ddpify(["verify", entry.script.name, "--to", "accelerate", "--steps", "4"], tmp_path / "project", env, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines()[-1].startswith("equivalent: 4 steps match"), done.stdout
+
+
+# Data no loader deals (ddpify.codemods.accelerate.own_data), each made the processes' own: batches drawn at
+# random offsets (each process reseeded with its index once prepared), environments played (seeded per
+# process, every step agreed: on_every_rank), an optimizer its agent owns (gradients averaged by hand), and
+# a SummaryWriter and wandb run the main process alone builds (a stand-in with its log_dir elsewhere).
+OWN_DATA = {"real/char_lm_nanogpt": "equivalent (statistical mode)", "real/rl_agent_owns_optimizer": "equivalent (statistical: each rank plays",
+            "real/rl_dqn_replay": "equivalent (statistical: each rank plays", "projects/rank_zero_writers": "equivalent: 4 steps match"}
+
+
+@pytest.mark.parametrize("name", OWN_DATA)
+def test_data_no_loader_deals_converts_and_verifies_equivalent(name, tmp_path):
+    entry = next(e for e in bench.entries([name]))
+    if entry.folder is not None:
+        shutil.copytree(entry.folder, tmp_path / "project")
+    else:
+        (tmp_path / "project").mkdir()
+        shutil.copy(entry.script, tmp_path / "project")
+    assert bench.conversion(entry, "accelerate")[0] == "converted", bench.conversion(entry, "accelerate")
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FIXTURES_DIR.parent), os.environ.get("PYTHONPATH")]))}
+    done = run_ddpify(["verify", entry.script.name, "--to", "accelerate", "--steps", "4"], tmp_path / "project", env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].startswith(OWN_DATA[name]), done.stdout
 
 
 @pytest.mark.parametrize("size, batch, split", [(64, 8, False), (45, 4, False), (45, 4, True)])

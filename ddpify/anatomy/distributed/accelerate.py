@@ -19,6 +19,11 @@ from ddpify.anatomy.syntax import argument
 from ddpify.anatomy.values import ROLE_LOADER, ROLE_MODEL
 from ddpify.anatomy.vocabulary import ACCELERATOR, ACCELERATOR_OTHER_WRAPS, ACCELERATOR_PREPARE
 
+# Where the broadcasts live that code spelled with the Accelerator calls in place of torch.distributed's
+# (`broadcast(t, from_process=0)`: a tensor, in place; `broadcast_object_list(objects, from_process=0)`).
+ACCELERATE_UTILS = "accelerate.utils"
+BROADCASTS = ("broadcast", "broadcast_object_list")
+
 
 @per_anatomy
 def _accelerator_classes(a: Anatomy) -> frozenset[str]:

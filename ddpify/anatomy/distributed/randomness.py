@@ -10,6 +10,7 @@ import ast
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.cache import per_anatomy
+from ddpify.anatomy.distributed.accelerate import prepared_models
 from ddpify.anatomy.distributed.names import RANDOM_SPLIT, SEED_CALLS
 from ddpify.anatomy.distributed.ranks import mentions_rank
 from ddpify.anatomy.distributed.wrappers import wrap_calls
@@ -60,9 +61,10 @@ def seeded_alike(a: Anatomy) -> CallSite | None:
 
 
 def training_start(a: Anatomy, loops: set[ast.AST]) -> ast.stmt | None:
-    """The first statement after the last DDP wrap, in the wrap's block, that holds one of the training
-    `loops` (or calls what does): what runs before it, model initialisation included, keeps the seed."""
-    wraps = [site.stmt for site in wrap_calls(a)]
+    """The first statement after the last DDP wrap (or `accelerator.prepare` of a model), in the wrap's block,
+    that holds one of the training `loops` (or calls what does): what runs before it, model initialisation
+    included, keeps the seed."""
+    wraps = [site.stmt for site in wrap_calls(a)] + [stmt for stmts in prepared_models(a).values() for stmt in stmts]
     if not loops or not wraps:
         return None
     wrap = max(wraps, key=lambda stmt: stmt.lineno)

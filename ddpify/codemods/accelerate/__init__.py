@@ -12,6 +12,7 @@ from ddpify.codemods.accelerate.devices import AcceleratorDevice
 from ddpify.codemods.accelerate.gradients import AcceleratorNoSync, AcceleratorSumLoss
 from ddpify.codemods.accelerate.library import ModuleWithoutAccelerator
 from ddpify.codemods.accelerate.module_access import UnwrapModelAccess
+from ddpify.codemods.accelerate.own_data import AcceleratorBatchDraws, AcceleratorEnvironments, AcceleratorOwnedOptimizers
 from ddpify.codemods.accelerate.prepare import PrepareForAccelerator
 from ddpify.codemods.accelerate.rank_zero import AcceleratorRankZero
 from ddpify.codemods.accelerate.rows import AcceleratorRows
@@ -20,8 +21,8 @@ from ddpify.codemods.ddp.random_split import SameSplitOnEveryRank
 from ddpify.codemods.ddp.wrap import RemoveDataParallel
 
 ACCELERATE_TRANSFORMS = (
-    AcceleratorSetup, AcceleratorDevice, RemoveDataParallel, PrepareForAccelerator, UnwrapModelAccess, SameSplitOnEveryRank, AcceleratorRows,
-    AcceleratorRankZero, AcceleratorNoSync, AcceleratorSumLoss, AcceleratorBackward,
+    AcceleratorSetup, AcceleratorDevice, RemoveDataParallel, PrepareForAccelerator, AcceleratorOwnedOptimizers, UnwrapModelAccess, SameSplitOnEveryRank,
+    AcceleratorRows, AcceleratorBatchDraws, AcceleratorEnvironments, AcceleratorRankZero, AcceleratorNoSync, AcceleratorSumLoss, AcceleratorBackward,
 )
 # A module the entry imports: no Accelerator of its own (ddpify.codemods.accelerate.library).
 ACCELERATE_LIBRARY_TRANSFORMS = tuple(t for t in ACCELERATE_TRANSFORMS if t is not AcceleratorSetup) + (ModuleWithoutAccelerator,)

@@ -18,6 +18,8 @@ import ast
 import libcst as cst
 
 from ddpify.anatomy import Anatomy, LoaderSite, ModelSite
+from ddpify.anatomy.distributed.randomness import batches_each_rank_draws
+from ddpify.anatomy.environments import trains_on_environment
 from ddpify.anatomy.full_batch import trains_without_loader
 from ddpify.codemods.accelerate.runtime import PREPARE
 from ddpify.codemods.ddp.wrap import WrapModel
@@ -63,9 +65,11 @@ class PrepareForAccelerator(WrapModel):
 
     def _prepared_elsewhere(self) -> bool:
         """Is the training data another file's to prepare (it iterates a loader of its own, or binds the
-        loaders this file returns), or no loader's (the rows of each loss are shared: rows.py)?"""
-        return self.anatomy.facts.data_loaded_elsewhere or any(self._returned_to_another_file(ld) for ld in self.anatomy.train_loaders) \
-            or trains_without_loader(self.anatomy)
+        loaders this file returns), or no loader's (the rows of each loss are shared: rows.py; batches
+        drawn at random offsets, environments played: own_data.py)?"""
+        a = self.anatomy
+        return a.facts.data_loaded_elsewhere or any(self._returned_to_another_file(ld) for ld in a.train_loaders) \
+            or trains_without_loader(a) or bool(batches_each_rank_draws(a)) or trains_on_environment(a)
 
     def _returned_to_another_file(self, loader: LoaderSite) -> bool:
         """Is the loader returned to another file, which trains on it (and prepares it where it binds it)?

@@ -3,16 +3,16 @@ written with the Accelerator: `accelerator.print`, `accelerator.save`, `if
 accelerator.is_main_process:` for other output, `accelerator.wait_for_everyone()` before other
 processes read a checkpoint, `torch.load(..., map_location=accelerator.device)`.
 
-A SummaryWriter or wandb run is built on the main process only (None elsewhere; every call of it
-is guarded).
+A SummaryWriter or wandb run is built on the main process only; the other processes hold the DDP
+target's stand-in, whose calls do nothing, with the attributes the script reads of it broadcast from
+the main process (accelerate.utils.broadcast_object_list; spelled.py).
 """
 
 from __future__ import annotations
 
 import ast
-from typing import Sequence
-
 from ddpify.anatomy.vocabulary import TORCH_SAVE
+from ddpify.codemods.accelerate.spelled import SpelledWithTheAccelerator
 from ddpify.codemods.accelerate.runtime import BARRIER, DEVICE, OFF_MAIN_PROCESS, ON_MAIN_PROCESS, PRINT, SAVE
 from ddpify.codemods.ddp.rank_zero import RankZeroDuties
 from ddpify.edits.expressions import parse_expr
@@ -21,7 +21,7 @@ from ddpify.edits.expressions import parse_expr
 _OWN_CALLS = {"print": PRINT, TORCH_SAVE: SAVE}
 
 
-class AcceleratorRankZero(RankZeroDuties):
+class AcceleratorRankZero(SpelledWithTheAccelerator, RankZeroDuties):
     """Print, log, save and write files on the main process only (Accelerate's calls where it has them)."""
 
     ON_RANK_ZERO = ON_MAIN_PROCESS
@@ -40,9 +40,6 @@ class AcceleratorRankZero(RankZeroDuties):
             return
         self.rewrite_expression(call.func, lambda _: parse_expr(own))
         self.changed(stmt.lineno, f"{kind} -> {own} (on the main process only)")
-
-    def _add_stand_in(self, shared: Sequence[str]) -> bool:
-        return False  # the other processes hold None, and every call of the object is guarded
 
 
 def _plain_save(call: ast.Call, kind: str) -> bool:

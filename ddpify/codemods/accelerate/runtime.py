@@ -3,13 +3,17 @@
 import importlib.util
 import re
 
+from ddpify.anatomy.distributed.accelerate import BROADCASTS
+
 ACCELERATOR = "accelerator"
 ON_MAIN_PROCESS = f"{ACCELERATOR}.is_main_process"
 OFF_MAIN_PROCESS = f"not {ACCELERATOR}.is_local_main_process"  # a progress bar's disable=: one per machine
 DEVICE = f"{ACCELERATOR}.device"
 WORLD_SIZE = f"{ACCELERATOR}.num_processes"
 PROCESS_INDEX = f"{ACCELERATOR}.process_index"
+LOCAL_PROCESS_INDEX = f"{ACCELERATOR}.local_process_index"
 REDUCE = f"{ACCELERATOR}.reduce"
+GATHER = f"{ACCELERATOR}.gather"
 BARRIER = f"{ACCELERATOR}.wait_for_everyone()"
 PREPARE = f"{ACCELERATOR}.prepare"
 BACKWARD = f"{ACCELERATOR}.backward"
@@ -43,6 +47,15 @@ def install_note() -> str:
 
 # What a DDP helper may still name once spelled with the Accelerator: torch.distributed calls and rank constants it has no spelling for.
 _DDP_NAMES = re.compile(r"\b(dist\.\w+|RANK_DEVICE|LOCAL_RANK|RANK|WORLD_SIZE|setup_distributed)\b")
+# The DDP target's names and calls, each as the Accelerator spells it, in order (RANK_DEVICE before RANK;
+# accelerate.utils' broadcasts, imported where the code uses them: BROADCASTS).
+_SPELLINGS = (
+    (r"^[ \t]*setup_distributed\(\).*\n", ""),  # the Accelerator joined the group when it was built
+    (r"^(\s*)dist\.all_reduce\(([\w.]+)\)$", rf'\1\2 = {REDUCE}(\2, "sum")'),
+    (r"^(\s*)dist\.all_reduce\(([\w.]+), op=dist\.ReduceOp\.MIN\)$", rf"\1\2 = {GATHER}(\2).min()"),
+    (r"\bdist\.(broadcast|broadcast_object_list)\((.*), src=(\w+)\)", r"\1(\2, from_process=\3)"),
+    (r"\bRANK == 0\b", ON_MAIN_PROCESS), (r"\bRANK_DEVICE\b", DEVICE), (r"\bLOCAL_RANK\b", LOCAL_PROCESS_INDEX), (r"\bRANK\b", PROCESS_INDEX), (r"\bWORLD_SIZE\b", WORLD_SIZE),
+)
 
 
 def ddp_names_left(code: str) -> list[str]:
@@ -51,8 +64,16 @@ def ddp_names_left(code: str) -> list[str]:
 
 
 def accelerator_spelling(code: str) -> str:
-    """A helper of the DDP target (ddpify.codemods.ddp.runtime) spelled with the Accelerator: this
-    process's index and the number of processes for RANK and WORLD_SIZE, `t = accelerator.reduce(t, "sum")`
-    for `dist.all_reduce(t)` (which is `t` itself on one process, where no process group exists)."""
-    code = re.sub(r"^(\s*)dist\.all_reduce\((\w+)\)$", rf'\1\2 = {REDUCE}(\2, "sum")', code, flags=re.M)
-    return re.sub(r"\bWORLD_SIZE\b", WORLD_SIZE, re.sub(r"\bRANK\b", PROCESS_INDEX, code))
+    """Code of the DDP target (a helper of ddpify.codemods.ddp.runtime, a rank added to a seed) spelled with
+    the Accelerator: this process's index, device and the number of processes for RANK, RANK_DEVICE and
+    WORLD_SIZE, `t = accelerator.reduce(t, "sum")` for `dist.all_reduce(t)` (which is `t` itself on one
+    process, where no process group exists), the gathered minimum for a MIN all_reduce, and
+    accelerate.utils' broadcasts for torch.distributed's."""
+    for pattern, spelled in _SPELLINGS:
+        code = re.sub(pattern, spelled, code, flags=re.M)
+    return code
+
+
+def broadcasts_used(code: str) -> list[str]:
+    """The broadcasts of accelerate.utils that spelled code calls (each to import)."""
+    return [name for name in BROADCASTS if re.search(rf"(?<![\w.]){name}\(", code)]
