@@ -197,7 +197,8 @@ class DdpifyTools:
             file = self.workspace.resolve(path)
             script = file.relative_to(self.workspace.root).as_posix()
             request = Request(script=script, target=target, against=None, nproc=nproc, steps=steps, device="cpu",
-                              batch_mode=batch_size, timeout=timeout, launcher="fork", script_args=tuple(script_args or ()))
+                              batch_mode=batch_size, timeout=timeout, launcher="fork", script_args=tuple(script_args or ()),
+                              root=str(self.workspace.root))  # never a mirror of more than the workspace
             with self.workspace.verifying:
                 return verify_pair(request)
 

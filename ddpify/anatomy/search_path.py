@@ -22,10 +22,15 @@ _PATH_METHODS = frozenset({"resolve", "absolute"})
 
 def extra_roots(entry: Path, tree: ast.Module) -> list[Path]:
     """The directories, enclosing the entry's, that its `sys.path` edits add, then the repository root."""
-    roots = [p for p in (_path_value(arg, entry) for arg in _sys_path_additions(tree)) if p is not None]
+    roots = added_paths(entry, tree)
     repository = repository_root(entry)
     found = [*roots, *([repository] if repository is not None else [])]
     return [p for i, p in enumerate(found) if _encloses(p, entry.parent) and p not in found[:i]]
+
+
+def added_paths(entry: Path, tree: ast.Module) -> list[Path]:
+    """The directories the entry's `sys.path.append(p)` / `sys.path.insert(i, p)` calls add, where they can be read."""
+    return [p for p in (_path_value(arg, entry) for arg in _sys_path_additions(tree)) if p is not None]
 
 
 def repository_root(entry: Path) -> Path | None:

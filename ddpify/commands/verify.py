@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import click
 
 from ddpify.exit_codes import EXIT_ERROR
 from ddpify.verify.plot import plot_problem, write_plot
+from ddpify.verify.project_root import given_root
 from ddpify.verify.report import header, render
 from ddpify.verify.result import exit_code
 from ddpify.verify.runner import Request, verify as verify_pair
@@ -35,6 +37,9 @@ from ddpify.verify.runner import Request, verify as verify_pair
 @click.option("--mixed-precision", type=click.Choice(["keep", "policy"]), default="keep", show_default=True,
               help="--to fsdp: convert with this --mixed-precision (policy: bf16/fp16 parameters where the script "
                    "autocasts; the runs are then compared in statistical mode).")
+@click.option("--root", type=click.Path(exists=True, file_okay=False),
+              help="Mirror this folder (it must hold the current directory) for each side, not the one verify finds: "
+                   "the current directory, or the project root above it that the script's relative paths reach.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--keep", is_flag=True, help="Keep the run directories and logs (they are removed unless a run fails).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
@@ -43,7 +48,7 @@ from ddpify.verify.runner import Request, verify as verify_pair
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def verify(ctx: click.Context, script: str, target: str, against: str | None, nproc: int, steps: int, device: str,
-           batch_mode: str, timeout: float, launcher: str, mixed_precision: str, as_json: bool, keep: bool,
+           batch_mode: str, timeout: float, launcher: str, mixed_precision: str, root: str | None, as_json: bool, keep: bool,
            plot_path: str | None, script_args: tuple[str, ...]) -> None:
     """EXECUTE SCRIPT and its multi-GPU version and check that they train the same.
 
@@ -53,6 +58,10 @@ def verify(ctx: click.Context, script: str, target: str, against: str | None, np
     `--`. Only run scripts you trust. Each side runs in a private copy of the current
     directory (small files copied, large ones linked), so relative data files are found
     and nothing the scripts write lands in your tree; `sys.argv[0]` is the path you typed.
+    Where the script's relative paths (`../data`), the arguments after `--`, relative
+    PYTHONPATH entries (`..`) or its `sys.path` edits reach above the current directory, the
+    copy is of the folder they reach (--root names it instead), and each side runs in its
+    copy of the current directory; PYTHONPATH entries inside that folder lead into the copy.
     The scripts see your environment plus OMP_NUM_THREADS=1, MKL_NUM_THREADS=1,
     PYTHONHASHSEED=0, CUBLAS_WORKSPACE_CONFIG=:4096:8 (and CUDA_VISIBLE_DEVICES='' for
     --device cpu); the candidate's ranks also get what torchrun sets: RANK, LOCAL_RANK,
@@ -89,7 +98,12 @@ def verify(ctx: click.Context, script: str, target: str, against: str | None, np
         ctx.exit(EXIT_ERROR)
     if mixed_precision != "keep" and (target != "fsdp" or against):
         raise click.UsageError("--mixed-precision applies to --to fsdp when ddpify converts the script (not with --against)")
-    request = Request(script, target, against, nproc, steps, device, batch_mode, timeout, launcher, script_args, keep, mixed_precision)
+    if root:
+        try:
+            given_root(root, Path.cwd())
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="--root") from error
+    request = Request(script, target, against, nproc, steps, device, batch_mode, timeout, launcher, script_args, keep, mixed_precision, root)
     result = verify_pair(request)
     click.echo(json.dumps(result, indent=1) if as_json else render(request, result))
     if plot_path:

@@ -42,7 +42,7 @@ from ddpify.anatomy.distributed.names import NUMPY_NON_DRAWS
 from ddpify.anatomy.vocabulary import MODEL_WRAPPERS, RANDOM_DRAWS
 from ddpify.verify.alignment import PassClock, align_training_loaders
 from ddpify.verify.dataparallel import simulate_data_parallel
-from ddpify.verify.plan import CANDIDATE, REFERENCE, WRAPPER_FLAG, Plan, Run
+from ddpify.verify.plan import CANDIDATE, PACKAGE_ROOT, REFERENCE, WRAPPER_FLAG, Plan, Run
 from ddpify.verify.rank_batchnorm import normalize_batchnorm_per_rank
 from ddpify.verify.recorder import Recorder
 from ddpify.verify.wrap_order import watch_moves_after_wrap
@@ -434,14 +434,25 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
         simulate_data_parallel(plan.dp_replicas, recorder.flag)
 
 
-def follow_relative_pythonpath(started_in: str) -> None:
-    """PYTHONPATH entries written relative (`.`, `src`) name folders of the working directory, which Python
-    resolved against the one this process started in (the launcher's): resolve them against the run's (this
-    side's mirror of the user's), so `PYTHONPATH=. python projects/x/train.py` imports the side's own package."""
+def follow_pythonpath_into_mirror(started_in: str, home: str, mirror: str) -> None:
+    """PYTHONPATH entries name folders of the user's: follow them into this side's mirror. Entries written
+    relative (`.`, `..`, `src`) name folders of the working directory, which Python resolved against the one
+    this process started in (the launcher's): resolve them against the run's (this side's mirror of the
+    user's), so `PYTHONPATH=.. python train.py` imports the side's own package; absolute ones inside the
+    mirrored `home` (not ddpify's own) lead to their copy in `mirror`, where the candidate's converted modules are."""
     for entry in filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+        stale = os.path.normpath(os.path.join(started_in, entry))
         if not os.path.isabs(entry):
-            stale, fresh = os.path.normpath(os.path.join(started_in, entry)), os.path.abspath(entry)
-            sys.path[:] = [fresh if path == stale else path for path in sys.path]
+            fresh = os.path.abspath(entry)
+        elif home and entry != PACKAGE_ROOT and _inside(stale, home):
+            fresh = os.path.join(mirror, os.path.relpath(stale, home))
+        else:
+            continue
+        sys.path[:] = [fresh if path == stale else path for path in sys.path]
+
+
+def _inside(path: str, folder: str) -> bool:
+    return os.path.commonpath([os.path.realpath(path), folder]) == folder
 
 
 def run_role(plan: Plan, role: str):
@@ -451,7 +462,7 @@ def run_role(plan: Plan, role: str):
     die_with_parent()
     started_in = os.getcwd()
     os.chdir(run.workdir)
-    follow_relative_pythonpath(started_in)
+    follow_pythonpath_into_mirror(started_in, plan.home, run.root)
     redirect_output(plan.file("log", role, rank))
     arm_stack_dump(plan.file("stack", role, rank))
     recorder = Recorder(plan.file("record", role, rank), plan.steps)

@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # the folder holding ddpify
 REFERENCE = "reference"
 CANDIDATE = "candidate"
 
@@ -35,6 +36,7 @@ class Run:
     workdir: str
     ranks: int
     argv0: str = ""  # sys.argv[0] as the user would type it (default: the script's path)
+    root: str = ""  # this side's mirror of the plan's `home` folder
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,9 @@ class Plan:
     # hand (codemods/ddp/owned_optimizers.py, hand_gradients.py): no forward runs through a wrapper, yet the
     # ranks' gradients are averaged.
     averages_by_hand: bool = False
+    # The user's folder that each side mirrors (the working directory or the project root above it):
+    # absolute PYTHONPATH entries inside it are followed into the side's mirror.
+    home: str = ""
 
     def change_at(self, file: str, line: int) -> str | None:
         """The converter's change that wrote `line` of the candidate's `file`, when its report names one."""

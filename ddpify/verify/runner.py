@@ -25,17 +25,17 @@ from ddpify.codemods.ddp.hand_gradients import HandAveragedGradients
 from ddpify.codemods.ddp.owned_optimizers import AveragedOwnedOptimizers
 from ddpify.codemods.ddp.rows import RowsOfEachRank
 from ddpify.verify.diagnose import exception_line_in
-from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan, Run
+from ddpify.verify.plan import CANDIDATE, PACKAGE_ROOT, REFERENCE, Plan, Run
 from ddpify.verify import reaper
 from ddpify.verify.reaper import adopting_orphans, kill_descendants
 from ddpify.verify.result import error_result
+from ddpify.verify.project_root import Root, given_root, project_root
 from ddpify.verify.workspace import mirror, relative_inside
 
 if TYPE_CHECKING:
     from ddpify.codemods.pipeline import ConversionResult
 
 LAUNCHER_SLACK_S = 30.0  # torch import and comparison, on top of the runs' own timeout
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,7 @@ class Request:
     script_args: tuple[str, ...]
     keep: bool = False
     mixed_precision: str = "keep"  # --to fsdp: convert with this --mixed-precision
+    root: str | None = None  # --root: the folder to mirror (default: found, see project_root)
 
 
 class CandidateUnavailable(Exception):
@@ -111,24 +112,27 @@ def _epoch_loop(loop: ast.For | ast.While) -> tuple[int, int, int]:
 
 
 def make_plan(request: Request, workspace: str, converted: dict[Path, ConversionResult] | None) -> tuple[Plan, list[str]]:
-    """Each side runs in its own mirror of the user's working directory (see workspace.py), its
-    script at the mirrored place and `sys.argv[0]` as the user typed it; notes say what is linked.
+    """Each side runs in its own mirror of the project root (see mirrored_root and workspace.py), in
+    its mirror of the working directory, its script at the mirrored place and `sys.argv[0]` as the
+    user typed it; notes say what was mirrored and what is linked.
 
     The candidate's mirror holds the converted entry as `<name>_<to>.py`, and the converted
     project modules in place of their originals (it is verify's own copy)."""
-    home = Path.cwd()
-    sides = {side: mirror(home, Path(workspace) / side, outside=Path(workspace)) for side in (REFERENCE, CANDIDATE)}
-    reference = _placed(Path(request.script), request.script, sides[REFERENCE].root, home, ranks=1)
+    home = Path.cwd().resolve()
+    root = mirrored_root(request, home)
+    sides = {side: mirror(root.folder, Path(workspace) / side, outside=Path(workspace), first=home) for side in (REFERENCE, CANDIDATE)}
+    places = {side: Place(sides[side].root, root.folder, sides[side].root / home.relative_to(root.folder)) for side in sides}
+    reference = places[REFERENCE].run(Path(request.script), request.script, ranks=1)
     if converted is None:
-        candidate = _placed(Path(request.against), request.against, sides[CANDIDATE].root, home, ranks=_ranks(request))
+        candidate = places[CANDIDATE].run(Path(request.against), request.against, ranks=_ranks(request))
     else:
         typed = str(Path(request.script).with_name(f"{Path(request.script).stem}_{request.target}.py"))
-        candidate = _placed(Path(typed), typed, sides[CANDIDATE].root, home, ranks=_ranks(request), fallback=Path(workspace))
+        candidate = places[CANDIDATE].run(Path(typed), typed, ranks=_ranks(request), fallback=Path(workspace))
         (entry, conversion), *modules = converted.items()
         Path(candidate.script).write_text(conversion.output)
         placed = {candidate.script: (entry, conversion)}
         for path, module in modules:
-            placed[_converted_module(path, module.output, home, sides[CANDIDATE].root)] = (path, module)
+            placed[_converted_module(path, module.output, root.folder, sides[CANDIDATE].root)] = (path, module)
     loaders = training_loaders(request.script)
     plan = Plan(target=request.target, steps=request.steps, device=request.device, batch_mode=request.batch_mode,
                 timeout=request.timeout, launcher=request.launcher, outdir=workspace,
@@ -139,16 +143,27 @@ def make_plan(request: Request, workspace: str, converted: dict[Path, Conversion
                 changes=tuple(_changes_by_line(placed) if converted else ()),
                 loss_rows_shared=_made_changes(converted, RowsOfEachRank.NAME),
                 plays_own_episodes=_made_changes(converted, EnvironmentsOfEachRank.NAME),
-                averages_by_hand=any(_made_changes(converted, t.NAME) for t in (AveragedOwnedOptimizers, HandAveragedGradients)))
-    notes = [note for side in sides.values() if (note := side.note())]
+                averages_by_hand=any(_made_changes(converted, t.NAME) for t in (AveragedOwnedOptimizers, HandAveragedGradients)),
+                home=str(root.folder))
+    notes = ([root.note] if root.note else []) + [note for side in sides.values() if (note := side.note())]
     return plan, list(dict.fromkeys(notes))
+
+
+def mirrored_root(request: Request, home: Path) -> Root:
+    """The folder both sides mirror: --root, or the project root the run reaches from `home` (see project_root)."""
+    if request.root:
+        return given_root(request.root, home)
+    scripts = [Path(path) for path in (request.script, request.against) if path]
+    typed = [path for path in (request.script, request.against) if path] + list(request.script_args)
+    return project_root(home, scripts, typed, os.environ.get("PYTHONPATH", ""))
 
 
 def _converted_module(path: Path, text: str, home: Path, root: Path) -> str:
     """Put a converted project module where the candidate imports it from; that path."""
     inside = relative_inside(path, home)
     if inside is None:
-        raise CandidateUnavailable(f"{path}: a converted module outside the working directory; run verify from the project's root")
+        raise CandidateUnavailable(f"{path}: a converted module outside the folder verify mirrors ({home}); "
+                                   f"run verify from the project's root, or pass --root")
     (root / inside).write_text(text)
     return str(root / inside)
 
@@ -182,19 +197,28 @@ def _ranks(request: Request) -> int:
     return request.nproc if request.target != "dp" else 1
 
 
-def _placed(script: Path, typed: str, root: Path, home: Path, ranks: int, fallback: Path | None = None) -> Run:
-    """A script inside the working directory runs as its copy in the mirror; one outside runs
-    where it is (a converted one is written to `fallback`, next to nothing)."""
-    inside = relative_inside(script, home)
-    if inside is not None:
-        path = root / inside
-    elif fallback is not None:
-        path = fallback / script.name
-    else:
-        path = script.resolve()
-    import_dir = path.parent if inside is not None or fallback is None else script.resolve().parent
-    argv0 = typed if inside is not None and not Path(typed).is_absolute() else str(path)
-    return Run(str(path), str(import_dir), str(root), ranks, argv0)
+@dataclass(frozen=True)
+class Place:
+    """Where one side runs: its mirror of the user's `home` folder, and its mirror of the working directory."""
+
+    mirror: Path
+    home: Path
+    workdir: Path
+
+    def run(self, script: Path, typed: str, ranks: int, fallback: Path | None = None) -> Run:
+        """A script inside the mirrored folder runs as its copy in the mirror; one outside runs where it
+        is (a converted one is written to `fallback`, next to nothing)."""
+        inside = relative_inside(script, self.home)
+        if inside is not None:
+            path = self.mirror / inside
+        elif fallback is not None:
+            path = fallback / script.name
+        else:
+            path = script.resolve()
+        import_dir = path.parent if inside is not None or fallback is None else script.resolve().parent
+        argv0 = typed if inside is not None and not Path(typed).is_absolute() else str(path)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        return Run(str(path), str(import_dir), str(self.workdir), ranks, argv0, str(self.mirror))
 
 
 def launcher_environment(device: str) -> dict[str, str]:

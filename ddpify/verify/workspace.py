@@ -37,18 +37,22 @@ class Mirror:
                 f"a script that overwrites them in place would change the originals")
 
 
-def mirror(source: Path, target: Path, outside: Path) -> Mirror:
+def mirror(source: Path, target: Path, outside: Path, first: Path | None = None) -> Mirror:
     """Recreate `source` under `target`: folders made, small files copied, large ones symlinked.
-    `outside` (verify's own workspace) is never entered, should it lie inside `source`."""
+    `outside` (verify's own workspace) is never entered, should it lie inside `source`; the folders
+    leading to `first` (the working directory, where the runs write) are mirrored before any other,
+    so they are recreated before the tree's other entries count towards MAX_ENTRIES."""
     result = Mirror(target)
     target.mkdir(parents=True, exist_ok=True)
-    _mirror_dir(source, target, result, outside.resolve())
+    inside = relative_inside(first, source) if first is not None else None
+    _mirror_dir(source, target, result, outside.resolve(), inside.parts if inside else ())
     return result
 
 
-def _mirror_dir(source: Path, target: Path, result: Mirror, outside: Path) -> None:
+def _mirror_dir(source: Path, target: Path, result: Mirror, outside: Path, toward: tuple[str, ...]) -> None:
+    """Mirror one folder, the entry named `toward[0]` (on the way to the working directory) first."""
     try:
-        entries = sorted(os.scandir(source), key=lambda e: e.name)
+        entries = sorted(os.scandir(source), key=lambda e: (toward[:1] != (e.name,), e.name))
     except OSError:
         return
     for entry in entries:
@@ -61,7 +65,7 @@ def _mirror_dir(source: Path, target: Path, result: Mirror, outside: Path) -> No
                 _link(Path(entry.path), destination, result)
             else:
                 destination.mkdir()
-                _mirror_dir(Path(entry.path), destination, result, outside)
+                _mirror_dir(Path(entry.path), destination, result, outside, toward[1:] if toward[:1] == (entry.name,) else ())
         elif entry.is_symlink() or entry.is_file():
             _place_file(entry, destination, result)
 
