@@ -17,7 +17,7 @@ import pytest
 
 from ddpify.codemods.pipeline import Status
 from ddpify.convert import convert_source
-from helpers import run_script
+from helpers import one_line, run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ for step in range(10):
 def test_a_mean_loss_on_whole_tensors_is_shared_by_rows():
     result = convert_source(SCRIPT.format(options=""), "ddp")
     assert result.status is Status.CONVERTED, result.missing
-    assert "loss = loss_of_rank_rows(criterion, model(x), y)" in result.output
+    assert "loss = loss_of_rank_rows(criterion, model(rows_of_rank(x)), rows_of_rank(y), rows=len(x))" in one_line(result.output)
     assert [c.transform for c in result.changes if c.transform == "rows"] == ["rows"]
 
 
@@ -71,7 +71,8 @@ def test_a_summed_loss_is_shared_by_rows_and_not_scaled_again(options, tmp_path)
     own `loss * WORLD_SIZE` would double it). Proven by verify in exact mode."""
     result = convert_source(SCRIPT.format(options=options), "ddp")
     assert result.status is Status.CONVERTED, result.missing
-    assert "loss_of_rank_rows(criterion, model(x), y)" in result.output and "* WORLD_SIZE)" not in result.output
+    assert "loss_of_rank_rows(criterion, model(rows_of_rank(x)), rows_of_rank(y), rows=len(x))" in one_line(result.output)
+    assert "* WORLD_SIZE)" not in result.output
     assert any(c.transform == "rows" and "its sum by WORLD_SIZE" in c.message for c in result.changes)
     (tmp_path / "train.py").write_text(SCRIPT.format(options=options))
     verdict = verify(tmp_path, "train.py")

@@ -8,7 +8,9 @@ share of the rows (a sum by WORLD_SIZE), gives under DDP's gradient average exac
 gradient.
 
 `row_losses` finds the loss calls of every backward and says, for each one the ranks can't share
-that way, why not. `random_offset_draws` finds batches picked at random offsets (`get_batch()` in
+that way, why not. `forward_on_rows` finds, for a loss call, the forward whose output rows it takes
+(`criterion(model(x), y)`): where that forward works row by row (anatomy/row_wise.py), each rank can
+run it on its rows of `x` only, and the ranks split the forward's and backward's work too. `random_offset_draws` finds batches picked at random offsets (`get_batch()` in
 char-level and GPT scripts): drawn alike on every rank, their rows are shared like any batch's, but
 where the model returns the loss, each rank must draw its own instead.
 """
@@ -20,8 +22,10 @@ from dataclasses import dataclass
 
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.environments import trains_on_environment
+from ddpify.anatomy.forward_losses import reads_after
 from ddpify.anatomy.losses import full_reduction, loss_terms, sums_over_batch
 from ddpify.anatomy.model_losses import ModelRowLoss, model_row_loss
+from ddpify.anatomy.row_wise import forward_mixes_rows
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.syntax import ancestors, keyword
 from ddpify.anatomy.tree import walk_body
@@ -46,6 +50,15 @@ class RowLosses:
     refusals: tuple[tuple[int, str], ...]
     from_model: tuple[tuple[int, str], ...]
     model_calls: tuple[ModelRowLoss, ...] = ()
+
+
+@dataclass(frozen=True)
+class RowForward:
+    """`model(x)`, a forward that works row by row, whose output rows a loss call takes whole (inline, or through
+    a name the loss alone reads): each rank can run it on its rows of `x` only."""
+
+    call: ast.Call
+    rows: ast.expr
 
 
 def trains_without_loader(a: Anatomy) -> bool:
@@ -79,6 +92,41 @@ def row_losses(a: Anatomy) -> RowLosses:
             elif term not in calls:
                 calls.append(term)
     return RowLosses(tuple(calls), tuple(refusals), tuple(from_model), tuple(dict.fromkeys(model_calls)))
+
+
+def forward_on_rows(a: Anatomy, loss: ast.Call) -> RowForward | str:
+    """The forward whose output `loss` (a loss call of `row_losses`) takes as its first argument, where each rank can
+    run it on its rows; else why every rank runs it on the whole batch."""
+    if full_reduction(a, loss) is not None or len(loss.args) < 2:
+        return f"`{ast.unparse(loss)}` takes no model output and targets"
+    output = loss.args[0]
+    picked = isinstance(output, ast.Subscript)  # `out[train_mask]`: rows picked from the whole forward's output
+    forward = _forward_of(a, output.value if picked else output)  # type: ignore[attr-defined]
+    if forward is None:
+        return f"the loss takes `{ast.unparse(output)}`, no model's output"
+    why = forward_mixes_rows(a, forward)
+    if why or picked:
+        return f"the forward may mix rows: {why}" if why else f"the loss takes `{ast.unparse(output)}`, rows picked from the forward's output"
+    if len(forward.args) != 1 or forward.keywords or isinstance(forward.args[0], ast.Starred):
+        return f"`{ast.unparse(forward)}` takes more than one batch of rows"
+    if forward is not output and not _read_alone(a, output):
+        return f"`{ast.unparse(output)}` is read besides the loss, where it would hold this rank's rows only"
+    return RowForward(forward, forward.args[0])
+
+
+def _forward_of(a: Anatomy, output: ast.expr) -> ast.Call | None:
+    """`model(x)`, inline or bound to the name `out` that the loss reads."""
+    values = reaching_values(a, output) if isinstance(output, ast.Name) else [output]
+    forward = values[0] if len(values) == 1 else None
+    return forward if isinstance(forward, ast.Call) and a.has_role(forward.func, ROLE_MODEL) else None
+
+
+def _read_alone(a: Anatomy, output: ast.Name) -> bool:
+    """Is the loss's read of `out` the only one of the value `out = model(x)` binds?"""
+    stmt = a.stmt_of.get(reaching_values(a, output)[0])
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+        return False
+    return reads_after(a, stmt, stmt.targets[0]) == [output]
 
 
 def unseeded_rngs(a: Anatomy) -> list[str]:

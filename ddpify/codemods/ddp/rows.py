@@ -5,8 +5,12 @@ hand (`x[i:i + bs]`): the data is the same on every rank, so there is no sampler
 call of a backward becomes `loss_of_rank_rows(criterion, output, target)`: the mean over this
 rank's rows (every WORLD_SIZE-th), weighted by its share (a sum by WORLD_SIZE) so that DDP's gradient average is exactly
 the single-process gradient, and valued as the whole batch's loss on every rank (one all_reduce of
-a number), so prints, stop tests and LBFGS's closure see the single-process loss. The forward still
-runs on the whole batch on every rank: what the ranks split is the loss. Where a loss is no plain
+a number), so prints, stop tests and LBFGS's closure see the single-process loss. Where the loss
+takes a forward that works row by row (`criterion(model(x), y)`, anatomy/row_wise.py), each rank runs
+that forward on its rows only, `model(rows_of_rank(x))`, against the same rows of the targets: the
+ranks split the forward and backward too. Otherwise (a graph's forward mixes the rows of all its
+nodes; BatchNorm; a forward this file can't see) the forward runs on the whole batch on every rank and
+what the ranks split is the loss, the report says why. Where a loss is no plain
 mean or sum over rows (class-weighted, a token mean, unreduced) or comes from the model itself, the data is
 reported not sharded, naming why; where the model returns the loss of batches drawn at random
 offsets (`get_batch()`), each rank draws its own instead (batch_draws.py).
@@ -21,13 +25,13 @@ import libcst as cst
 
 from ddpify.anatomy import Anatomy
 from ddpify.anatomy.distributed.names import NUMPY, PYTHON, TORCH
-from ddpify.anatomy.full_batch import random_offset_draws, row_losses, trains_without_loader, unseeded_rngs
+from ddpify.anatomy.full_batch import RowForward, forward_on_rows, random_offset_draws, row_losses, trains_without_loader, unseeded_rngs
 from ddpify.anatomy.losses import full_reduction, reduced_tensor, sums_over_batch
 from ddpify.anatomy.model_losses import ModelRowLoss
 from ddpify.anatomy.syntax import spelling
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.evaluation import add_helpers
-from ddpify.codemods.ddp.runtime import MODEL_ROWS_CALL, ROWS_CALL
+from ddpify.codemods.ddp.runtime import MODEL_ROWS_CALL, RANK_ROWS_CALL, ROWS_CALL
 from ddpify.codemods.ddp.samplers import DistributedSamplers
 from ddpify.codemods.options import Options
 from ddpify.edits.positions import last_leading_import
@@ -62,14 +66,41 @@ class RowsOfEachRank(Transform):
         for shared in losses.model_calls:
             self._share_model_loss(shared)
         for call in losses.calls:
-            by_hand = full_reduction(self.anatomy, call) is not None
-            self.rewrite_expression(call, self._shared_by_hand(call) if by_hand else _shared)
-            weight = "its sum by WORLD_SIZE" if sums_over_batch(self.anatomy, call) else "its mean weighted by its share of the rows"
-            loss = ast.unparse(call) if by_hand else f"{ast.unparse(call.func)}(...)"
-            self.changed(call.lineno, f"{loss} -> {ROWS_CALL}(...): each rank takes every WORLD_SIZE-th row of "
-                                      f"the batch, {weight} (the averaged gradient is the single-process one, exactly; the "
-                                      "loss's value is the whole batch's)")
+            forward = forward_on_rows(self.anatomy, call)
+            if isinstance(forward, RowForward):
+                self._forward_on_rank_rows(call, forward)
+            else:
+                self._share_loss(call, forward)
         self.fulfil()
+
+    def _share_loss(self, call: ast.Call, whole_forward: str) -> None:
+        """`criterion(out, y)` -> `loss_of_rank_rows(criterion, out, y)`: the loss shared by rows, the forward whole."""
+        by_hand = full_reduction(self.anatomy, call) is not None
+        self.rewrite_expression(call, self._shared_by_hand(call) if by_hand else _shared)
+        loss = ast.unparse(call) if by_hand else f"{ast.unparse(call.func)}(...)"
+        self.changed(call.lineno, f"{loss} -> {ROWS_CALL}(...): each rank takes every WORLD_SIZE-th row of the batch, "
+                                  f"{self._weight(call)} (the averaged gradient is the single-process one, exactly; the loss's "
+                                  f"value is the whole batch's); every rank runs the forward on the whole batch: {whole_forward}")
+
+    def _forward_on_rank_rows(self, call: ast.Call, forward: RowForward) -> None:
+        """`criterion(model(x), y)` -> `loss_of_rank_rows(criterion, model(rows_of_rank(x)), rows_of_rank(y), rows=len(x))`
+        (or the forward rewritten where `out = model(x)` binds it): the forward on this rank's rows only."""
+        rows = ast.unparse(forward.rows)
+        on_rows = f"{ast.unparse(forward.call.func)}({RANK_ROWS_CALL}({rows}))"
+        output = on_rows if call.args[0] is forward.call else ast.unparse(call.args[0])
+        targets = [f"{RANK_ROWS_CALL}({ast.unparse(arg)})" for arg in call.args[1:]]
+        options = [ast.unparse(k) for k in call.keywords]
+        shared = f"{ROWS_CALL}({', '.join([ast.unparse(call.func), output, *targets, *options, f'rows=len({rows})'])})"
+        if call.args[0] is not forward.call:
+            self.rewrite_expression(forward.call, lambda _: cst.parse_expression(on_rows))
+        self.rewrite_expression(call, lambda _: cst.parse_expression(shared))
+        self.changed(call.lineno, f"{ast.unparse(call.func)}(...) -> {ROWS_CALL}(...): each rank runs the forward on its rows of "
+                                  f"`{rows}` only ({RANK_ROWS_CALL}: every WORLD_SIZE-th; the model works row by row) against "
+                                  f"the same rows of the targets, {self._weight(call)} (the averaged gradient is the single-process "
+                                  "one, exactly; the loss's value is the whole batch's)")
+
+    def _weight(self, call: ast.Call) -> str:
+        return "its sum by WORLD_SIZE" if sums_over_batch(self.anatomy, call) else "its mean weighted by its share of the rows"
 
     def _share_model_loss(self, shared: ModelRowLoss) -> None:
         """`model(X, Y)` -> `model_loss_of_rank_rows(model, X, Y, loss_at=1, ignored=-1)`: forward on this rank's rows."""

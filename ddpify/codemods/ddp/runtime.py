@@ -168,26 +168,35 @@ def plain_model(model):
 
 ROWS_HELPER = '''
 
-def loss_of_rank_rows(loss_fn, *batch, **options):
+def loss_of_rank_rows(loss_fn, *batch, rows=None, **options):
     """loss_fn's mean (or sum) over this rank's rows of a whole batch (every WORLD_SIZE-th).
 
     Weighted by its share of the rows (a sum by WORLD_SIZE), so DDP's average of
     the ranks' gradients is the whole batch's gradient; its value is the whole
     batch's loss, alike on every rank. Arguments whose rows don't pair up: the
     whole loss everywhere. A loss written by hand, torch.mean or torch.sum of
-    one tensor, is shared by that tensor's rows.
+    one tensor, is shared by that tensor's rows. Given `rows` (the batch's),
+    the arguments are this rank's rows already (its forward ran on them only).
     """
-    sizes = {len(t) if torch.is_tensor(t) and t.dim() else 0 for t in batch}
-    rows = sizes.pop() if len(sizes) == 1 else 0
+    if rows is None:
+        sizes = {len(t) if torch.is_tensor(t) and t.dim() else 0 for t in batch}
+        rows = sizes.pop() if len(sizes) == 1 else 0
+        batch = [rows_of_rank(t) for t in batch] if rows >= WORLD_SIZE else batch
     if rows < WORLD_SIZE:
         return loss_fn(*batch, **options)
-    mine = torch.arange(RANK, rows, WORLD_SIZE, device=batch[0].device)
     reduction = options.get("reduction", getattr(loss_fn, "reduction", "mean"))
     sums = reduction == "sum" or options.get("size_average") is False or loss_fn is torch.sum
-    share = loss_fn(*(t[mine] for t in batch), **options) * (WORLD_SIZE if sums else len(mine) * WORLD_SIZE / rows)
+    share = loss_fn(*batch, **options) * (WORLD_SIZE if sums else len(batch[0]) * WORLD_SIZE / rows)
     whole = share.detach().clone()
     dist.all_reduce(whole)
     return share + (whole / WORLD_SIZE - share.detach())
+
+
+def rows_of_rank(batch):
+    """This rank's rows of a batch (every WORLD_SIZE-th), if it has enough."""
+    if torch.is_tensor(batch) and batch.dim() and len(batch) >= WORLD_SIZE:
+        return batch[RANK::WORLD_SIZE]
+    return batch
 '''
 
 AGREE_HELPER = '''
@@ -293,6 +302,7 @@ ANY_CALL = "on_any_rank"
 BROADCAST_CALL = "broadcast_parameters"
 AVERAGE_CALL = "average_gradients"
 ROWS_CALL = "loss_of_rank_rows"
+RANK_ROWS_CALL = "rows_of_rank"  # in ROWS_HELPER
 TENSORS_CALL = "average_tensor_gradients"
 TENSORS_BROADCAST_CALL = "broadcast_tensors"
 MODEL_ROWS_CALL = "model_loss_of_rank_rows"
@@ -300,5 +310,5 @@ MODEL_ROWS_CALL = "model_loss_of_rank_rows"
 EVALUATION_HELPERS = {SHARD_CALL: SHARD_HELPER, MODULE_CALL: MODULE_HELPER, PLAIN_CALL: PLAIN_HELPER, SUMS_CALL: SUMS_HELPER, GATHER_CALL: GATHER_HELPER, MEAN_CALL: MEAN_HELPER,
                       ROWS_CALL: ROWS_HELPER, MODEL_ROWS_CALL: MODEL_ROWS_HELPER, TENSORS_CALL: TENSORS_HELPER, EVERY_CALL: AGREE_HELPER, BROADCAST_CALL: AVERAGE_HELPER}
 # the functions ddpify adds at the top of a script: new helpers go after the last one present
-ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed", "_flattened", "_shaped_like", ANY_CALL, AVERAGE_CALL,
+ADDED_FUNCTIONS = ("setup_distributed", "cleanup_distributed", *EVALUATION_HELPERS, "_summed", "_flattened", "_shaped_like", RANK_ROWS_CALL, ANY_CALL, AVERAGE_CALL,
                    TENSORS_BROADCAST_CALL)
