@@ -164,8 +164,7 @@ def test_a_scaler_saved_in_a_checkpoint_is_left_to_the_user():
     assert any("GradScaler is read elsewhere" in m.what for m in result.missing)
 
 
-def test_accumulation_micro_steps_skip_the_all_reduce():
-    result = convert(HEAD + """
+ACCUMULATION = HEAD + """
 def main():
 """ + DATA + """\
     model = nn.Linear(8, 2)
@@ -176,12 +175,30 @@ def main():
         if (i + 1) % 4 == 0:
             optimizer.step()
             optimizer.zero_grad()
-""")
+"""
+
+
+def test_accumulation_that_is_accelerates_own_runs_under_accumulate():
+    result = convert(ACCUMULATION)
     assert result.status is Status.CONVERTED, result.missing
-    assert ("        with (\n            accelerator.no_sync(model)\n            if not ((i + 1) % 4 == 0)\n"
-            "            else contextlib.nullcontext()\n        ):\n"
-            "            loss = nn.functional.cross_entropy(model(x), y) / 4\n"
-            "            accelerator.backward(loss)\n") in result.output
+    assert ("    accelerator.gradient_accumulation_steps = 4\n    for i, (x, y) in enumerate(loader):\n"
+            "        with accelerator.accumulate(model):\n"
+            "            loss = nn.functional.cross_entropy(model(x), y)\n"  # accelerator.backward divides it by 4
+            "            accelerator.backward(loss)\n        if (i + 1) % 4 == 0:\n") in result.output
+    assert "no_sync" not in result.output
+
+
+@pytest.mark.parametrize("change, why", [
+    (("            optimizer.zero_grad()\n", "            optimizer.zero_grad()\n        print(loss.item())\n"), "the divided loss is also read (line 16)"),
+    (("/ 4\n", "\n"), "the loss backpropagated is not divided by 4"),
+    (("(i + 1) % 4 == 0", "i % 4 == 3"), "the step condition is not `(i + 1) % N == 0`"),
+    (("            optimizer.zero_grad()\n", "            optimizer.zero_grad()\n        if i == 6:\n            break\n"), "break"),
+])
+def test_accumulation_accumulate_would_change_keeps_its_micro_steps_under_no_sync(change, why):
+    result = convert(ACCUMULATION.replace(*change))
+    assert result.status is Status.CONVERTED, result.missing
+    assert "accelerator.no_sync(model)" in result.output and "accumulate" not in result.output
+    assert any("not accelerator.accumulate(model)" in a.message and why in a.message for a in result.advice), result.advice
 
 
 def test_a_loss_summed_over_the_batch_is_scaled_by_the_number_of_processes():
@@ -535,16 +552,20 @@ def test_converted_fixture_runs_to_the_end_on_two_ranks(entry, tmp_path):
 
 # Each shape verify must see trained alike: plain, fp16 AMP handed to Accelerate, accumulation under
 # no_sync, a checkpoint saved and loaded again, BatchNorm (each rank normalizes its own batches), a
-# full batch of 101 rows whose loss the two processes share (51 and 50 rows, weighted).
+# full batch of 101 rows whose loss the two processes share (51 and 50 rows, weighted); accumulation under
+# accelerator.accumulate (fixtures/accelerate/): a partial last group stepped on (7 micro-steps per process),
+# a divided loss whose division the backward takes over.
 VERIFIED = ["basic_main.py", "amp_gradscaler.py", "grad_accumulation.py", "checkpoint_resume.py", "batchnorm_cnn.py",
-            "full_batch_regression.py"]
+            "full_batch_regression.py", "accelerate/accumulate_last_group.py", "accelerate/accumulate_divided_loss.py"]
 
 
 @pytest.mark.parametrize("name", VERIFIED)
 def test_conversion_verifies_equivalent(name, tmp_path):
-    (tmp_path / name).write_text((FIXTURES_DIR / name).read_text())
+    script = tmp_path / Path(name).name
+    script.write_text((FIXTURES_DIR / name).read_text())
+    assert "accelerator.accumulate(model)" in convert(script.read_text()).output or "accumulate" not in name
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FIXTURES_DIR.parent), os.environ.get("PYTHONPATH")]))}
-    done = run_ddpify(["verify", name, "--to", "accelerate", "--steps", "4"], tmp_path, env, timeout=240)
+    done = run_ddpify(["verify", script.name, "--to", "accelerate", "--steps", "4"], tmp_path, env, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines()[-1].startswith("equivalent: 4 steps match"), done.stdout
 

@@ -22,6 +22,8 @@ UNWRAP_MODEL = f"{ACCELERATOR}.unwrap_model"
 PRINT = f"{ACCELERATOR}.print"
 SAVE = f"{ACCELERATOR}.save"
 NO_SYNC = f"{ACCELERATOR}.no_sync"
+ACCUMULATE = f"{ACCELERATOR}.accumulate"
+ACCUMULATION_STEPS = f"{ACCELERATOR}.gradient_accumulation_steps"
 # An imported module's Accelerator: the entry script's, set there once built (handover.py).
 HANDED_OVER = f"# ddpify: the entry script's Accelerator, which it hands over once built (one per process)\n{ACCELERATOR}: {{name}} | None = None"
 # Without a GPU, Accelerate joins torchrun's processes (gloo) only when told to run on the CPU;
