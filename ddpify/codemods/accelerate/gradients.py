@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 
-
 from ddpify.anatomy import LoopSite
 from ddpify.codemods.accelerate.accumulation import Accumulation, accelerate_accumulation
 from ddpify.codemods.accelerate.runtime import ACCUMULATE, ACCUMULATION_STEPS, NO_SYNC, WORLD_SIZE
