@@ -110,7 +110,7 @@ def _why_mixes(a: Anatomy, node: ast.AST, built: set[str]) -> str | None:
         return "multiplies matrices"
     if isinstance(node, ast.Attribute) and node.attr in ("T", "mT"):
         return "transposes the rows"
-    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and not _all_rows(node.slice):
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and not _all_rows(node.slice) and not _of_shape(node):
         return "indexes the rows (or an item of a result)"
     if isinstance(node, ast.Call):
         return _why_call_mixes(a, node, built)
@@ -187,6 +187,11 @@ def _all_rows(index: ast.expr) -> bool:
     first = index.elts[0] if isinstance(index, ast.Tuple) and index.elts else index
     whole = isinstance(first, ast.Slice) and first.lower is None and first.upper is None and first.step is None
     return whole or isinstance(first, ast.Constant) and first.value is Ellipsis
+
+
+def _of_shape(index: ast.Subscript) -> bool:
+    """`x.shape[0]`: an item of a shape, no row."""
+    return isinstance(index.value, ast.Attribute) and index.value.attr == "shape"
 
 
 def _constant(node: ast.expr | None) -> object:
