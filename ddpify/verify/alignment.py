@@ -97,6 +97,23 @@ class PassClock:
     epoch = 0
 
 
+def clock_passes_at_start() -> None:
+    """Set PassClock.epoch as a pass over a DataLoader starts (`iter(loader)`), before the loader forks its
+    worker processes, which keep the value they were forked with: a batch sampler runs its body only once
+    the workers are up, too late for them. The epoch is the pass's own: its DistributedSampler's
+    (the candidate's `set_epoch`), or the one an AlignedBatchSampler's census gives it (the reference's)."""
+    iterate = DataLoader.__iter__
+
+    def starting(self):
+        if isinstance(self.batch_sampler, AlignedBatchSampler):
+            self.batch_sampler.start_pass()
+        elif isinstance(self.sampler, DistributedSampler):
+            PassClock.epoch = self.sampler.epoch
+        return iterate(self)
+
+    DataLoader.__iter__ = starting
+
+
 class AlignedBatchSampler:
     """Batch sampler of one reference loader; decides on first use whether it trains.
 
@@ -117,6 +134,7 @@ class AlignedBatchSampler:
         self.census = census
         self.on_training = on_training
         self.training: bool | None = None
+        self.started: int | None = None  # the epoch of a training pass started but not yet iterated
 
     def _is_training(self) -> bool:
         if self.training is None:
@@ -147,12 +165,19 @@ class AlignedBatchSampler:
     def __len__(self) -> int:
         return self._aligned_len() if self._is_training() else len(self._own_batches())
 
+    def start_pass(self) -> None:
+        """Number a new training pass (LoaderCensus.next_epoch) and set the PassClock to it."""
+        if self._is_training():
+            self.started = PassClock.epoch = self.census.next_epoch(self.site, _lines_running(self.site[0]))
+
     def __iter__(self):
         if not self._is_training():
             yield from self._own_batches()
             return
-        PassClock.epoch = self.census.next_epoch(self.site, _lines_running(self.site[0]))
-        slices = self.rank_slices(PassClock.epoch)
+        if self.started is None:  # iterated without a DataLoader's iter() (see clock_passes_at_start)
+            self.start_pass()
+        epoch, self.started = self.started, None
+        slices = self.rank_slices(epoch)
         b = self.per_rank_batch
         for k in range(self._aligned_len()):
             yield [index for indices in slices for index in indices[k * b:(k + 1) * b]]
@@ -173,6 +198,10 @@ class AcceleratedBatchSampler(AlignedBatchSampler):
 
         batches = BatchSampler(order, self.batch_size, self.drop_last)
         return [BatchSamplerShard(batches, self.world, rank, split_batches=self.split) for rank in range(self.world)]
+
+    def start_pass(self) -> None:
+        """Nothing: an Accelerate candidate's prepared loaders have no DistributedSampler to set the PassClock, so
+        the reference's passes leave it alone too."""
 
     def _order(self) -> list[int]:
         if not self.shuffle:
@@ -203,10 +232,18 @@ def _lines_running(path: str) -> set[int]:
     return lines
 
 
-def _call_site() -> tuple[str, int]:
-    """(file, line) of the user code that constructed the DataLoader."""
-    frame = sys._getframe(2)
-    return os.path.realpath(frame.f_code.co_filename), frame.f_lineno
+def _call_site(known: Collection[tuple[str, int]]) -> tuple[str, int]:
+    """(file, line) of the user code that constructed the DataLoader: the call of a project function
+    that built it (`loader = get_training_dataloader(...)`) where static analysis knows that call
+    (`known`), else the DataLoader call itself."""
+    caller = sys._getframe(2)
+    frame = caller
+    while frame is not None:
+        site = os.path.realpath(frame.f_code.co_filename), frame.f_lineno
+        if site in known:
+            return site
+        frame = frame.f_back
+    return os.path.realpath(caller.f_code.co_filename), caller.f_lineno
 
 
 def _where(site: tuple[str, int]) -> str:
@@ -249,7 +286,7 @@ def align_training_loaders(world: int, batch_mode: str, static_sites: set[tuple[
 
     def aligned_init(self, *args, **kwargs):
         arguments = signature.bind(self, *args, **kwargs).arguments
-        sampler = _aligned_sampler(arguments, _call_site(), world, batch_mode, census, recorder, accelerate)
+        sampler = _aligned_sampler(arguments, _call_site(census.static_sites), world, batch_mode, census, recorder, accelerate)
         if sampler is not None:
             for name in ("batch_size", "shuffle", "sampler", "drop_last"):
                 arguments.pop(name, None)

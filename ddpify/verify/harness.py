@@ -35,12 +35,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch.utils.data import DistributedSampler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from ddpify.anatomy.distributed.names import NUMPY_NON_DRAWS
 from ddpify.anatomy.vocabulary import MODEL_WRAPPERS, RANDOM_DRAWS
-from ddpify.verify.alignment import PassClock, align_training_loaders
+from ddpify.verify.alignment import PassClock, align_training_loaders, clock_passes_at_start
 from ddpify.verify.dataparallel import simulate_data_parallel
 from ddpify.verify.plan import CANDIDATE, PACKAGE_ROOT, REFERENCE, WRAPPER_FLAG, Plan, Run
 from ddpify.verify.rank_batchnorm import normalize_batchnorm_per_rank
@@ -125,12 +124,6 @@ def seed_each_sample(recorder: Recorder) -> None:
     ranks split the batches. The global random states are restored around each sample."""
     from torch.utils.data._utils.fetch import _MapDatasetFetcher
 
-    distributed_iter = DistributedSampler.__iter__
-
-    def iterate(self):
-        PassClock.epoch = self.epoch
-        return distributed_iter(self)
-
     def sample(dataset, index):
         saved = _random_states()
         _seed_everything(hash((SEED, index, PassClock.epoch)) & 0xFFFFFFFF)
@@ -151,7 +144,7 @@ def seed_each_sample(recorder: Recorder) -> None:
             return self.collate_fn([sample(self.dataset, index) for index in possibly_batched_index])
         return self.collate_fn(sample(self.dataset, possibly_batched_index))
 
-    DistributedSampler.__iter__ = iterate
+    clock_passes_at_start()
     _MapDatasetFetcher.fetch = fetch
 
 

@@ -89,17 +89,18 @@ def convert(request: Request) -> tuple[dict[Path, ConversionResult], list[str]]:
 
 
 def training_loaders(script: str) -> dict[int, tuple[tuple[int, int, int], ...]]:
-    """The DataLoader calls that ddpify's static analysis sees a training loop iterate: line -> the
-    epoch loops around it, where the converted script calls `set_epoch(epoch)`, each as (first line,
-    last line, the epoch its first iteration sets)."""
-    from ddpify.anatomy import analyze
+    """The DataLoader calls, and calls of project functions that build one, that ddpify's static
+    analysis sees a training loop iterate: line -> the epoch loops around it, where the converted
+    script calls `set_epoch(epoch)`, each as (first line, last line, the epoch its first iteration sets)."""
+    from ddpify.anatomy.project import Project
 
     try:
-        anatomy = analyze(Path(script).read_text(), script)
+        project = Project([Path(script)], lambda path: Path(path).read_text())
+        anatomy = next(module.anatomy for module in project.files() if project.is_entry(module))
     except Exception:  # a script the analysis cannot read: training loaders are then found at run time
         return {}
     return {loader.line: tuple(_epoch_loop(loop.node) for loop in anatomy.epoch_loops_around(loader))
-            for loader in anatomy.loaders if loader.is_train}
+            for loader in (*anatomy.loaders, *anatomy.foreign_loaders) if loader.is_train}
 
 
 def _epoch_loop(loop: ast.For | ast.While) -> tuple[int, int, int]:
