@@ -122,6 +122,7 @@ def test_a_forward_that_works_row_by_row_runs_on_each_ranks_rows(layer, forward)
     ("nn.Linear(4, 1)", "self.layer(x).softmax(0)", "works across the rows (no constant dim other than 0)"),
     ("nn.Linear(4, 1)", "torch.sum(self.layer(x), 0, keepdim=True) + self.layer(x)", "works across the rows"),
     ("nn.Linear(4, 1)", "self.layer(x.view(64, -1))", "makes a shape whose first size is not the batch's rows"),
+    ("nn.Linear(1, 1)", "self.layer(x.reshape(-1, 1))", "makes a shape whose first size is not the batch's rows"),
     ("nn.Linear(4, 1)", "self.layer(x) @ torch.ones(1, 1)", "multiplies matrices"),
     ("nn.Linear(4, 1)", "self.layer(x.t().t())", "`x.t().t()` (line 13) in Net is no operation known to work row by row"),
     ("nn.Linear(4, 1)", "self.layer(x[1:])", "indexes the rows"),
@@ -134,6 +135,18 @@ def test_a_forward_that_may_mix_rows_runs_whole_on_every_rank_and_says_why(layer
     assert "loss = loss_of_rank_rows(criterion, out, y)" in one_line(result.output)
     (change,) = [c for c in result.changes if c.transform == "rows"]
     assert "every rank runs the forward on the whole batch: the forward may mix rows: " in change.message and why in change.message
+
+
+@pytest.mark.parametrize("header, layer, why", [
+    ("class Net(nn.Module, Mixin):", "nn.Linear(4, 1)", "Net derives from Mixin, which this file can't see work row by row"),
+    ("class Net(nn.Module):", "models.resnet18()", "`self.layer(x)` (line 13) in Net calls a module this file can't see work row by row"),
+])
+def test_a_model_built_from_what_this_file_cant_see_runs_whole(header, layer, why):
+    script = "from elsewhere import Mixin, models" + SCRIPT.format(layer=layer, forward="self.layer(x)").replace("class Net(nn.Module):", header)
+    result = convert_source(script, "ddp")
+    assert "rows_of_rank(x)" not in result.output
+    (change,) = [c for c in result.changes if c.transform == "rows"]
+    assert why in change.message
 
 
 @pytest.mark.parametrize("training, why", [

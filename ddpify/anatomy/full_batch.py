@@ -103,7 +103,7 @@ def forward_on_rows(a: Anatomy, loss: ast.Call) -> RowForward | str:
     picked = isinstance(output, ast.Subscript)  # `out[train_mask]`: rows picked from the whole forward's output
     forward = _forward_of(a, output.value if picked else output)  # type: ignore[attr-defined]
     if forward is None:
-        return f"the loss takes `{ast.unparse(output)}`, no model's output"
+        return f"the loss takes `{ast.unparse(output)}`, which no model call returns alone"
     why = forward_mixes_rows(a, forward)
     if why or picked:
         return f"the forward may mix rows: {why}" if why else f"the loss takes `{ast.unparse(output)}`, rows picked from the forward's output"

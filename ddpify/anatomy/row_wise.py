@@ -44,7 +44,7 @@ ALONG_DIMS = {
     "amax": (1,), "amin": (1,), "argmax": (1,), "argmin": (1,), "logsumexp": (1,), "cumsum": (1,), "transpose": (1, 2),
 }
 ROWS_SIZED = frozenset({"zeros", "ones", "empty", "full", "view", "reshape"})  # a shape whose first size is the rows'
-_TORCH, _NN = "torch.", "torch.nn."
+_TORCH, _NN, _MODULE = "torch.", "torch.nn.", "torch.nn.Module"
 _CALLABLE_BUILTINS = frozenset({"range", "len", "isinstance", "super", "zip", "enumerate", "getattr", "hasattr"})
 _LIST_METHODS = frozenset({"append", "extend", "__init__"})
 
@@ -70,10 +70,18 @@ def _class_mixes_rows(a: Anatomy, name: str, seen: set[str]) -> str | None:
     """Why class `name` (of this file), its bases or the classes it builds may mix rows."""
     seen.add(name)
     node = a.model_classes[name].node
+    unseen = next((b for b in node.bases if not _known_base(a, a.qualname(b) or "")), None)
+    if unseen is not None:
+        return f"{name} derives from {ast.unparse(unseen)}, which this file can't see work row by row"
     others = [q for q in (a.qualname(b) for b in node.bases) if q in a.model_classes]
     others += [q for c in ast.walk(node) if isinstance(c, ast.Call) and (q := a.qualname(c.func)) in a.model_classes]
     why = _layers_mix_rows(a, node) or _operations_mix_rows(a, node)
     return why or next((w for other in dict.fromkeys(others) if other not in seen and (w := _class_mixes_rows(a, other, seen))), None)
+
+
+def _known_base(a: Anatomy, qualname: str) -> bool:
+    """`nn.Module`, a class of this file, or a layer known to work row by row (`class Layer(nn.Linear)`)."""
+    return qualname == _MODULE or qualname in a.model_classes or bool(ROW_WISE_LAYERS.match(qualname))
 
 
 def _layers_mix_rows(a: Anatomy, node: ast.AST) -> str | None:
@@ -96,7 +104,7 @@ def _layers_mix_rows(a: Anatomy, node: ast.AST) -> str | None:
 def _operations_mix_rows(a: Anatomy, cls: ast.ClassDef) -> str | None:
     """Why an operation in the methods of `cls` past its `__init__` may mix rows."""
     methods = [f for f in cls.body if isinstance(f, ast.FunctionDef)]
-    built = _built_attributes(cls) | {f.name for f in methods}
+    built = _built_attributes(a, cls) | {f.name for f in methods}
     for node in (n for f in methods if f.name != "__init__" for n in ast.walk(f)):
         why = _why_mixes(a, node, built)
         if why:
@@ -126,7 +134,7 @@ def _why_call_mixes(a: Anatomy, call: ast.Call, built: set[str]) -> str | None:
         own = func.id in _CALLABLE_BUILTINS and hasattr(builtins, func.id) and func.id not in a.names.aliases
         return None if own or func.id in a.model_classes else "calls a function this file can't see work row by row"
     if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
-        return None if func.attr in built else "calls a module passed in, which this file can't see work row by row"
+        return None if func.attr in built else "calls a module this file can't see work row by row"
     on_tensor = not qualname.startswith(_TORCH)
     name = qualname.rpartition(".")[2] if not on_tensor else getattr(func, "attr", "")
     if name in ELEMENTWISE or name in _LIST_METHODS and on_tensor:
@@ -136,7 +144,7 @@ def _why_call_mixes(a: Anatomy, call: ast.Call, built: set[str]) -> str | None:
         return None if _other_dims(call, places) else "works across the rows (no constant dim other than 0)"
     if name in ROWS_SIZED:
         shape = call.args[not on_tensor and name in ("view", "reshape"):]
-        return None if shape and _sized_by_rows(shape[0], len(shape)) else "makes a shape whose first size is not the batch's rows"
+        return None if shape and _sized_by_rows(shape[0]) else "makes a shape whose first size is not the batch's rows"
     if name == "permute" and call.args and _constant(call.args[0]) == 0:
         return None
     return "is no operation known to work row by row"
@@ -147,9 +155,10 @@ def _builds_layer(qualname: str) -> bool:
     return qualname.startswith(_NN) and qualname[len(_NN):][:1].isupper() and qualname != PARAMETER_CONSTRUCTOR
 
 
-def _built_attributes(cls: ast.ClassDef) -> set[str]:
-    """The `self.name` the class assigns a call to (a layer or module built: checked where built)."""
+def _built_attributes(a: Anatomy, cls: ast.ClassDef) -> set[str]:
+    """The `self.name` the class assigns a torch.nn layer or a model of this file to (checked where built)."""
     return {t.attr for node in ast.walk(cls) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            and (_builds_layer(q := a.qualname(node.value.func) or "") or q in a.model_classes)
             for t in node.targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
 
 
@@ -169,12 +178,10 @@ def _other_dims(call: ast.Call, places: list[int] | tuple[int, ...], default: bo
     return all(isinstance(_constant(d), int) and _constant(d) != 0 for d in dims)
 
 
-def _sized_by_rows(first: ast.expr | None, count: int) -> bool:
-    """A shape whose first size is the batch's rows: `x.size(0)`, `x.shape[0]`, `len(x)`, or -1 before other sizes."""
+def _sized_by_rows(first: ast.expr | None) -> bool:
+    """A shape whose first size is the batch's rows: `x.size(0)`, `x.shape[0]`, `len(x)` (-1 may fold other sizes in)."""
     if isinstance(first, (ast.Tuple, ast.List)) and first.elts:
-        return _sized_by_rows(first.elts[0], len(first.elts))
-    if _constant(first) == -1:
-        return count > 1
+        return _sized_by_rows(first.elts[0])
     if isinstance(first, ast.Call) and isinstance(first.func, ast.Attribute) and first.func.attr == "size":
         return len(first.args) == 1 and _constant(first.args[0]) == 0
     if isinstance(first, ast.Subscript) and isinstance(first.value, ast.Attribute) and first.value.attr == "shape":
