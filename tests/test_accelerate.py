@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -199,6 +200,28 @@ def test_accumulation_accumulate_would_change_keeps_its_micro_steps_under_no_syn
     assert result.status is Status.CONVERTED, result.missing
     assert "accelerator.no_sync(model)" in result.output and "accumulate" not in result.output
     assert any("not accelerator.accumulate(model)" in a.message and why in a.message for a in result.advice), result.advice
+
+
+def test_evaluation_counted_over_rows_is_gathered_and_prints_the_single_process_metrics(tmp_path):
+    """37 rows in batches of 8 on 2 processes: one process repeats a batch; gather_for_metrics drops the repeats."""
+    source = FIXTURES_DIR / "accelerate" / "eval_gathered_metrics.py"
+    result = convert(source.read_text())
+    assert result.status is Status.CONVERTED, result.missing
+    out = result.output
+    assert "            logits, y = accelerator.gather_for_metrics((logits, y))\n            correct +=" in out
+    assert "    val_loader = accelerator.prepare(val_loader)\n" in out and "probe_loader = accelerator.prepare" not in out
+    assert flat("ddpify: evaluated on the whole set on every process (the metric of one process, no speed-up): "
+                "`batch_means += criterion(logits, y).item()` adds a value per batch") in flat(out.replace("#", ""))  # a comment, laid out again
+    assert lint(out) == []
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    original = subprocess.run([sys.executable, str(source)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / source.name).write_text(out)
+    done = bench.run_real(bench.argv(tmp_path / "run" / source.name, "accelerate"), tmp_path / "run", env, 240)
+    assert done is not None and done.returncode == 0, done and done.stderr[-2000:]
+    before = [line for line in done.stdout.splitlines() if line.startswith("before")]  # the model as built: alike in both runs
+    assert before == [line for line in original.stdout.splitlines() if line.startswith("before")]
+    assert before[0].startswith("before accuracy 14/37 ")
 
 
 def test_a_loss_summed_over_the_batch_is_scaled_by_the_number_of_processes():

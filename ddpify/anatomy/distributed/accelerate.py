@@ -23,6 +23,13 @@ from ddpify.anatomy.vocabulary import ACCELERATOR, ACCELERATOR_OTHER_WRAPS, ACCE
 # (`broadcast(t, from_process=0)`: a tensor, in place; `broadcast_object_list(objects, from_process=0)`).
 ACCELERATE_UTILS = "accelerate.utils"
 BROADCASTS = ("broadcast", "broadcast_object_list")
+ACCELERATOR_GATHER_FOR_METRICS = "gather_for_metrics"  # every process's rows, the last batch's repeats dropped
+# Tensor methods that keep a batch's rows (what `accelerator.gather_for_metrics` joins stays aligned
+# through them), those that need a dim for it, and the counts of a batch's rows, which add up over rows.
+ROW_METHODS = frozenset({"cpu", "detach", "numpy", "tolist", "float", "long", "int", "clone", "to", "view", "reshape", "flatten", "squeeze",
+                         "sigmoid"})
+ROW_METHODS_ALONG_A_DIM = frozenset({"argmax", "softmax", "log_softmax"})
+ROW_SUMS = frozenset({"sum", "count_nonzero", "numel"})  # `(preds == y).sum()`: a sum over every row
 
 
 @per_anatomy

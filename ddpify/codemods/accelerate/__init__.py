@@ -9,6 +9,7 @@ random_split on every process) written with the Accelerator's calls.
 
 from ddpify.codemods.accelerate.backward import AcceleratorBackward
 from ddpify.codemods.accelerate.devices import AcceleratorDevice
+from ddpify.codemods.accelerate.evaluation import AcceleratorEvaluation
 from ddpify.codemods.accelerate.gradients import AcceleratorNoSync, AcceleratorSumLoss
 from ddpify.codemods.accelerate.library import ModuleWithoutAccelerator
 from ddpify.codemods.accelerate.module_access import UnwrapModelAccess
@@ -22,7 +23,7 @@ from ddpify.codemods.ddp.wrap import RemoveDataParallel
 
 ACCELERATE_TRANSFORMS = (
     AcceleratorSetup, AcceleratorDevice, RemoveDataParallel, PrepareForAccelerator, AcceleratorOwnedOptimizers, UnwrapModelAccess, SameSplitOnEveryRank,
-    AcceleratorRows, AcceleratorBatchDraws, AcceleratorEnvironments, AcceleratorRankZero, AcceleratorNoSync, AcceleratorSumLoss, AcceleratorBackward,
+    AcceleratorRows, AcceleratorBatchDraws, AcceleratorEnvironments, AcceleratorEvaluation, AcceleratorRankZero, AcceleratorNoSync, AcceleratorSumLoss, AcceleratorBackward,
 )
 # A module the entry imports: no Accelerator of its own (ddpify.codemods.accelerate.library).
 ACCELERATE_LIBRARY_TRANSFORMS = tuple(t for t in ACCELERATE_TRANSFORMS if t is not AcceleratorSetup) + (ModuleWithoutAccelerator,)
