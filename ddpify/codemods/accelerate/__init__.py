@@ -3,8 +3,9 @@
 One Accelerator after the imports (process group, device, the script's mixed precision), the
 device it picks, `accelerator.prepare` for the trained models, their optimizers and the training
 loaders, `accelerator.backward`, `accelerator.unwrap_model` for a prepared model's own methods and
-state, and the DDP target's judgements (rank-0 output, accumulation, summed losses, the same
-random_split on every process) written with the Accelerator's calls.
+state, evaluation rows gathered with `gather_for_metrics`, accumulation under `accelerator.accumulate`
+where exact, and the DDP target's judgements (rank-0 output, summed losses, the same random_split on
+every process, data no loader deals made each process's own) written with the Accelerator's calls.
 """
 
 from ddpify.codemods.accelerate.backward import AcceleratorBackward

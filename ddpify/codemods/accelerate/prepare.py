@@ -6,7 +6,7 @@ process's share of the batches, on its device. The models are found and readied 
 finds them (ddpify.codemods.ddp.wrap: SyncBatchNorm on GPUs, each model of a dict or list); the
 objects a block builds are prepared together, right after the last of them is built (a model once
 it is on its device): `model, optimizer, loader = accelerator.prepare(model, optimizer, loader)`.
-Evaluation loaders stay whole (every process evaluates the whole set, as the original), and
+Evaluation loaders are evaluation.py's to prepare (where their rows can be gathered), and
 schedulers stay as they are: a prepared scheduler steps once per process on every optimizer step,
 which changes the script's schedule.
 """
