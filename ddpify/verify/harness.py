@@ -334,6 +334,18 @@ def capture_backward(recorder: Recorder) -> None:
     torch.amp.GradScaler.scale = remembered_scale
 
 
+def track_optimizers(recorder: Recorder) -> None:
+    """Tell the recorder of every optimizer built (each subclass's __init__ calls Optimizer's)."""
+    init = torch.optim.Optimizer.__init__
+
+    @functools.wraps(init)
+    def tracked(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        recorder.on_optimizer(self)
+
+    torch.optim.Optimizer.__init__ = tracked
+
+
 def capture_manual_updates(recorder: Recorder) -> None:
     """Count `Module.zero_grad()` after an un-stepped backward as a step (updates written by hand)."""
     zero_grad = torch.nn.Module.zero_grad
@@ -404,6 +416,7 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
     watch_reduced_precision(recorder)
     watch_training_randomness(recorder)
     capture_backward(recorder)
+    track_optimizers(recorder)
     register_optimizer_step_pre_hook(recorder.before_step)
     capture_manual_updates(recorder)
     register_optimizer_step_post_hook(recorder.on_step)
