@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.distributed.every_rank_work import calls_collective, hands_wrapper_to_work, is_collective, joins_by_itself
+from ddpify.anatomy.distributed.every_rank_work import calls_collective, is_collective, joins_by_itself, may_run_wrapper_forward
 from ddpify.anatomy.distributed.ranks import conditions_on, is_rank_test
 from ddpify.anatomy.distributed.wrappers import wrap_calls
 from ddpify.anatomy import syntax
@@ -18,8 +18,9 @@ class WorkUnderRankCondition(Rule, code="DDP020", name="work-under-rank-conditio
     Flags a call that only some ranks make (under `if rank == 0:`, after `dist.get_rank() == 0 and`,
     after an early `return` of the other ranks) and that joins the other ranks without saying so:
     one that trains (`loss.backward()`, `optimizer.step()`, or a function of this file that does),
-    or one that is handed the DDP wrapper and may run its forward (`print(evaluate(model, loader))`
-    where `evaluate` calls `model(x)`, a library function given the wrapper). The collectives
+    or one that may run the DDP wrapper's forward, handed it or reading it itself
+    (`print(evaluate(model, loader))` where `evaluate` calls `model(x)`, `print(predict(x))` where
+    `predict` calls the global `model`, a library function given the wrapper). The collectives
     themselves and a forward written under the rank test are DDP002's.
 
     Hugging Face Accelerate scripts are checked too: `accelerator.backward(loss)` trains, and the
@@ -78,8 +79,8 @@ def _hidden_work(a, call: ast.Call) -> str | None:
         return None
     if joins_by_itself(a, call) and not _before_every_wrap(a, call):
         return "trains (DDP's backward all-reduces the gradients, a collective every rank must join)"
-    if hands_wrapper_to_work(a, call):
-        return "is handed the DDP wrapper, whose forward broadcasts buffers to every rank"
+    if may_run_wrapper_forward(a, call):
+        return "may run the DDP wrapper's forward, which broadcasts buffers to every rank"
     return None
 
 
@@ -157,5 +158,8 @@ WorkUnderRankCondition.INVALID = (
     Invalid(_HEAD + "if rank == 0:\n    print(f'acc {evaluate(model, batches):.4f}')\n", line=26),
     Invalid(_HEAD + "if dist.get_rank() == 0 and evaluate(model, batches) > 0:\n    print('positive')\n", line=25),
     Invalid(_HEAD + "for x in batches:\n    if rank == 0:\n        train_step(x)\n", line=27),
+    # a function that calls the wrapper it reads as a global, on every rank too
+    Invalid(_HEAD + "def predict(x):\n    return model(x)\n\n\nout = predict(batches[0])\nif rank == 0:\n    print(predict(batches[1]))\n",
+            line=31),
     Invalid(_HEAD + "from torchinfo import summary\nif rank == 0:\n    summary(model, input_size=(8, 4))\n", line=27),
 )

@@ -111,7 +111,8 @@ RANK_ZERO_MODULE = textwrap.dedent("""\
     print("translated:", translate(torch.ones(2, 8)))
     """), "    ")
 
-# A function that training calls too, and a print: its forward stays the wrapper's, whose gradients are averaged.
+# A function that training calls too, and a print: its forward stays the wrapper's, whose gradients are
+# averaged, so every rank computes the print's call (tests/test_rank_zero_wrapper_reach.py runs such scripts).
 TRAINING_AND_PRINT = textwrap.dedent("""\
     import torch
     import torch.nn as nn
@@ -181,10 +182,10 @@ def test_functions_only_rank_zero_prints_call_run_the_plain_global_model(tmp_pat
     assert "report: 3 predictions of 2 classes\ntranslated: 4\n" in stdout
 
 
-def test_a_function_training_calls_too_keeps_the_wrapper():
+def test_a_function_training_calls_too_keeps_the_wrapper_and_every_rank_runs_the_print_s_call():
     output = convert_source(TRAINING_AND_PRINT, "ddp").output
     assert "def logits(x):\n    return model(x)\n" in output
-    assert "print(logits(x).shape)" in output
+    assert "        logits_result = logits(x)\n        if RANK == 0:\n            print(logits_result.shape)\n" in output
 
 
 def test_a_function_whose_global_model_is_plain_on_some_paths_is_left_to_the_user():

@@ -26,6 +26,7 @@ from ddpify.anatomy.vocabulary import (
     INFO_LOG_METHODS,
     LOG_METHODS,
     OPEN_CALLS,
+    opens_for_writing,
     PRINT,
     TORCH_SAVE,
     TQDM_CONSTRUCTORS,
@@ -34,6 +35,7 @@ from ddpify.anatomy.vocabulary import (
     WANDB_MEDIA,
     WRITER_CONSTRUCTORS,
 )
+from ddpify.anatomy.cache import per_anatomy
 
 if TYPE_CHECKING:
     from ddpify.anatomy import Anatomy
@@ -116,3 +118,14 @@ def is_output_call(a: Anatomy, call: ast.Call) -> bool:
     level, a file opened (opened on every rank, a file for writing would be truncated by each)."""
     return (output_kind(a, call) is not None or made_on_main_process(a, call) or log_level(a, call) is not None
             or a.qualname(call.func) in OPEN_CALLS)
+
+
+@per_anatomy
+def output_statements(a: Anatomy) -> list[ast.stmt]:
+    """The statements that are output: a print, log or save (`output_kind`), and `with open(..., "w")` blocks."""
+    return [n for n in a.nodes if (isinstance(n, ast.Expr) and output_kind(a, n.value)) or writes_file_in_block(a, n)]
+
+
+def writes_file_in_block(a: Anatomy, stmt: ast.AST) -> bool:
+    """`with open(path, "w") as f:`."""
+    return isinstance(stmt, (ast.With, ast.AsyncWith)) and any(opens_for_writing(a, i.context_expr) for i in stmt.items)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import re
 from collections import defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Iterator
 
@@ -33,6 +33,7 @@ class Function:
     scope: str
     cls: str | None
     locals: set[str]
+    declared_global: set[str] = field(default_factory=set)  # its `global` statements' names
 
     @property
     def params(self) -> list[str]:
@@ -90,15 +91,25 @@ class ScriptTree:
         """The variable an expression reads: `x` (local or global) or `self.x`."""
         scope = self.scope_of.get(expr, MODULE_SCOPE) if scope is None else scope
         if isinstance(expr, ast.Name):
-            fn = self.functions.get(scope)
-            if fn is not None and expr.id in fn.locals:
-                return Ref(scope, expr.id)
-            return Ref(MODULE_SCOPE, expr.id)
+            return Ref(self._binding_scope(expr.id, scope), expr.id)
         if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
             cls = self.class_of_scope.get(scope)
             if cls:
                 return Ref(cls, f"self.{expr.attr}")
         return None
+
+    def _binding_scope(self, name: str, scope: str) -> str:
+        """The function whose local `name` is, read in `scope`: that function, or the innermost
+        enclosing one that binds it (a closure reads `model` of the function it is defined in;
+        a class body in between binds nothing for it); else the module."""
+        while scope != MODULE_SCOPE:
+            fn = self.functions.get(scope)
+            if fn is not None and name in fn.locals:
+                return scope
+            if fn is not None and name in fn.declared_global:
+                return MODULE_SCOPE
+            scope = scope.rpartition(".")[0] or MODULE_SCOPE
+        return MODULE_SCOPE
 
     # ----- blocks and the statements around a node ------------------------------------------
     def block_of(self, stmt: ast.stmt) -> list[ast.stmt]:
@@ -232,6 +243,8 @@ class _Structure:
                 fn.locals.add(node.id)
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             self.declared_global[scope].update(node.names)
+            if isinstance(node, ast.Global):
+                fn.declared_global.update(node.names)
         elif isinstance(node, _SCOPES):
             fn.locals.add(node.name)
 

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 # ----- wrappers ----------------------------------------------------------------------------------
 DDP_WRAPPER = "torch.nn.parallel.DistributedDataParallel"
+FORWARD = "forward"  # `model.forward(x)`: the module's (or its wrapper's) forward, as `model(x)` runs it
 DP_WRAPPER = "torch.nn.parallel.DataParallel"
 LEGACY_FSDP = "torch.distributed.fsdp.FullyShardedDataParallel"
 # Modules that wrap a model and run its forward when called.

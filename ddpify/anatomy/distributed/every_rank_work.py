@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.tree import walk_body
@@ -17,11 +17,12 @@ from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.distributed.accelerate import accelerator_method, is_prepared_model
 from ddpify.anatomy.distributed.fsdp import after_shard, is_sharded_model, sharded_origins
 from ddpify.anatomy.distributed.names import COLLECTIVES
-from ddpify.anatomy.distributed.wrappers import is_wrapper, may_become_wrapper
+from ddpify.anatomy.distributed.ranks import only_called_from, rank_guarded
+from ddpify.anatomy.distributed.wrappers import is_wrapper, may_become_wrapper, unwrapping_function
 from ddpify.anatomy.sites import CallSite
-from ddpify.anatomy.output import is_output_call
-from ddpify.anatomy.syntax import ancestors, argument, contains
-from ddpify.anatomy.vocabulary import ACCELERATOR_COLLECTIVES, ACCELERATOR_UNWRAP, is_pure_call
+from ddpify.anatomy.output import is_output_call, output_statements
+from ddpify.anatomy.syntax import ancestors, argument, contains, enclosing_function
+from ddpify.anatomy.vocabulary import ACCELERATOR_COLLECTIVES, ACCELERATOR_UNWRAP, FORWARD, is_pure_call
 
 
 @per_anatomy
@@ -81,10 +82,11 @@ def must_run_on_every_rank(a: Anatomy, call: ast.Call) -> bool:
     """Inside output that rank 0 alone will make (a print's f-string, a log's or a save's
     arguments): must this call run on every rank instead? Yes when it trains or calls a
     collective (itself, or through a function of this project), and when what it does is not
-    known: a library's function, a method that is not a known read. No for pure formatting and
+    known: a library's function, a method that is not a known read; and when it runs the DDP wrapper's
+    forward where that can't be unwrapped (`keeps_wrapper_forward`). No for pure formatting and
     reads (`_only_reads`), output calls, this file's functions that join nothing,
     and calls on a model (rank-0 code calls the module inside the wrapper)."""
-    if joins_by_itself(a, call) or runs_sharded_model(a, call):
+    if joins_by_itself(a, call) or runs_sharded_model(a, call) or keeps_wrapper_forward(a, call):
         return True
     if _only_reads(a, call) or is_output_call(a, call) or a.callee(call) is not None or calls_model(a, call):
         return False
@@ -180,17 +182,72 @@ def runs_sharded_model(a: Anatomy, call: ast.Call) -> bool:
         for i, p in enumerate(a.functions[callee].params) if (arg := argument(call, i, p)) is not None)
 
 
-def hands_wrapper_to_work(a: Anatomy, call: ast.Call) -> bool:
+def may_run_wrapper_forward(a: Anatomy, call: ast.Call) -> bool:
     """`evaluate(model, loader)` with `model` the DDP wrapper: the callee may run the wrapper's
     forward, which broadcasts buffers to every rank. This file's function when it calls that
-    parameter; another function unless it only formats, reads or writes output."""
+    parameter, or a wrapper it reads itself where every rank may run it too (`logits(x)` calling
+    the global `model`, also in training; a forward only rank-guarded code runs is reported there,
+    DDP002), through any depth of calls; another function when it is handed the wrapper, unless it
+    only formats, reads or writes output."""
     if _only_reads(a, call) or is_output_call(a, call) or calls_model(a, call):
         return False
     callee = a.callee(call)
     if callee is None:
         return any(_is_wrapper_value(a, arg) for arg in (*call.args, *(k.value for k in call.keywords)))
     return any(_is_wrapper_value(a, argument(call, i, p)) and _calls_parameter(a, callee, p)
-               for i, p in enumerate(a.functions[callee].params))
+               for i, p in enumerate(a.functions[callee].params)) or a.function_contains(
+        callee, lambda n: runs_wrapper_it_reads(a, n) and not rank_guarded(a, n))
+
+
+def keeps_wrapper_forward(a: Anatomy, call: ast.Call) -> bool:
+    """A call of this file's function that runs the DDP wrapper's forward (itself, or in a function
+    it calls) in a function that reads the wrapper itself and that code every rank runs calls too
+    (`logits(x)` of the training step, then `print(logits(x).shape)`): that function keeps the
+    wrapper, so the call can't run on rank 0 alone."""
+    callee = a.callee(call)
+    every_rank = _called_outside_output(a)
+    return callee is not None and a.function_contains(
+        callee, lambda n: runs_wrapper_it_reads(a, n) and enclosing_function(a, n) in every_rank)
+
+
+def runs_wrapper_it_reads(a: Anatomy, node: ast.AST) -> bool:
+    """`model(x)` on the DDP wrapper, read where the function finds it (a global, the enclosing
+    function's variable, `self.model`), not a parameter its callers hand it."""
+    wrapper = wrapper_called(a, node)
+    if wrapper is None:
+        return False
+    ref, fn = a.ref(wrapper), a.functions.get(enclosing_function(a, node))
+    return ref is not None and not (fn is not None and ref.scope == fn.scope and ref.name in fn.params)
+
+
+def wrapper_called(a: Anatomy, node: ast.AST) -> ast.expr | None:
+    """The DDP wrapper whose forward the call `node` runs: `model(x)`, `model.forward(x)`."""
+    func = node.func if isinstance(node, ast.Call) else None
+    if isinstance(func, ast.Attribute) and func.attr == FORWARD and not is_wrapper(a, func):
+        func = func.value
+    return func if isinstance(func, (ast.Name, ast.Attribute)) and is_wrapper(a, func) else None
+
+
+@per_anatomy
+def _called_outside_output(a: Anatomy) -> set[str]:
+    """The local functions that code outside output statements runs on every rank (the training
+    step's `logits(x)`), or whose callers can't be followed."""
+    in_output = {n for stmt in output_statements(a) for n in ast.walk(stmt)}
+    return set(a.functions) - only_called_from(a, in_output)
+
+
+def wrappers_run(a: Anatomy, nodes: Iterable[ast.AST]) -> Iterator[ast.expr]:
+    """The DDP wrappers that code made of `nodes` runs work through: called (`model(x)`,
+    `model.forward(x)`), or handed to a local function (not one that unwraps it, as `plain_model` does)."""
+    for node in nodes:
+        if not isinstance(node, ast.Call):
+            continue
+        if (wrapper := wrapper_called(a, node)) is not None:
+            yield wrapper
+        elif (callee := a.callee(node)) and not unwrapping_function(a, callee):
+            for arg in [*node.args, *(kw.value for kw in node.keywords)]:
+                if isinstance(arg, (ast.Name, ast.Attribute)) and is_wrapper(a, arg):
+                    yield arg
 
 
 def _only_reads(a: Anatomy, call: ast.Call) -> bool:
@@ -251,10 +308,10 @@ def judged_alike_once_made(a: Anatomy, stmt: ast.stmt, pending: PendingEdits) ->
     """Would the every-rank judgements of `stmt` (joins_every_rank, values_to_compute_first, is_wrapper
     and is_sharded_model of what it calls or hands on) be the same on the code `pending` produces?
     Conservatively: yes where the edits touch nothing in it or in a local function it calls (they may
-    add a collective there: the evaluation's `all_reduce_sums`), where it reads no model (the wrap or
-    the shard may make it a wrapper or a sharded model), and where an edit of the statement itself is
+    add a collective there: the evaluation's `all_reduce_sums`), where neither it nor a local function
+    it calls reads a model (the wrap or the shard may make it a wrapper or a sharded model), and where an edit of the statement itself is
     a rewrite in place of an output whose every call only reads (the names it reads may change)."""
-    if any(isinstance(n, ast.expr) and may_become_wrapper(a, n) for n in ast.walk(stmt)):
+    if a.body_contains([stmt], lambda n: isinstance(n, ast.expr) and may_become_wrapper(a, n)):
         return False
     if stmt in pending.statements or _holds_rewritten_expression(stmt, pending):
         if not _only_reads_once_rewritten(a, stmt, pending):

@@ -185,6 +185,18 @@ def rank_guarded(a: Anatomy, node: ast.AST, _seen: frozenset[str] = frozenset())
     return bool(calls) and all(rank_guarded(a, c, _seen | {scope}) for c in calls)
 
 
+def only_called_from(a: Anatomy, calls: set[ast.AST]) -> set[str]:
+    """The local functions each of whose calls is one of `calls`, under a rank test, or in another
+    such function (which may be itself): what runs only where those calls run, or on some ranks."""
+    found = {scope for scope in a.functions if callers(a, scope)}
+    while True:
+        called_elsewhere = {scope for scope in found if not all(
+            call in calls or enclosing_function(a, call) in found or rank_guarded(a, call) for call in callers(a, scope))}
+        if not called_elsewhere:
+            return found
+        found -= called_elsewhere
+
+
 @per_anatomy
 def spawn_workers(a: Anatomy) -> set[str]:
     """Functions handed to `mp.spawn(fn, ...)`."""

@@ -27,19 +27,23 @@ done is left on every rank (with advice) rather than guarded into a deadlock.
 from __future__ import annotations
 
 import ast
-from typing import Iterable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import libcst as cst
 
 from ddpify.anatomy import MODULE_SCOPE, ROLE_WRITER, CallSite
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.tree import walk_body
-from ddpify.anatomy.distributed.every_rank_work import judged_alike_once_made, joins_every_rank, values_to_compute_first
-from ddpify.anatomy.distributed.ranks import rank_guarded, runs_on_every_rank
-from ddpify.anatomy.output import PROGRESS_BAR, WRITER, output_kind, rank_zero_object
-from ddpify.anatomy.distributed.reaching import callers, calls_running, reaching_values
-from ddpify.anatomy.syntax import enclosing_function
-from ddpify.anatomy.distributed.wrappers import is_wrapper, unwrapping_function, wrapper_or_plain
+from ddpify.anatomy.distributed.every_rank_work import (
+    judged_alike_once_made,
+    joins_every_rank,
+    values_to_compute_first,
+    wrappers_run,
+)
+from ddpify.anatomy.distributed.ranks import only_called_from, rank_guarded, runs_on_every_rank
+from ddpify.anatomy.output import PROGRESS_BAR, WRITER, output_kind, output_statements, rank_zero_object, writes_file_in_block
+from ddpify.anatomy.distributed.reaching import calls_running, reaching_values
+from ddpify.anatomy.distributed.wrappers import wrapper_or_plain
 from ddpify.anatomy.vocabulary import (
     DIRECTORY_CREATORS,
     TORCH_LOAD,
@@ -193,7 +197,7 @@ class RankZeroDuties(Transform):
         return self._writes_file_in_block(stmt) and not self._needs_every_rank(stmt)
 
     def _writes_file_in_block(self, stmt: ast.AST) -> bool:
-        return _writes_file_in_block(self.anatomy, stmt)
+        return writes_file_in_block(self.anatomy, stmt)
 
     def _needs_every_rank(self, stmt: ast.stmt) -> bool:
         """Does the statement train or call a collective, or compute in an output's arguments what
@@ -204,7 +208,7 @@ class RankZeroDuties(Transform):
     def _unwrap_for_rank_zero(self, stmt: ast.stmt, keep: Sequence[ast.expr] = ()) -> None:
         """Rank-0-only code calls the plain model: the DDP wrapper's forward syncs with every rank.
         The values in `keep` run on every rank: they keep the wrapper."""
-        for wrapper in _wrappers_run(self.anatomy, _walk_outside(stmt, keep)):
+        for wrapper in wrappers_run(self.anatomy, _walk_outside(stmt, keep)):
             self._use_module(wrapper)
 
     def _unwrap_in_rank_zero_functions(self) -> None:
@@ -215,7 +219,7 @@ class RankZeroDuties(Transform):
         a = self.anatomy
         functions = [a.functions[scope].node for scope in rank_zero_functions(a)]
         self._judged.extend(functions)
-        for wrapper in _wrappers_run(a, (n for fn in functions for n in walk_body(fn.body))):
+        for wrapper in wrappers_run(a, (n for fn in functions for n in walk_body(fn.body))):
             if wrapper not in self._unwrapped and not handed_plain(a, wrapper) and not wrapper_or_plain(a, wrapper):
                 self._use_module(wrapper)
 
@@ -357,29 +361,15 @@ def _hoist_found(stmt: cst.BaseStatement, hoisted: list[ast.expr], names: list[s
     return hoisted_then_guarded(stmt, [(values[value], name) for value, name in zip(hoisted, names)], condition)
 
 
-def _wrappers_run(a, nodes: Iterable[ast.AST]) -> Iterator[ast.expr]:
-    """The DDP wrappers that code made of `nodes` runs work through: called, or handed to a local
-    function (not one that unwraps it, as `plain_model` does)."""
-    for node in nodes:
-        if not isinstance(node, ast.Call):
-            continue
-        if isinstance(node.func, (ast.Name, ast.Attribute)) and is_wrapper(a, node.func):
-            yield node.func
-        elif (callee := a.callee(node)) and not unwrapping_function(a, callee):
-            for arg in [*node.args, *(kw.value for kw in node.keywords)]:
-                if isinstance(arg, (ast.Name, ast.Attribute)) and is_wrapper(a, arg):
-                    yield arg
-
-
 @per_anatomy
 def handed_plain_on_rank_zero(a) -> set[ast.expr]:
     """The wrappers that rank-0-only code hands to a local function (`print(describe(model))`, or
     `describe(model)` in a function that only such code calls): it is handed `wrapper.module` instead,
     so that function's parameter may hold the plain model. Judged before planning: an argument
     computed first on every rank, which keeps the wrapper, counts too."""
-    outputs = [n for stmt in _outputs(a) for n in ast.walk(stmt)]
+    outputs = [n for stmt in output_statements(a) for n in ast.walk(stmt)]
     bodies = [n for scope in rank_zero_functions(a) for n in walk_body(a.functions[scope].node.body)]
-    return set(_wrappers_run(a, outputs + bodies))
+    return set(wrappers_run(a, outputs + bodies))
 
 
 def handed_plain(a, read: ast.expr) -> bool:
@@ -401,19 +391,7 @@ def rank_zero_functions(a) -> set[str]:
     """The local functions that rank 0 alone runs once output is guarded (`translate` of
     `print('man ->', translate('man'))`): each call of them sits in rank-0-only output, under a rank
     test, or in another such function (which may be itself)."""
-    in_output = {n for stmt in _outputs(a) for n in _rank_zero_part(a, stmt) if isinstance(n, ast.Call)}
-    found = {scope for scope in a.functions if callers(a, scope)}
-    while True:
-        called_elsewhere = {scope for scope in found if not all(
-            call in in_output or enclosing_function(a, call) in found or rank_guarded(a, call) for call in callers(a, scope))}
-        if not called_elsewhere:
-            return found
-        found -= called_elsewhere
-
-
-def _outputs(a) -> list[ast.stmt]:
-    """The output statements: a print, log or save (`output_kind`), and `with open(..., "w")` blocks."""
-    return [n for n in a.nodes if (isinstance(n, ast.Expr) and output_kind(a, n.value)) or _writes_file_in_block(a, n)]
+    return only_called_from(a, {n for stmt in output_statements(a) for n in _rank_zero_part(a, stmt) if isinstance(n, ast.Call)})
 
 
 def _rank_zero_part(a, stmt: ast.stmt) -> list[ast.AST]:
@@ -426,10 +404,6 @@ def _rank_zero_part(a, stmt: ast.stmt) -> list[ast.AST]:
         hoisted, reason = values_to_compute_first(a, stmt)
         return [] if reason else list(_walk_outside(stmt, hoisted))
     return [] if joins_every_rank(a, [stmt]) else list(ast.walk(stmt))
-
-
-def _writes_file_in_block(a, stmt: ast.AST) -> bool:
-    return isinstance(stmt, (ast.With, ast.AsyncWith)) and any(opens_for_writing(a, i.context_expr) for i in stmt.items)
 
 
 def _walk_outside(root: ast.AST, skipped: Sequence[ast.AST]) -> Iterator[ast.AST]:
