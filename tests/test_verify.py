@@ -386,12 +386,13 @@ def test_random_augmentation_in_getitem_is_seeded_per_sample():
 
 
 def test_a_batch_size_written_into_a_shape_breaks_the_re_cut_reference_and_says_so_in_one_line():
-    """`x.reshape(batch_size, -1)` cannot take the reference's 2 ranks x batch: verify names that, not a traceback."""
-    code, result = verify_json("hardcoded_batch.py", "--to", "ddp", "--steps", "2")
+    """`x.reshape(8, -1)` cannot take the reference's 2 ranks x batch, and verify cannot set a literal:
+    it names that, not a traceback (a batch size it can set: tests/test_verify_global_batch.py)."""
+    code, result = verify_json("literal_batch.py", "--to", "ddp", "--steps", "2")
     assert (code, result["verdict"]) == (2, "error")
     assert result["message"].startswith("could not run: the reference failed on the batches verify re-cut for it "
-                                        "(2 ranks x batch 8 = 16 samples a step from the loader at hardcoded_batch.py:14), "
-                                        "where no rank failed, at hardcoded_batch.py:20 `loss = ")
+                                        "(2 ranks x batch 8 = 16 samples a step from the loader at literal_batch.py:14), "
+                                        "where no rank failed, at literal_batch.py:20 `loss = ")
     assert "\n" not in result["message"] and "write it from the batch (x.size(0))" in result["message"]
 
 

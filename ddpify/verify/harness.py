@@ -41,7 +41,7 @@ from ddpify.anatomy.distributed.names import NUMPY_NON_DRAWS
 from ddpify.anatomy.vocabulary import MODEL_WRAPPERS, RANDOM_DRAWS
 from ddpify.verify.alignment import PassClock, align_training_loaders, clock_passes_at_start
 from ddpify.verify.dataparallel import simulate_data_parallel
-from ddpify.verify.plan import CANDIDATE, PACKAGE_ROOT, REFERENCE, WRAPPER_FLAG, Plan, Run
+from ddpify.verify.plan import CANDIDATE, PACKAGE_ROOT, REFERENCE, WRAPPER_FLAG, Plan, Run, ScriptBatch
 from ddpify.verify.rank_batchnorm import normalize_batchnorm_per_rank
 from ddpify.verify.recorder import Recorder
 from ddpify.verify.wrap_order import watch_moves_after_wrap
@@ -397,13 +397,15 @@ def redirect_output(path: str) -> None:
     os.close(fd)
 
 
-def run_script(run: Run, args: tuple[str, ...]) -> None:
-    """Run the script as `__main__` the way `python script.py args` would, typed where it runs."""
+def run_script(run: Run, args: tuple[str, ...], batch: ScriptBatch | None = None, world: int = 1) -> None:
+    """Run the script as `__main__` the way `python script.py args` would, typed where it runs; with
+    `batch`, its batch set to `world` times the script's where the script sets it (see ScriptBatch)."""
     typed = run.argv0 or run.script  # relative to the working directory, which mirrors the user's
-    sys.argv = [typed, *args]
+    sys.argv = [typed, *(batch.argv(args, world) if batch else args)]
     sys.path[0] = run.import_dir
     with io.open_code(run.script) as f:  # frames name the real file (hang reports find it); argv[0] stays as typed
-        code = compile(f.read(), run.script, "exec")
+        text = f.read()
+    code = compile(batch.source(text.decode(), world) if batch else text, run.script, "exec")
     runpy._run_module_code(code, None, "__main__", script_name=typed)
 
 
@@ -430,7 +432,8 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
         epoch_loops: dict = {}
         for line, *loop in plan.reference_epoch_loops:
             epoch_loops.setdefault((script, line), []).append(tuple(loop))
-        align_training_loaders(plan.nproc, plan.batch_mode, static_sites, recorder, epoch_loops, accelerate=plan.target == "accelerate")
+        batch_mode = "global" if plan.global_batch else plan.batch_mode  # the script's batch made N ranks' own
+        align_training_loaders(plan.nproc, batch_mode, static_sites, recorder, epoch_loops, accelerate=plan.target == "accelerate")
     if role == CANDIDATE:
         watch_wrapper_forwards(recorder, fsdp=plan.target == "fsdp")
         watch_moves_after_wrap(recorder.flag)
@@ -474,7 +477,7 @@ def run_role(plan: Plan, role: str):
     recorder = Recorder(plan.file("record", role, rank), plan.steps)
     install_hooks(plan, role, recorder)
     try:
-        run_script(run, plan.script_args)
+        run_script(run, plan.script_args, plan.script_batch if role == REFERENCE and plan.global_batch else None, plan.nproc)
     except SystemExit as exit_:
         if exit_.code not in (None, 0):
             _fail(plan.file("error", role, rank), recorder)

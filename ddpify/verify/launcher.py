@@ -208,6 +208,29 @@ def recut_failure(plan: Plan) -> str | None:
             f"from the batch (x.size(0)) for verify to compare this script")
 
 
+def with_global_batch(plan: Plan, runs: list) -> tuple[Plan, str | None]:
+    """Where the reference failed on the batch verify re-cut for it (N ranks x the script's batch, see
+    recut_failure) and the script sets its batch where verify can (plan.ScriptBatch), run the reference
+    again with N times the script's batch written there, re-cut as N ranks x the script's (its `runs[0]`
+    replaced): a shape written with the batch size then takes it. The plan it ran under, and a note."""
+    if plan.script_batch is None or plan.batch_mode != "per-gpu" or not recut_failure(plan):
+        return plan, None
+    failed = exception_line_in(plan.file("error", REFERENCE, 0))
+    plan = replace(plan, global_batch=True)
+    plan.save()
+    for kind in ("error", "record", "stack", "log"):
+        if os.path.exists(plan.file(kind, REFERENCE, 0)):
+            os.remove(plan.file(kind, REFERENCE, 0))
+    deadline = time.time() + plan.timeout
+    os.environ[harness.DEADLINE_ENV] = repr(deadline)
+    runs[0] = fork_role(plan, REFERENCE, {})
+    wait_for(runs[:1], deadline)
+    batch = plan.script_batch
+    return plan, (f"the reference failed on the batch verify re-cut for it ({plan.nproc} ranks x {batch.value}: {failed}); "
+                  f"it ran again with the global batch set where the script sets it, {batch.where} made "
+                  f"{plan.nproc * batch.value}, each step re-cut as {plan.nproc} ranks x {batch.value}")
+
+
 def result_of(plan: Plan, killed: dict[tuple[str, int], int]) -> dict:
     """The verdict dict for result.json (`killed`: see signalled)."""
     problem, hangs = failure_message(plan, killed)
@@ -269,7 +292,9 @@ def main() -> None:
         os.environ[harness.DEADLINE_ENV] = repr(deadline)
         runs, _store = start_runs(plan, plan_path)  # the store serves until this process exits
         wait_for(runs, deadline)
+        plan, retried = with_global_batch(plan, runs)
         result = result_of(plan, signalled(plan, runs))
+        result["notes"][:0] = [retried] if retried else []
     describe_dataparallel(plan, result)
     with open(plan.result_path, "w") as f:
         json.dump(result, f, indent=1)

@@ -40,6 +40,42 @@ class Run:
 
 
 @dataclass(frozen=True)
+class ScriptBatch:
+    """Where the script sets its training batch, as verify can set it for the reference: a module-level
+    constant (`batch_size = 100`: its literal's line and columns) or an argparse option (`--batch_size`).
+    A script that writes its batch into a shape (`x.reshape(batch_size, -1)`) takes no re-cut batch of
+    N ranks x batch; written in where the script sets it, the global batch reaches the shape too."""
+
+    where: str  # how the report names it: `batch_size = 100` at main.py:17, `--batch_size` (train.py:30)
+    value: int  # the script's batch
+    line: int = 0  # the constant's line and its literal's columns (0: an option)
+    col: int = 0
+    end_col: int = 0
+    option: str = ""  # the option's string, where it is an option
+
+    def source(self, text: str, world: int) -> str:
+        """The script's source with the constant's literal made `world` times larger."""
+        if not self.line:
+            return text
+        lines = text.splitlines(keepends=True)
+        code = lines[self.line - 1].encode()
+        lines[self.line - 1] = (code[:self.col] + str(self.value * world).encode() + code[self.end_col:]).decode()
+        return "".join(lines)
+
+    def argv(self, args: tuple[str, ...], world: int) -> tuple[str, ...]:
+        """The script's arguments with the option set to `world` times the batch (added where absent)."""
+        if not self.option:
+            return args
+        wider = str(self.value * world)
+        for i, arg in enumerate(args):
+            if arg == self.option and i + 1 < len(args):
+                return (*args[:i + 1], wider, *args[i + 2:])
+            if arg.startswith(self.option + "="):
+                return (*args[:i], f"{self.option}={wider}", *args[i + 1:])
+        return (*args, self.option, wider)
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything the launcher and the harness need to know about one verify pair."""
 
@@ -73,6 +109,10 @@ class Plan:
     # The user's folder that each side mirrors (the working directory or the project root above it):
     # absolute PYTHONPATH entries inside it are followed into the side's mirror.
     home: str = ""
+    # Where the reference can be given the global batch, should it fail on the re-cut one (see ScriptBatch),
+    # and whether this run of the reference is the one that does so.
+    script_batch: ScriptBatch | None = None
+    global_batch: bool = False
 
     def change_at(self, file: str, line: int) -> str | None:
         """The converter's change that wrote `line` of the candidate's `file`, when its report names one."""
@@ -143,4 +183,5 @@ class Plan:
         data["changes"] = tuple(tuple(change) for change in data["changes"])
         data["reference"] = Run(**data["reference"])
         data["candidate"] = Run(**data["candidate"])
+        data["script_batch"] = ScriptBatch(**data["script_batch"]) if data.get("script_batch") else None
         return cls(**data)

@@ -30,6 +30,7 @@ from ddpify.verify import reaper
 from ddpify.verify.reaper import adopting_orphans, kill_descendants
 from ddpify.verify.result import error_result
 from ddpify.verify.project_root import Root, given_root, project_root
+from ddpify.verify.script_batch import script_batch
 from ddpify.verify.workspace import mirror, relative_inside
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ def make_plan(request: Request, workspace: str, converted: dict[Path, Conversion
                 loss_rows_shared=_made_changes(converted, RowsOfEachRank.NAME),
                 plays_own_episodes=_made_changes(converted, EnvironmentsOfEachRank.NAME),
                 averages_by_hand=any(_made_changes(converted, t.NAME) for t in (AveragedOwnedOptimizers, HandAveragedGradients)),
-                home=str(root.folder))
+                home=str(root.folder), script_batch=script_batch(request.script, request.script_args) if request.batch_mode == "per-gpu" else None)
     notes = ([root.note] if root.note else []) + [note for side in sides.values() if (note := side.note())]
     return plan, list(dict.fromkeys(notes))
 
