@@ -15,7 +15,7 @@ imported already.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -50,6 +50,7 @@ class Record:
     initial: torch.Tensor | None = None
     backward_losses: list[list[float]] = field(default_factory=list)  # per step, every backward's loss
     draws: list[str] = field(default_factory=list)  # fingerprints of the random draws made while training
+    gradients: list[torch.Tensor] = field(default_factory=list)  # per step: the gradients it applied
 
     @classmethod
     def load(cls, path: str) -> Record:
@@ -189,6 +190,9 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
         caveat = ", but every rank trained on the same data (see notes)" if same_data else ""
         return {**result, "verdict": "equivalent", "diverged_at": None, "preconditions": [],
                 "message": _equivalent_message(rows, plan, statistical) + caveat}
+    amplified = None if statistical or found else amplified_noise(rows, reference, ranks[0])
+    if amplified is not None:
+        return _amplified_noise_result(plan, reference, ranks, rows, amplified, result)
     step, problems = divergence
     cause = (" (a precondition failed, see preconditions)" if found else
              " (the reference's batches were not re-cut to the ranks', see notes: verify cannot tell a wrong port "
@@ -197,6 +201,64 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
              f"sharded)" if same_data else "")
     message = f"diverged at step {step}{cause}: " + "; ".join(problems)
     return {**result, "verdict": "diverged", "diverged_at": step, "message": message}
+
+
+@dataclass(frozen=True)
+class AmplifiedNoise:
+    """A step whose gradients matched the reference's while its update did not, in elements whose gradient
+    is float noise only (see amplified_noise)."""
+
+    step: int
+    rel_gradient: float  # max|Δgrad| / max|reference's grad|
+    elements: int  # parameter elements that moved apart
+    noise: float  # the largest of their gradients, relative to the largest gradient
+
+
+def amplified_noise(rows: list[StepRow], reference: Record, candidate: Record) -> AmplifiedNoise | None:
+    """The first step whose parameters moved apart (max rel Δparam > EXACT_TOLERANCE), when every step before it
+    matched exactly, its loss did too, its gradients match the reference's within EXACT_TOLERANCE of the largest,
+    and every element that moved apart had a gradient within EXACT_TOLERANCE of zero (of the largest): float noise
+    (a bias just before a BatchNorm has a gradient of exactly zero in theory), which an adaptive optimizer turns
+    into a whole step (Adam's first step is lr * sign(grad)). A wrong conversion moves elements whose gradients
+    are real. None when there is no such step."""
+    moved = next((row for row in rows if row.max_rel_param is None or row.max_rel_param > EXACT_TOLERANCE), None)
+    if moved is None or moved.max_rel_param is None or len(reference.gradients) < moved.step or len(candidate.gradients) < moved.step:
+        return None
+    if any(row.problems for row in rows[:moved.step - 1]) or not moved.ranks_agree \
+            or (moved.rel_loss is not None and moved.rel_loss > EXACT_TOLERANCE):
+        return None
+    k = moved.step - 1
+    grads, rel_gradient = reference.gradients[k], relative_difference(candidate.gradients[k], reference.gradients[k])
+    apart = (candidate.params[k] - reference.params[k]).abs() > EXACT_TOLERANCE * max(float(reference.params[k].abs().max()), TINY)
+    largest = max(float(grads.abs().max()), TINY)
+    noise = float(grads[apart].abs().max()) / largest if apart.any() else 0.0
+    if rel_gradient > EXACT_TOLERANCE or noise > EXACT_TOLERANCE:
+        return None
+    return AmplifiedNoise(moved.step, rel_gradient, int(apart.sum()), noise)
+
+
+def _amplified_noise_result(plan: Plan, reference: Record, ranks: list[Record], rows: list[StepRow], noise: AmplifiedNoise,
+                            result: dict) -> dict:
+    """Exact up to `noise.step`'s gradients, statistical after: no later step can match exactly, whatever the port."""
+    later = [compare_step(k, reference, ranks, statistical=True) for k in range(noise.step, len(rows))]
+    rows = rows[:noise.step - 1] + [replace(rows[noise.step - 1], problems=[])] + later
+    what = (f"steps 1-{noise.step - 1} match exactly, and " if noise.step > 1 else "") + (
+        f"step {noise.step}'s gradients match the reference's (max rel Δgrad {noise.rel_gradient:.1e}, tolerance "
+        f"{EXACT_TOLERANCE:g}), but its update moved {noise.elements} parameter elements apart whose gradients are float "
+        f"noise (at most {noise.noise:.1e} of the largest; a bias just before a BatchNorm has none in theory), which the "
+        f"optimizer turned into whole steps (Adam's first is lr * sign(grad)), so no later step can match exactly")
+    result = {**result, "mode": "statistical", "steps": [asdict(row) for row in rows], "tolerances": tolerances(True),
+              "notes": [*result["notes"], f"{what}: from step {noise.step + 1} the runs are compared in statistical mode "
+                                          f"(losses within {STATISTICAL_LOSS_TOLERANCE:g}, ranks agree)"]}
+    counts = [len(reference.params), *(len(rank.params) for rank in ranks)]
+    divergence = first_divergence(rows, counts)
+    if divergence is None:
+        return {**result, "verdict": "equivalent", "diverged_at": None,
+                "message": f"equivalent (exact through step {noise.step}'s gradients, then statistical: {noise.elements} "
+                           f"parameter elements whose gradients are float noise took other optimizer steps, see notes): "
+                           f"{len(rows)} steps, losses within {STATISTICAL_LOSS_TOLERANCE:g}, all {plan.nproc} ranks agree"}
+    step, problems = divergence
+    return {**result, "verdict": "diverged", "diverged_at": step, "message": f"diverged at step {step}: " + "; ".join(problems)}
 
 
 def _own_episodes_result(plan: Plan, ranks: list[Record], counts: list[int], result: dict) -> dict:

@@ -1,5 +1,5 @@
-"""What one verify run records: the loss and the whole parameters after each optimizer step (FSDP
-shards gathered), the loss of each backward, fingerprints of random draws, flags and notes; saved
+"""What one verify run records: the loss and the whole parameters and gradients after each optimizer
+step (FSDP shards gathered), the loss of each backward, fingerprints of random draws, flags and notes; saved
 with torch.save, after which the process leaves at once (`Recorder.finish`).
 
 Imports torch and the standard library only, like the harness that fills it.
@@ -27,9 +27,9 @@ class Recorder:
         self.flags: dict[str, str] = {}
         self.notes: list[str] = []
         self.initial: torch.Tensor | None = None  # parameters before the first optimizer step
-        self.optimizers: list = []  # every optimizer the script built, in order (see trained)
         self.backward_losses: list[list[float]] = []  # per step: the loss of every backward in it
         self.draws: list[str] = []  # fingerprints of the random draws flagged while training
+        self.gradients: list[torch.Tensor] = []  # per step: the gradients it applied, of the parameters recorded
         self.step_backwards: list[torch.Tensor] = []
         self.last_backward: torch.Tensor | None = None
         self.scaled: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -62,27 +62,15 @@ class Recorder:
         """Remember a random draw made while training (a tensor, numpy's array or number), by its fingerprint."""
         self.draws.append(_fingerprint(drawn))
 
-    def on_optimizer(self, optimizer) -> None:
-        """An optimizer was built: its parameters are recorded at every step from now on."""
-        if all(known is not optimizer for known in self.optimizers):
-            self.optimizers.append(optimizer)
-
-    def trained(self, stepping) -> list[torch.Tensor]:
-        """Every parameter of every optimizer built so far, each once, in the order they were built (and
-        `stepping`'s, should it have been built unseen): a GAN's discriminator step is compared on the
-        generator's parameters too, and every step is measured against the same initial parameters."""
-        optimizers = self.optimizers + [stepping] * all(known is not stepping for known in self.optimizers)
-        return list({id(p): p for optimizer in optimizers for p in _optimized(optimizer)}.values())
-
     def before_step(self, optimizer, args, kwargs) -> None:
         """Optimizer step pre-hook: the parameters the first update starts from."""
         if self.initial is None:
-            self.initial = _flat(self.trained(optimizer))
+            self.initial = _flat(_optimized(optimizer))
 
     def on_step(self, optimizer, args, kwargs) -> None:
         """Optimizer step post-hook: record, and leave once enough steps are recorded."""
         self.stepped, self.bare_values = True, None
-        self.record_step(self.trained(optimizer))
+        self.record_step(_optimized(optimizer))
 
     def on_zero_grad(self, module: torch.nn.Module) -> None:
         """`model.zero_grad()` after a backward that no optimizer stepped: a hand-written update
@@ -96,6 +84,7 @@ class Recorder:
         loss = self.last_backward
         self.losses.append(None if loss is None else float(loss.detach().double().mean()))
         self.params.append(_flat(params))
+        self.gradients.append(_flat_gradients(params))
         self.backward_losses.append([float(t.double().mean()) for t in self.step_backwards])
         self.last_backward = self.scaled = None
         self.step_backwards = []
@@ -104,7 +93,7 @@ class Recorder:
 
     def save(self) -> None:
         record = {"losses": self.losses, "params": self.params, "initial": self.initial, "flags": self.flags, "notes": self.notes,
-                  "backward_losses": self.backward_losses, "draws": self.draws}
+                  "backward_losses": self.backward_losses, "draws": self.draws, "gradients": self.gradients}
         torch.save(record, self.path + ".tmp")
         os.replace(self.path + ".tmp", self.path)
 
@@ -125,6 +114,12 @@ def _optimized(optimizer) -> list[torch.Tensor]:
 def _flat(params: list[torch.Tensor]) -> torch.Tensor:
     """The parameters' whole values (FSDP shards gathered) as one float64 CPU vector."""
     return torch.cat([_whole(p).reshape(-1).to("cpu", torch.float64) for p in params])
+
+
+def _flat_gradients(params: list[torch.Tensor]) -> torch.Tensor:
+    """The parameters' whole gradients (zeros where none) as one float32 CPU vector, in `_flat`'s order."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    return torch.cat([_whole(g).reshape(-1).to("cpu", torch.float32) for g in grads])
 
 
 def _bare_leaves(tensor: torch.Tensor) -> list[torch.Tensor]:
