@@ -27,6 +27,7 @@ class Recorder:
         self.flags: dict[str, str] = {}
         self.notes: list[str] = []
         self.initial: torch.Tensor | None = None  # parameters before the first optimizer step
+        self.optimizers: list = []  # every optimizer the script built, in order (see trained)
         self.backward_losses: list[list[float]] = []  # per step: the loss of every backward in it
         self.draws: list[str] = []  # fingerprints of the random draws flagged while training
         self.gradients: list[torch.Tensor] = []  # per step: the gradients it applied, of the parameters recorded
@@ -62,15 +63,27 @@ class Recorder:
         """Remember a random draw made while training (a tensor, numpy's array or number), by its fingerprint."""
         self.draws.append(_fingerprint(drawn))
 
+    def on_optimizer(self, optimizer) -> None:
+        """An optimizer was built: its parameters are recorded at every step from now on."""
+        if all(known is not optimizer for known in self.optimizers):
+            self.optimizers.append(optimizer)
+
+    def trained(self, stepping) -> list[torch.Tensor]:
+        """Every parameter of every optimizer built so far, each once, in the order they were built (and
+        `stepping`'s, should it have been built unseen): a GAN's discriminator step is compared on the
+        generator's parameters too, and every step is measured against the same initial parameters."""
+        optimizers = self.optimizers + [stepping] * all(known is not stepping for known in self.optimizers)
+        return list({id(p): p for optimizer in optimizers for p in _optimized(optimizer)}.values())
+
     def before_step(self, optimizer, args, kwargs) -> None:
         """Optimizer step pre-hook: the parameters the first update starts from."""
         if self.initial is None:
-            self.initial = _flat(_optimized(optimizer))
+            self.initial = _flat(self.trained(optimizer))
 
     def on_step(self, optimizer, args, kwargs) -> None:
         """Optimizer step post-hook: record, and leave once enough steps are recorded."""
         self.stepped, self.bare_values = True, None
-        self.record_step(_optimized(optimizer))
+        self.record_step(self.trained(optimizer))
 
     def on_zero_grad(self, module: torch.nn.Module) -> None:
         """`model.zero_grad()` after a backward that no optimizer stepped: a hand-written update
