@@ -19,6 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import run_ddpify  # noqa: E402
+from test_verify import PACKAGE_TRAINER  # noqa: E402
 
 from ddpify.verify import workspace  # noqa: E402
 from ddpify.verify.project_root import given_root, project_root  # noqa: E402
@@ -43,26 +44,6 @@ for epoch in range(2):
         optimizer.step()
 os.makedirs("../../outputs", exist_ok=True)
 torch.save(model.state_dict(), "../../outputs/model.pt")
-"""
-
-PACKAGE_TRAINER = """
-import torch
-from torch.utils.data import DataLoader, TensorDataset
-
-
-def train(epochs=2):
-    model = torch.nn.Linear(4, 1)
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(64, 4, generator=generator)
-    y = x.sum(dim=1, keepdim=True)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
-    for epoch in range(epochs):
-        for xb, yb in loader:
-            loss = torch.nn.functional.mse_loss(model(xb), yb)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
 """
 
 
