@@ -153,6 +153,7 @@ def test_a_model_built_from_what_this_file_cant_see_runs_whole(header, layer, wh
     ("out = model(x)\n    loss = criterion(out, y)\n    print((out - y).abs().max().item())",
      "`out` is read besides the loss, where it would hold this rank's rows only"),
     ("out = model(x, x)\n    loss = criterion(out, y)", "`model(x, x)` takes more than one batch of rows"),
+    ("out = model(x.clone())\n    loss = criterion(out, y)", "`model(x.clone())` computes its input in the call"),
     ("out = model(x)\n    loss = criterion(out[:32], y[:32])", "the loss takes `out[:32]`, rows picked from the forward's output"),
 ])
 def test_a_forward_output_used_otherwise_stays_whole(training, why):

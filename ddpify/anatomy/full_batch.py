@@ -109,6 +109,8 @@ def forward_on_rows(a: Anatomy, loss: ast.Call) -> RowForward | str:
         return f"the forward may mix rows: {why}" if why else f"the loss takes `{ast.unparse(output)}`, rows picked from the forward's output"
     if len(forward.args) != 1 or forward.keywords or isinstance(forward.args[0], ast.Starred):
         return f"`{ast.unparse(forward)}` takes more than one batch of rows"
+    if any(isinstance(n, ast.Call) for n in ast.walk(forward.args[0])):
+        return f"`{ast.unparse(forward)}` computes its input in the call (its rows are counted again after the forward)"
     if forward is not output and not _read_alone(a, output):
         return f"`{ast.unparse(output)}` is read besides the loss, where it would hold this rank's rows only"
     return RowForward(forward, forward.args[0])
