@@ -1,14 +1,14 @@
 """Rank-0-only output that reaches the DDP wrapper where the converter used to miss it.
 
 A print that rank 0 alone makes must not run the wrapper's forward: with BatchNorm, each forward
-broadcasts its buffers from rank 0, a collective the other ranks never join (the job hangs). The converter
-hands such output the plain model (`model.module`) where only rank-0 output runs the code: a closure
-reading the model of the function it is defined in, `model.forward(x)`. Where every rank runs that
-code too (`logits(x)` of the training step, `self.scores(x)` of a trainer), it keeps the wrapper,
-and every rank computes the print's call first. Proven by `ddpify verify` (the conversion on 2 ranks
-against the original: equivalent, every rank agreeing), bounded by its timeout; before, both hung.
+broadcasts its buffers from rank 0, a collective the other ranks never join (the job hangs). The
+converter hands such output the plain model (`model.module`) where only rank-0 output runs the
+code: a closure reading the model of the function it is defined in, `model.forward(x)`. Where every
+rank runs that code too (`logits(x)` of the training step, `self.scores(x)` of a trainer, a function
+that a printed `train_epoch()` calls), it keeps the wrapper, and every rank computes the print's
+call first. Proven by `ddpify verify` (the conversion on 2 ranks against the original: equivalent,
+every rank agreeing), bounded by its timeout; before, each hung.
 """
-
 from __future__ import annotations
 
 import json
@@ -96,6 +96,29 @@ EVERY_RANK = _training(NET + textwrap.dedent(f"""\
         print("epoch", epoch, "logits", logits(torch.ones(4, 8)).shape, report())
     """), "logits(x)")
 
+# A function that an epoch of training, printed, calls too: every rank runs the epoch, so the function
+# keeps the wrapper, and the other print's call of it runs on every rank too.
+HOISTED_CALLER = _training(NET + textwrap.dedent(f"""\
+
+
+    def predict(x):
+        return model(x).argmax(1)
+
+
+    def train_epoch():
+        STEPS
+        return predict(torch.ones(4, 8)).tolist()
+
+
+    torch.manual_seed(0)
+    loader = {DATA}
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        print("epoch", epoch, "trained", train_epoch())
+        print("prediction", predict(torch.ones(4, 8)).tolist())
+    """), "model(x)")
+
 # A trainer's method that its training step calls too, and its print.
 TRAINER = _training(NET + textwrap.dedent(f"""\
 
@@ -133,6 +156,9 @@ def test_functions_training_calls_too_run_on_every_rank_before_the_print():
     assert not result.missing, result.missing
     assert "def logits(x):\n    return model(x)\n" in result.output
     assert "    logits_result = logits(torch.ones(4, 8))\n    report_result = report()\n    if RANK == 0:\n" in result.output
+    hoisted = convert_source(HOISTED_CALLER, "ddp")
+    assert not hoisted.missing, hoisted.missing
+    assert "    predict_result = predict(torch.ones(4, 8))\n    if RANK == 0:\n" in hoisted.output
     trainer = convert_source(TRAINER, "ddp")
     assert not trainer.missing, trainer.missing
     assert "        return self.model(x)\n" in trainer.output
@@ -151,7 +177,7 @@ def test_verify_finds_the_closure_script_equivalent_on_two_ranks(tmp_path: Path)
 
 
 def test_verify_finds_the_every_rank_scripts_equivalent_on_two_ranks(tmp_path: Path):
-    for name, script in (("functions", EVERY_RANK), ("trainer", TRAINER)):
+    for name, script in (("functions", EVERY_RANK), ("hoisted", HOISTED_CALLER), ("trainer", TRAINER)):
         (tmp_path / name).mkdir()
         result = _verify(script, tmp_path / name)
         assert result["verdict"] == "equivalent", (name, result["message"])

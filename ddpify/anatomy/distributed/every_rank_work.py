@@ -231,8 +231,13 @@ def wrapper_called(a: Anatomy, node: ast.AST) -> ast.expr | None:
 @per_anatomy
 def _called_outside_output(a: Anatomy) -> set[str]:
     """The local functions that code outside output statements runs on every rank (the training
-    step's `logits(x)`), or whose callers can't be followed."""
-    in_output = {n for stmt in output_statements(a) for n in ast.walk(stmt)}
+    step's `logits(x)`, or a call in an output's arguments that trains: `print(train_epoch())`),
+    or whose callers can't be followed."""
+    in_output: set[ast.AST] = set()
+    for stmt in output_statements(a):
+        nodes = set(ast.walk(stmt))
+        trains = [n for n in nodes if isinstance(n, ast.Call) and joins_by_itself(a, n)]
+        in_output |= nodes.difference(*(ast.walk(call) for call in trains))
     return set(a.functions) - only_called_from(a, in_output)
 
 
