@@ -5,7 +5,8 @@ The test process starts this file once (`python forkserver.py`, torch imported, 
 each launch it forks an *agent*: a new session (so a timeout kills the whole group), the caller's
 working directory, environment and files for stdout/stderr. A `python script.py` agent runs the
 script as `__main__`, as the interpreter would (sys.argv, sys.path[0] = the script's folder,
-PYTHONPATH entries and their sitecustomize, normal interpreter exit). A torchrun agent does what
+PYTHONPATH entries and their sitecustomize, normal interpreter exit, Python's, NumPy's and torch's
+random generators seeded from the OS). A torchrun agent does what
 torchrun's agent does on one node: it serves the rendezvous store, forks one process per rank with
 torchrun's variables (ddpify.verify.launcher.rank_environment, the same as `verify` uses), writes
 each rank's stdout to `<log dir>/<run>/attempt_0/<rank>/stdout.log` when asked to redirect, stops
@@ -27,6 +28,7 @@ import atexit
 import gc
 import json
 import os
+import random
 import signal
 import sys
 import threading
@@ -37,6 +39,8 @@ import subprocess
 import types
 from typing import NoReturn
 
+import numpy.random  # (the test extra's tensorboard requires NumPy)
+import torch
 import torch._dynamo  # noqa: F401  (every optimizer's construction imports it)
 import torch.distributed  # noqa: F401
 import torch.nn.parallel  # noqa: F401
@@ -102,6 +106,7 @@ def become_script(argv: list[str], module: str | None = None) -> NoReturn:
     os._exit, not a return to the interpreter's finalization: the forked process holds copies of
     the server's objects (the rendezvous store of its agent) that must not be destroyed here.
     """
+    fresh_random_state()
     run_sitecustomize()
     if module == "ddpify":
         runner.start_launcher = start_forked_launcher
@@ -111,6 +116,14 @@ def become_script(argv: list[str], module: str | None = None) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)
+
+
+def fresh_random_state() -> None:
+    """Seed Python's, NumPy's and torch's global generators from the OS, as a fresh interpreter's are:
+    a fork would otherwise draw the server's numbers, the same in every launch and on every rank."""
+    random.seed()
+    numpy.random.seed()
+    torch.seed()
 
 
 def take_environment(env: dict[str, str]) -> None:

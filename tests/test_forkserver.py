@@ -86,3 +86,22 @@ def test_a_run_past_its_timeout_is_killed_with_its_group(monkeypatch, tmp_path):
     after = tmp_path / "after.py"
     after.write_text("print('next')\n")
     assert run_script([sys.executable, str(after)], tmp_path).stdout == "next\n"  # the server still serves
+
+
+DRAWS = """import os, random, numpy, torch
+with open(f"draws-{os.getpid()}.txt", "w") as out:
+    out.write(f"{random.random()} {numpy.random.rand()} {torch.rand(1).item()}")
+"""
+
+
+def test_every_forked_launch_and_rank_draws_its_own_random_numbers(monkeypatch, tmp_path):
+    """Python's, NumPy's and torch's generators, seeded from the OS in every launch and every rank
+    as a fresh interpreter's are (forks of the server would otherwise all draw its next numbers)."""
+    script = tmp_path / "draws.py"
+    script.write_text(DRAWS)
+    monkeypatch.setattr(helpers, "FORK_LAUNCHES", True)
+    for argv in ([str(script)], [str(script)], ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]):
+        assert run_script([sys.executable, *argv], tmp_path, timeout=120).returncode == 0
+    draws = [path.read_text().split() for path in tmp_path.glob("draws-*.txt")]
+    assert len(draws) == 4
+    assert all(len(set(column)) == 4 for column in zip(*draws)), draws
