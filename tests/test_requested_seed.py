@@ -5,7 +5,6 @@ The unseeded original drew other numbers at every run: the seed takes nothing aw
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from ddpify.codemods.pipeline import Status
 from ddpify.convert import convert_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import child_environment, run_script  # noqa: E402
+from helpers import run_script  # noqa: E402
 
 RUN_TIMEOUT_S = 120
 
@@ -68,15 +67,14 @@ def test_a_script_that_shows_no_care_is_left_unseeded():
 
 
 def test_the_seeded_output_repeats_its_runs_where_the_original_does_not(tmp_path: Path):
-    """Two plain runs of each (world size 1), each a fresh interpreter (the test helper's fork server
-    would hand them one RNG state): the original's dropout and shuffle differ run to run, the
-    converted script's print the same; on 2 ranks it finishes."""
+    """Two plain runs of each (world size 1), each with its generators seeded from the OS as a fresh
+    interpreter's are (the fork server does that too): the original's dropout and shuffle differ run to
+    run, the converted script's print the same; on 2 ranks it finishes."""
     runs = {}
     for name, text in (("original", UNUSED_SEED_OPTION), ("converted", convert_source(UNUSED_SEED_OPTION, "ddp").output)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "train.py").write_text(text)
-        outputs = [subprocess.run([sys.executable, "train.py"], cwd=tmp_path / name, env=child_environment(), capture_output=True,
-                                  text=True, timeout=RUN_TIMEOUT_S) for _ in range(2)]
+        outputs = [run_script([sys.executable, "train.py"], tmp_path / name, timeout=RUN_TIMEOUT_S) for _ in range(2)]
         assert all(done.returncode == 0 for done in outputs), outputs[0].stderr
         runs[name] = outputs[0].stdout == outputs[1].stdout
     assert runs == {"original": False, "converted": True}

@@ -121,10 +121,9 @@ def _sharded_on_two_ranks(code: str, tmp_path) -> str:
     return run.stdout
 
 
-def test_an_unseeded_fully_shard_mixes_initialisations_and_the_fix_makes_them_one(tmp_path, monkeypatch):
-    """Proof by execution of DDP023's claim and of its fix, on two gloo ranks. Real processes: ranks
-    forked from one test process (tests/forkserver.py) would share its RNG state, as torchrun's never do."""
-    monkeypatch.setattr(helpers, "FORK_LAUNCHES", False)
+def test_an_unseeded_fully_shard_mixes_initialisations_and_the_fix_makes_them_one(tmp_path):
+    """Proof by execution of DDP023's claim and of its fix, on two gloo ranks (forked ones seed their
+    generators from the OS, as torchrun's fresh interpreters do: tests/forkserver.py)."""
     assert "a mix of the ranks' initialisations" in _sharded_on_two_ranks(SHARDED, tmp_path)
     fixed, applied, left, errors = fix_text(SHARDED, "sharded.py", RuleSet(all_rules()), Options(fix=True, unsafe_fixes=True))
     assert applied and not errors and "DDP023" not in {d.code for d in left}
