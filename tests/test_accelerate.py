@@ -224,6 +224,50 @@ def test_evaluation_counted_over_rows_is_gathered_and_prints_the_single_process_
     assert before[0].startswith("before accuracy 14/37 ")
 
 
+EVALUATION = HEAD + """
+def evaluate(model, loader):
+    correct, seen, confusion, kept = 0, 0, torch.zeros(2, 2), []
+    with torch.no_grad():
+        for x, y in loader:
+            out = model(x)
+            pred = out.argmax(dim=1)
+            correct += (pred == y).sum().item()
+            seen += len(y)
+            for t, p in zip(y.tolist(), pred.tolist()):
+                confusion[t, p] += 1
+            kept.append(pred)
+    return correct / seen, confusion, kept
+
+
+def main():
+""" + DATA + """\
+    val_loader = DataLoader(data, batch_size=16, shuffle=False)
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    print(evaluate(model, val_loader))
+"""
+
+
+@pytest.mark.parametrize("change, why", [
+    (("", ""), None),  # counts, a confusion matrix filled row by row, predictions kept: all over rows
+    (("kept.append(pred)", "kept.append(nn.functional.cross_entropy(out, y))"), "collects a value per batch"),
+    (("seen += len(y)", "seen += 1"), "`seen += 1` adds a value per batch"),
+    (("confusion[t, p] += 1", "confusion[t, p] += nn.functional.cross_entropy(out, y).item()"), "adds a value per batch"),
+    (("correct += (pred == y).sum().item()", "correct += nn.functional.cross_entropy(out, y).sum().item()"), "adds a value per batch"),
+])
+def test_evaluation_is_gathered_only_where_it_counts_over_rows(change, why):
+    result = convert(EVALUATION.replace(*change))
+    assert result.status is Status.CONVERTED, result.missing
+    gathered = "out, y = accelerator.gather_for_metrics((out, y))" in result.output
+    prepared = "val_loader = accelerator.prepare(val_loader)" in result.output
+    assert gathered == prepared == (why is None)
+    assert why is None or any(why in a.message for a in result.advice), result.advice
+
+
 def test_a_loss_summed_over_the_batch_is_scaled_by_the_number_of_processes():
     result = convert(HEAD + """
 def main():

@@ -68,7 +68,7 @@ class AcceleratorEvaluation(Transform):
         if unnamed:
             return "its loader is not bound to a name to prepare"
         found = _model_outputs(self.anatomy, evaluation)
-        return found if isinstance(found, str) else _per_batch_value(self.anatomy, evaluation)
+        return found if isinstance(found, str) else _per_batch_value(self.anatomy, evaluation, set(found[1]))
 
     def _keep_whole(self, evaluation: EvaluationLoop, why: str) -> None:
         comment = cst.EmptyLine(comment=cst.Comment(f"# {_WHOLE} {why}"))
@@ -102,16 +102,29 @@ def _model_outputs(a, evaluation: EvaluationLoop) -> tuple[ast.Assign, list[str]
     return outputs, [name, *dict.fromkeys(n for n in later if n in bound and n != name)]
 
 
-def _per_batch_value(a, evaluation: EvaluationLoop) -> str | None:
-    """The first update of an accumulator that adds a value per batch, not its rows (None: none does)."""
+def _per_batch_value(a, evaluation: EvaluationLoop, rows: set[str]) -> str | None:
+    """The first update of an accumulator that adds a value per batch, not its rows (None: none does): each adds
+    a count or sum over the `rows` gathered (names, and those bound from them row by row), adds per row (in a
+    loop over them: a confusion matrix), or collects them."""
     loop = evaluation.loop.node
+    rows = rows | {n.id for s in ast.walk(loop) if isinstance(s, ast.Assign) and _rows_of(s.value, lambda v: isinstance(v, ast.Name) and v.id in rows)
+                   for t in s.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
     for node in ast.walk(loop):
-        if isinstance(node, ast.AugAssign) and ast.unparse(node.target) in evaluation.summed and not _row_count(a, node.value):
+        target = node.target.value if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Subscript) else getattr(node, "target", None)
+        if (isinstance(node, ast.AugAssign) and ast.unparse(target) in evaluation.summed and not _row_count(a, node.value, rows)
+                and not _per_row(a, loop, node, rows)):
             return f"`{ast.unparse(node)}` adds a value per batch, not a count over its rows (gathered, it would add one per group of batches)"
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and ast.unparse(node.func.value) in evaluation.gathered
-                and node.args and not _rows_of(node.args[0], lambda n: isinstance(n, ast.Name))):
+                and node.args and not _rows_of(node.args[0], lambda n: isinstance(n, ast.Name) and n.id in rows)):
             return f"`{ast.unparse(node)}` collects a value per batch, not its rows"
     return None
+
+
+def _per_row(a, loop: ast.AST, update: ast.AugAssign, rows: set[str]) -> bool:
+    """Is `update` made once per row: inside a loop of the evaluation loop over the gathered rows, adding no loss?"""
+    inner = [n for n in ast.walk(loop) if isinstance(n, ast.For) and n is not loop and update in ast.walk(n)]
+    over_rows = any(isinstance(n, ast.Name) and n.id in rows for f in inner for n in ast.walk(f.iter))
+    return over_rows and not _reads_a_loss(a, update.value)
 
 
 def _rows_of(expr: ast.expr, source) -> bool:
@@ -124,20 +137,25 @@ def _rows_of(expr: ast.expr, source) -> bool:
     return source(expr)
 
 
-def _row_count(a, value: ast.expr) -> bool:
-    """Is `value` a count or sum over a batch's rows: `(...).sum()` (`.item()`), `y.size(0)`, `y.shape[0]`, `len(y)`,
-    or a mean over them weighted by their count (`criterion(out, y).item() * y.size(0)`)?"""
+def _row_count(a, value: ast.expr, rows: set[str]) -> bool:
+    """Is `value` a count or sum over the gathered `rows`: `(preds == y).sum()` (`.item()`), `y.size(0)`,
+    `y.shape[0]`, `len(y)`, or a mean over them weighted by their count (`criterion(out, y).item() * y.size(0)`)?"""
     if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult):
-        return any(_row_count(a, count) and _batch_mean(a, other) for count, other in ((value.right, value.left), (value.left, value.right)))
+        return any(_row_count(a, count, rows) and _batch_mean(a, other) for count, other in ((value.right, value.left), (value.left, value.right)))
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "item" and not value.args:
         value = value.func.value
+    counted = _counted(a, value)
+    return counted is not None and any(isinstance(n, ast.Name) and n.id in rows for n in ast.walk(counted)) and not _reads_a_loss(a, counted)
+
+
+def _counted(a, value: ast.expr) -> ast.expr | None:
+    """The tensor whose rows `value` sums or counts (`t` of `t.sum()`, `t.size(0)`, `t.shape[0]`, `len(t)`), else None."""
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
-        if value.func.attr in ROW_SUMS and not value.args and not value.keywords:
-            return True
-        return value.func.attr == "size" and [ast.unparse(x) for x in value.args] == ["0"]
+        whole = value.func.attr in ROW_SUMS and not value.args and not value.keywords
+        return value.func.value if whole or (value.func.attr == "size" and [ast.unparse(x) for x in value.args] == ["0"]) else None
     if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Attribute) and value.value.attr == "shape":
-        return ast.unparse(value.slice) == "0"
-    return isinstance(value, ast.Call) and a.qualname(value.func) == "len" and len(value.args) == 1
+        return value.value.value if ast.unparse(value.slice) == "0" else None
+    return value.args[0] if isinstance(value, ast.Call) and a.qualname(value.func) == "len" and len(value.args) == 1 else None
 
 
 def _batch_mean(a, expr: ast.expr) -> bool:
@@ -145,3 +163,8 @@ def _batch_mean(a, expr: ast.expr) -> bool:
     if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "item" and not expr.args:
         expr = expr.func.value
     return isinstance(expr, ast.Call) and loss_terms(a, expr) == [expr] and sums_over_batch(a, expr) is False
+
+
+def _reads_a_loss(a, expr: ast.expr) -> bool:
+    """Does `expr` compute or read a loss (a value per batch, not per row)?"""
+    return any(loss_terms(a, node) for node in ast.walk(expr) if isinstance(node, (ast.Call, ast.Name)))
