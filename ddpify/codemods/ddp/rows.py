@@ -100,6 +100,7 @@ class RowsOfEachRank(Transform):
                                   "one, exactly; the loss's value is the whole batch's)")
 
     def _weight(self, call: ast.Call) -> str:
+        """How this rank's loss is weighted, said for the report."""
         return "its sum by WORLD_SIZE" if sums_over_batch(self.anatomy, call) else "its mean weighted by its share of the rows"
 
     def _share_model_loss(self, shared: ModelRowLoss) -> None:
