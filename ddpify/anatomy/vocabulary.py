@@ -176,6 +176,9 @@ def is_scheduler_constructor(qualname: str) -> bool:
 
 # ----- progress bars, logs and writers -----------------------------------------------------------
 TQDM_CONSTRUCTORS = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm"})
+# What a bar built with disable=True holds (its __init__ returns early): reading any other attribute
+# (`bar.desc`, `bar.postfix`, `bar.start_t`) raises AttributeError.
+DISABLED_BAR_ATTRIBUTES = frozenset({"iterable", "disable", "pos", "n", "total", "leave", "format_dict"})
 # Calls that iterate their first argument: `for i, batch in enumerate(tqdm(loader))` iterates `loader`.
 ITERATION_WRAPPERS = frozenset({"enumerate", "iter", "zip", "tqdm"}) | TQDM_CONSTRUCTORS
 PRINT = "print"

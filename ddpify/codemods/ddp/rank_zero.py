@@ -5,7 +5,8 @@ records below WARNING, SummaryWriter and wandb calls, `tqdm.write`, `torch.save`
 writers: `np.save`, `pickle.dump`, `savefig`, ...), and `with open(..., "w")` blocks go under
 `if RANK == 0:` (a line it shares, `if ok: print(x)` or `a; print(a)`, is put one statement a
 line first); a `with open(..., "w")` block that also trains stays on every
-rank, the others writing to os.devnull; progress bars get `disable=RANK != 0`; a SummaryWriter or
+rank, the others writing to os.devnull; progress bars get `disable=RANK != 0` (or, where every rank
+reads what a disabled bar lacks, `bar.desc`, are drawn to os.devnull off rank 0); a SummaryWriter or
 a wandb run is built on rank 0 only, the other ranks holding a stand-in whose calls do nothing and
 whose attributes the script reads (`writer.log_dir`) are rank 0's; directories are made with
 exist_ok=True (every rank makes them at once); `torch.load` maps tensors onto this rank's device;
@@ -31,7 +32,7 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from ddpify.anatomy import MODULE_SCOPE, ROLE_WRITER, CallSite
+from ddpify.anatomy import MODULE_SCOPE, ROLE_PBAR, ROLE_WRITER, CallSite
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.distributed.every_rank_work import (
@@ -46,8 +47,10 @@ from ddpify.anatomy.distributed.reaching import calls_running, reaching_values
 from ddpify.anatomy.distributed.wrappers import wrapper_or_plain
 from ddpify.anatomy.vocabulary import (
     DIRECTORY_CREATORS,
+    DISABLED_BAR_ATTRIBUTES,
     TORCH_LOAD,
     TORCH_SAVE,
+    TQDM_CONSTRUCTORS,
     WRITER_CONSTRUCTORS,
     opens_for_writing,
 )
@@ -254,6 +257,15 @@ class RankZeroDuties(Transform):
         self.changed(call.line, "os.makedirs(..., exist_ok=True): every rank makes the directory, none fails because another did first")
 
     def _disable_on_other_ranks(self, call: CallSite) -> None:
+        """`tqdm(loader)`: disabled on the other ranks; where every rank reads what a disabled bar
+        lacks (`bar.desc`, `bar.start_t`), drawn there to os.devnull instead."""
+        lacking = _attributes_a_disabled_bar_lacks(self.anatomy, call)
+        if lacking:
+            self.rewrite_node(call.node, cst.Call, lambda node: _drawn_to_devnull(node, self.ON_RANK_ZERO))
+            self.add_import("os")
+            self.changed(call.line, f"progress bar shown on rank 0 only (drawn to os.devnull elsewhere: the script reads "
+                                    f"its {', '.join(lacking)}, which a disabled bar lacks)")
+            return
         self.rewrite_node(call.node, cst.Call, lambda node: _with_disable(node, self.OFF_RANK_ZERO))
         self.changed(call.line, f"progress bar shown on rank 0 only (disable={self.OFF_RANK_ZERO})")
 
@@ -447,27 +459,40 @@ def _attributes_read(anatomy, built: CallSite) -> list[str]:
     """The attributes the script reads of what `built` makes (`writer.log_dir`, `self.run.dir`, a
     parameter's `writer.log_dir`): values, not methods called. A read whose object can't be
     followed back to any writer the script builds counts for each."""
-    names = set()
+    return sorted({node.attr for node in _reads_of(anatomy, built, ROLE_WRITER, WRITER_CONSTRUCTORS)
+                   if not isinstance(anatomy.parents.get(node), ast.Attribute)})
+
+
+def _attributes_a_disabled_bar_lacks(anatomy, built: CallSite) -> list[str]:
+    """The attributes that every rank reads of the progress bar `built` makes (not in output, which
+    rank 0 alone makes) and that a disabled bar lacks (`bar.desc`, `bar.start_t`; `bar.n` it keeps)."""
+    in_output = {n for stmt in output_statements(anatomy) for n in ast.walk(stmt)}
+    read = {node.attr for node in _reads_of(anatomy, built, ROLE_PBAR, TQDM_CONSTRUCTORS)
+            if node not in in_output and runs_on_every_rank(anatomy, node)}
+    return sorted(read - DISABLED_BAR_ATTRIBUTES)
+
+
+def _reads_of(anatomy, built: CallSite, role: str, constructors: frozenset[str]) -> Iterator[ast.Attribute]:
+    """The reads of a public attribute (not a method called) of an object of `role` that `built`
+    may have made, or that can't be followed back to any call of `constructors`."""
     for node in anatomy.nodes:
         parent = anatomy.parents.get(node)
         if not isinstance(node, ast.Attribute) or node.attr.startswith("_") or not isinstance(node.ctx, ast.Load):
             continue
-        if not anatomy.has_role(node.value, ROLE_WRITER) or isinstance(parent, ast.Attribute) or (
-                isinstance(parent, ast.Call) and parent.func is node):
+        if not anatomy.has_role(node.value, role) or (isinstance(parent, ast.Call) and parent.func is node):
             continue
-        origins = _writers_reaching(anatomy, node.value)
+        origins = _built_by(anatomy, node.value, constructors)
         if built.node in origins or not origins:
-            names.add(node.attr)
-    return sorted(names)
+            yield node
 
 
-def _writers_reaching(anatomy, expr: ast.AST, depth: int = 0) -> set[ast.AST]:
-    """The writer constructor calls whose object `expr` may hold (through variables, parameters, `self`)."""
+def _built_by(anatomy, expr: ast.AST, constructors: frozenset[str], depth: int = 0) -> set[ast.AST]:
+    """The calls of `constructors` whose object `expr` may hold (through variables, parameters, `self`)."""
     if isinstance(expr, ast.Call):
-        return {expr} if anatomy.qualname(expr.func) in WRITER_CONSTRUCTORS else set()
+        return {expr} if anatomy.qualname(expr.func) in constructors else set()
     if depth > 6 or not isinstance(expr, (ast.Name, ast.Attribute)):
         return set()
-    return {c for value in reaching_values(anatomy, expr) for c in _writers_reaching(anatomy, value, depth + 1)}
+    return {c for value in reaching_values(anatomy, expr) for c in _built_by(anatomy, value, constructors, depth + 1)}
 
 
 def _path_on_rank_zero(node: cst.CSTNode, condition: str) -> cst.CSTNode:
@@ -484,6 +509,18 @@ def _makedirs_exist_ok(node: cst.CSTNode) -> cst.CSTNode:
     if isinstance(node.func, cst.Attribute):
         node = node.with_changes(func=node.func.with_changes(attr=cst.Name("makedirs")))
     return add_keyword(node, "exist_ok", "True")
+
+
+def _drawn_to_devnull(node: cst.CSTNode, condition: str) -> cst.CSTNode:
+    """`tqdm(xs)` -> `tqdm(xs, file=None if RANK == 0 else open(os.devnull, "w"))` (None: its default,
+    stderr); a `file=f` given becomes `f if RANK == 0 else ...`."""
+    assert isinstance(node, cst.Call)
+    devnull = 'open(os.devnull, "w")'
+    for i, arg in enumerate(node.args):
+        if arg.keyword and arg.keyword.value == "file":
+            chosen = parse_expr(f"({cst.Module([]).code_for_node(arg.value)}) if {condition} else {devnull}")
+            return node.with_changes(args=[*node.args[:i], arg.with_changes(value=chosen), *node.args[i + 1:]])
+    return add_keyword(node, "file", f"None if {condition} else {devnull}")
 
 
 def _with_disable(node: cst.CSTNode, off_rank_zero: str) -> cst.CSTNode:
