@@ -317,7 +317,8 @@ def _randomness_notes(plan: Plan, flags: dict[str, str], shared: str | None) -> 
     wrapper, part = _wrapper_and_part(plan)
     if shared == "reference":
         return [f"the script draws random numbers while it trains ({flags.pop('training_randomness')}), and every {part} "
-                f"drew exactly the reference's numbers (the same seed, the same sizes), so they do not keep the runs apart"]
+                f"drew exactly the reference's numbers (the same seed and sizes, or its rows of the noise drawn for the "
+                f"reference's batch: see aligned_draws), so they do not keep the runs apart"]
     if shared == "ranks":
         return [f"every {part} drew the same random numbers while training ({flags['training_randomness']}): under "
                 f"{wrapper} the {plan.nproc} {part}s' draws repeat each other, where the one process draws fresh numbers for "

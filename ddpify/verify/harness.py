@@ -39,6 +39,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from ddpify.anatomy.distributed.names import NUMPY_NON_DRAWS
 from ddpify.anatomy.vocabulary import MODEL_WRAPPERS, RANDOM_DRAWS
+from ddpify.verify.aligned_draws import batch_shaped_noise, watch_training_batches
 from ddpify.verify.alignment import PassClock, align_training_loaders, clock_passes_at_start
 from ddpify.verify.dataparallel import simulate_data_parallel
 from ddpify.verify.plan import CANDIDATE, PACKAGE_ROOT, REFERENCE, WRAPPER_FLAG, Plan, Run, ScriptBatch
@@ -197,12 +198,13 @@ def watch_sum_reduction(recorder: Recorder) -> None:
         setattr(F, name, watched)
 
 
-def watch_training_randomness(recorder: Recorder) -> None:
+def watch_training_randomness(recorder: Recorder, world: int = 1, rank: int = 0) -> None:
     """Flag random draws from torch's or numpy's global generator made while autograd records, inside a
     module's forward (a VAE's `torch.randn_like` noise) or once training forwards have run (a GAN's noise
     for the next step, a `get_batch()` drawing offsets, rows picked by `np.random.choice`), with where they
     were drawn and a fingerprint of each: split over ranks, each may draw other numbers than the single
-    process does (compare tells). Draws of a sample seed_each_sample seeded are alike in both runs: not flagged."""
+    process does (compare tells). Draws of a sample seed_each_sample seeded are alike in both runs: not flagged.
+    Noise drawn for the training batch is drawn alike (aligned_draws; `world` ranks' rows, this one's `rank`)."""
     depth, trained = [0], [False]
 
     def entered(module, args):
@@ -217,11 +219,14 @@ def watch_training_randomness(recorder: Recorder) -> None:
 
         def watched(*args, **kwargs):
             drawn = function(*args, **kwargs)
-            if (torch.is_grad_enabled() and kwargs.get("generator") is None and not SeededSample.depth
-                    and (depth[0] > 0 or trained[0])):
+            if not torch.is_grad_enabled() or kwargs.get("generator") is not None or SeededSample.depth:
+                return drawn
+            aligned = owner is torch and batch_shaped_noise(name, drawn, world, rank)
+            if aligned or depth[0] > 0 or trained[0]:
                 where = "in a forward" if depth[0] > 0 else "between training steps"
                 recorder.flag("training_randomness", f"{label} {where}, in {_caller(sys._getframe(1))}")
-                recorder.drew(args[0] if drawn is None else drawn)  # np.random.shuffle(x) draws into x
+                drawn, whole = aligned or (drawn, drawn)
+                recorder.drew(args[0] if whole is None else whole)  # np.random.shuffle(x) draws into x
             return drawn
 
         setattr(owner, name, watched)
@@ -416,7 +421,9 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
     seed_each_sample(recorder)
     watch_sum_reduction(recorder)
     watch_reduced_precision(recorder)
-    watch_training_randomness(recorder)
+    watch_training_batches()
+    splits = role == CANDIDATE and plan.aligns_reference()  # each rank draws its rows of the reference's batch
+    watch_training_randomness(recorder, plan.nproc if splits else 1, int(os.environ.get("RANK", "0")) if splits else 0)
     capture_backward(recorder)
     track_optimizers(recorder)
     register_optimizer_step_pre_hook(recorder.before_step)
