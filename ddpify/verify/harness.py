@@ -460,15 +460,11 @@ def follow_pythonpath_into_mirror(started_in: str, home: str, mirror: str) -> No
         stale = os.path.normpath(os.path.join(started_in, entry))
         if not os.path.isabs(entry):
             fresh = os.path.abspath(entry)
-        elif home and entry != PACKAGE_ROOT and _inside(stale, home):
-            fresh = os.path.join(mirror, os.path.relpath(stale, home))
+        elif home and entry != PACKAGE_ROOT and os.path.commonpath([os.path.realpath(stale), home]) == home:
+            fresh = os.path.join(mirror, os.path.relpath(os.path.realpath(stale), home))
         else:
             continue
         sys.path[:] = [fresh if path == stale else path for path in sys.path]
-
-
-def _inside(path: str, folder: str) -> bool:
-    return os.path.commonpath([os.path.realpath(path), folder]) == folder
 
 
 def run_role(plan: Plan, role: str):
