@@ -41,6 +41,7 @@ class _ValueFlow:
         if self._seed_trained_models():
             self._flow()
         self._bind_origins()
+        self.a.settle_values()
 
     def _flow(self) -> None:
         for _ in range(self.MAX_ROUNDS):

@@ -84,10 +84,30 @@ class ScriptValues(ScriptTree):
         self.loader_sites: dict[ast.Call, LoaderSite] = {}
         self.item_sites: dict[tuple[ast.Call, int], LoaderSite] = {}  # loaders in the tuple another file's function returns
         self.model_sites: dict[ast.Call, ModelSite] = {}
+        self._callees: dict[ast.Call, str | None] = {}  # asked of the same calls by every pass, rule and transform
+        self._instance_calls: dict[Ref, str | None] = {}  # what calling each variable runs, when it holds an instance
+        self._settled_roles: dict[ast.AST, set[tuple[str, Site | None]]] | None = None  # once the value flow is done
+        self._walked: dict[str, list[ast.AST]] = {}  # the nodes of each function's body, walk_body's order
 
     # ----- roles ------------------------------------------------------------------------------
+    def settle_values(self) -> None:
+        """The value flow is done: what each expression evaluates to is remembered from now on."""
+        self._settled_roles = {}
+
     def roles(self, expr: ast.AST) -> set[tuple[str, Site | None]]:
         """What an expression evaluates to: (role, origin site) pairs."""
+        return set(self._roles_of(expr))
+
+    def _roles_of(self, expr: ast.AST) -> set[tuple[str, Site | None]]:
+        """`roles(expr)`, not to be changed: remembered once the values are settled."""
+        settled = self._settled_roles
+        if settled is None:
+            return self._find_roles(expr)
+        if expr not in settled:
+            settled[expr] = self._find_roles(expr)
+        return settled[expr]
+
+    def _find_roles(self, expr: ast.AST) -> set[tuple[str, Site | None]]:
         if isinstance(expr, (ast.Name, ast.Attribute)):
             ref = self.ref(expr)
             found = set(self.values.get(ref, ())) if ref else set()
@@ -127,10 +147,10 @@ class ScriptValues(ScriptTree):
         return {(role, self.item_sites.get((call, index)) if role == ROLE_LOADER else None) for role in exported.items[index]}
 
     def has_role(self, expr: ast.AST, role: str) -> bool:
-        return any(r == role for r, _ in self.roles(expr))
+        return any(r == role for r, _ in self._roles_of(expr))
 
     def origins(self, expr: ast.AST, role: str) -> set[Site]:
-        return {o for r, o in self.roles(expr) if r == role and o is not None}
+        return {o for r, o in self._roles_of(expr) if r == role and o is not None}
 
     def _call_roles(self, call: ast.Call) -> set[tuple[str, Site | None]]:
         q = self.qualname(call.func) or ""
@@ -181,6 +201,11 @@ class ScriptValues(ScriptTree):
     # ----- calls ------------------------------------------------------------------------------
     def callee(self, call: ast.Call) -> str | None:
         """The scope name of a function this file defines that `call` invokes."""
+        if call not in self._callees:
+            self._callees[call] = self._find_callee(call)
+        return self._callees[call]
+
+    def _find_callee(self, call: ast.Call) -> str | None:
         func = call.func
         scope = self.scope_of.get(call, MODULE_SCOPE)
         if isinstance(func, ast.Name):
@@ -202,7 +227,15 @@ class ScriptValues(ScriptTree):
         """`stopper(loss, model)`, where `stopper` (or `self.stopper`) only ever holds an instance of
         a local class that defines `__call__`: that method."""
         ref = self.ref(func) if isinstance(func, (ast.Name, ast.Attribute)) else None
-        values = [assigned_value(s) for s in self._assignments_to(ref)] if ref is not None else []
+        if ref is None:
+            return None
+        if ref not in self._instance_calls:
+            self._instance_calls[ref] = self._called_method(ref)
+        return self._instance_calls[ref]
+
+    def _called_method(self, ref: Ref) -> str | None:
+        """The `__call__` of the one local class whose instances alone `ref` is ever given, if it defines one."""
+        values = [assigned_value(s) for s in self._assignments_to(ref)]
         classes = {v.func.id if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) else None for v in values}
         if len(classes) != 1 or None in classes:
             return None
@@ -228,11 +261,14 @@ class ScriptValues(ScriptTree):
         if scope in seen or scope not in self.functions:
             return False
         seen.add(scope)
-        return self.body_contains(self.functions[scope].node.body, predicate, seen)
+        return self._any_reaches(self._function_nodes(scope), predicate, seen)
 
     def body_contains(self, body: Iterable[ast.AST], predicate, _seen: set[str] | None = None) -> bool:
-        seen = set() if _seen is None else _seen
-        for node in walk_body(body):
+        return self._any_reaches(walk_body(body), predicate, set() if _seen is None else _seen)
+
+    def _any_reaches(self, nodes: Iterable[ast.AST], predicate, seen: set[str]) -> bool:
+        """Does one of `nodes`, or a function of this file they call (not in `seen`), match predicate?"""
+        for node in nodes:
             if predicate(node):
                 return True
             if isinstance(node, ast.Call):
@@ -240,6 +276,13 @@ class ScriptValues(ScriptTree):
                 if callee and self.function_contains(callee, predicate, seen):
                     return True
         return False
+
+    def _function_nodes(self, scope: str) -> list[ast.AST]:
+        """`walk_body` of a function's body, walked once (function_contains asks it again and again)."""
+        nodes = self._walked.get(scope)
+        if nodes is None:
+            nodes = self._walked[scope] = list(walk_body(self.functions[scope].node.body))
+        return nodes
 
     @cached_property
     def optimizers(self) -> list[CallSite]:

@@ -74,9 +74,21 @@ def _seeded_by(a: Anatomy, call: ast.Call, seen: frozenset[str]) -> frozenset[st
     if callee is not None:
         if callee in seen:
             return frozenset()
-        inner = [n for n in ast.walk(a.functions[callee].node) if isinstance(n, ast.Call)]
-        return frozenset().union(*(_seeded_by(a, n, seen | {callee}) for n in inner))
+        return frozenset().union(*(_seeded_by(a, n, seen | {callee}) for n in _calls_in_function(a, callee)))
     return EVERY_RNG if _names_an_unseen_seeder(a, call, qualname) else frozenset()
+
+
+def _calls_in_function(a: Anatomy, scope: str) -> list[ast.Call]:
+    """The calls in a local function's code (its nested functions' too), found once per function."""
+    found = _calls_by_function(a)
+    if scope not in found:
+        found[scope] = [n for n in ast.walk(a.functions[scope].node) if isinstance(n, ast.Call)]
+    return found[scope]
+
+
+@per_anatomy
+def _calls_by_function(a: Anatomy) -> dict[str, list[ast.Call]]:
+    return {}
 
 
 def _names_an_unseen_seeder(a: Anatomy, call: ast.Call, qualname: str) -> bool:
