@@ -23,8 +23,9 @@ import textwrap
 from typing import Iterator, Mapping, Sequence
 
 import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+from libcst.metadata import CodeRange
 
+from ddpify.edits.positions import positions_of
 from ddpify.edits.statements import one_statement_a_line
 
 PEP8_WIDTH = 79
@@ -223,7 +224,7 @@ def _first_wide_line_laid_out(stmt: cst.BaseStatement, column: int, limit: int, 
     wide = next((number for number, line in enumerate(lines, 1) if column + len(line) > limit), None)
     if wide is None:
         return None
-    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    positions = positions_of(module)
     return _open_a_call(stmt, positions, lines, wide, column, limit, step) or _split_a_string(stmt, positions, lines, wide, column, limit)
 
 

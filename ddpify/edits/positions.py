@@ -10,10 +10,10 @@ PositionProvider.
 from __future__ import annotations
 
 import ast
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import CodeRange, PositionProvider
 
 from ddpify.anatomy import Pos
 
@@ -37,9 +37,17 @@ def spans_in_place(stmt: cst.BaseStatement, first_line: int, indents: Sequence[s
     for indent in indents:
         nested = cst.If(test=cst.Name("_"), body=cst.IndentedBlock(body=[nested], indent=indent))  # type: ignore[list-item]
     alone_module = cst.Module(body=[nested], default_indent=module.default_indent, default_newline=module.default_newline)  # type: ignore[list-item]
-    positions = MetadataWrapper(alone_module, unsafe_skip_copy=True).resolve(PositionProvider)
+    positions = positions_of(alone_module)
     shift = first_line - positions[alone].start.line
     return {node: (where.start.line + shift, where.start.column, where.end.line + shift, where.end.column) for node, where in positions.items()}
+
+
+def positions_of(module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
+    """What LibCST's PositionProvider finds for the nodes of `module`, in its one codegen pass (a
+    MetadataWrapper's `resolve` walks the whole tree once more, for batchable providers, even with none)."""
+    provider = PositionProvider()
+    provider._gen_impl(module)
+    return provider._computed
 
 
 def _without_indented_body(stmt: cst.CSTNode) -> cst.CSTNode:
