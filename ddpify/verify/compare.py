@@ -244,7 +244,7 @@ def _amplified_noise_result(plan: Plan, reference: Record, ranks: list[Record], 
     rows = rows[:noise.step - 1] + [replace(rows[noise.step - 1], problems=[])] + later
     what = (f"steps 1-{noise.step - 1} match exactly, and " if noise.step > 1 else "") + (
         f"step {noise.step}'s gradients match the reference's (max rel Δgrad {noise.rel_gradient:.1e}, tolerance "
-        f"{EXACT_TOLERANCE:g}), but its update moved {noise.elements} parameter elements apart whose gradients are float "
+        f"{EXACT_TOLERANCE:g}), but its update moved {_elements(noise.elements)} apart whose gradients are float "
         f"noise (at most {noise.noise:.1e} of the largest; a bias just before a BatchNorm has none in theory), which the "
         f"optimizer turned into whole steps (Adam's first is lr * sign(grad)), so no later step can match exactly")
     result = {**result, "mode": "statistical", "steps": [asdict(row) for row in rows], "tolerances": tolerances(True),
@@ -254,11 +254,15 @@ def _amplified_noise_result(plan: Plan, reference: Record, ranks: list[Record], 
     divergence = first_divergence(rows, counts)
     if divergence is None:
         return {**result, "verdict": "equivalent", "diverged_at": None,
-                "message": f"equivalent (exact through step {noise.step}'s gradients, then statistical: {noise.elements} "
-                           f"parameter elements whose gradients are float noise took other optimizer steps, see notes): "
+                "message": f"equivalent (exact through step {noise.step}'s gradients, then statistical: {_elements(noise.elements)} "
+                           f"whose gradients are float noise took other optimizer steps, see notes): "
                            f"{len(rows)} steps, losses within {STATISTICAL_LOSS_TOLERANCE:g}, all {plan.nproc} ranks agree"}
     step, problems = divergence
     return {**result, "verdict": "diverged", "diverged_at": step, "message": f"diverged at step {step}: " + "; ".join(problems)}
+
+
+def _elements(count: int) -> str:
+    return f"{count} parameter element{'' if count == 1 else 's'}"
 
 
 def _own_episodes_result(plan: Plan, ranks: list[Record], counts: list[int], result: dict) -> dict:
