@@ -54,3 +54,4 @@ def test_a_bar_read_only_in_rank_zero_output_stays_disabled_elsewhere():
     printed = BAR_READ.replace('bar.set_description(bar.desc.split(" loss")[0] + f" loss {loss.item():.3f}")', "print(bar.desc)")
     output = convert_source(printed.replace("time.time() - bar.start_t >= 0", "True"), "ddp").output
     assert 'tqdm(loader, desc=f"epoch {epoch}", disable=RANK != 0)' in output
+

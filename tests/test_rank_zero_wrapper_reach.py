@@ -1,7 +1,7 @@
 """Rank-0-only output that reaches the DDP wrapper where the converter used to miss it.
 
-A print that rank 0 alone makes must not run the wrapper's forward: with BatchNorm, each forward
-broadcasts its buffers from rank 0, a collective the other ranks never join (the job hangs). The
+A print that rank 0 alone makes must not run the wrapper's forward: with a buffer the forward writes,
+each forward broadcasts it from rank 0, a collective the other ranks never join (the job hangs). The
 converter hands such output the plain model (`model.module`) where only rank-0 output runs the
 code: a closure reading the model of the function it is defined in, `model.forward(x)`. Where every
 rank runs that code too (`logits(x)` of the training step, `self.scores(x)` of a trainer, a function
@@ -29,14 +29,13 @@ NET = textwrap.dedent("""\
         def __init__(self):
             super().__init__()
             self.fc = nn.Linear(8, 2)
-            self.bn = nn.BatchNorm1d(2)
+            self.register_buffer("seen", torch.zeros(()))
 
         def forward(self, x):
-            return self.bn(self.fc(x))
+            self.seen += len(x)
+            return self.fc(x)
     """)
 DATA = "DataLoader(TensorDataset(torch.randn(32, 8), torch.randint(0, 2, (32,))), batch_size=8, shuffle=True)"
-
-
 
 
 def _training(script: str, forward: str, holder: str = "") -> str:

@@ -19,7 +19,7 @@ from ddpify.anatomy.distributed.fsdp import after_shard, is_sharded_model, shard
 from ddpify.anatomy.distributed.names import COLLECTIVES
 from ddpify.anatomy.distributed.ranks import only_called_from, rank_guarded
 from ddpify.anatomy.distributed.wrappers import is_wrapper, may_become_wrapper, unwrapping_function
-from ddpify.anatomy.sites import CallSite
+from ddpify.anatomy.sites import CallSite, ModelSite
 from ddpify.anatomy.output import is_output_call, output_statements
 from ddpify.anatomy.syntax import ancestors, argument, contains, enclosing_function
 from ddpify.anatomy.vocabulary import ACCELERATOR_COLLECTIVES, ACCELERATOR_UNWRAP, FORWARD, is_pure_call
@@ -82,11 +82,12 @@ def must_run_on_every_rank(a: Anatomy, call: ast.Call) -> bool:
     """Inside output that rank 0 alone will make (a print's f-string, a log's or a save's
     arguments): must this call run on every rank instead? Yes when it trains or calls a
     collective (itself, or through a function of this project), and when what it does is not
-    known: a library's function, a method that is not a known read; and when it runs the DDP wrapper's
-    forward where that can't be unwrapped (`keeps_wrapper_forward`). No for pure formatting and
+    known: a library's function, a method that is not a known read; when it runs the DDP wrapper's
+    forward where that can't be unwrapped (`keeps_wrapper_forward`), or a model with BatchNorm
+    (`runs_batchnorm`). No for pure formatting and
     reads (`_only_reads`), output calls, this file's functions that join nothing,
     and calls on a model (rank-0 code calls the module inside the wrapper)."""
-    if joins_by_itself(a, call) or runs_sharded_model(a, call) or keeps_wrapper_forward(a, call):
+    if joins_by_itself(a, call) or runs_sharded_model(a, call) or keeps_wrapper_forward(a, call) or runs_batchnorm(a, call):
         return True
     if _only_reads(a, call) or is_output_call(a, call) or a.callee(call) is not None or calls_model(a, call):
         return False
@@ -208,6 +209,24 @@ def keeps_wrapper_forward(a: Anatomy, call: ast.Call) -> bool:
     every_rank = _called_outside_output(a)
     return callee is not None and a.function_contains(
         callee, lambda n: runs_wrapper_it_reads(a, n) and enclosing_function(a, n) in every_rank)
+
+
+def runs_batchnorm(a: Anatomy, call: ast.Call) -> bool:
+    """Does the call run the forward of a model that has (or may have) BatchNorm layers: the model or
+    its wrapper called, or this file's function that calls one (`predict(x)`, `evaluate(model)`)? On
+    GPUs they become SyncBatchNorm, whose forward in training mode gathers statistics from every
+    rank: rank 0 can't run it alone, not even through `.module`."""
+    callee = a.callee(call)
+    return _forwards_batchnorm_model(a, call) or (callee is not None and a.function_contains(
+        callee, lambda n: isinstance(n, ast.Call) and _forwards_batchnorm_model(a, n)))
+
+
+def _forwards_batchnorm_model(a: Anatomy, call: ast.Call) -> bool:
+    """`model(x)`, `model.forward(x)`, of a model whose BatchNorm layers ddpify makes SyncBatchNorm
+    (has_batchnorm not False: its class has them, or is another file's)."""
+    func = call.func.value if isinstance(call.func, ast.Attribute) and call.func.attr == FORWARD else call.func
+    return isinstance(func, (ast.Name, ast.Attribute)) and any(
+        role == ROLE_MODEL and isinstance(site, ModelSite) and site.has_batchnorm is not False for role, site in a.roles(func))
 
 
 def runs_wrapper_it_reads(a: Anatomy, node: ast.AST) -> bool:

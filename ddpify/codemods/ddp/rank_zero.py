@@ -19,7 +19,9 @@ to a local function becomes `wrapper.module`, also in a local function that only
 module level or in the `__main__` block), through any depth of calls. A call in the arguments of an output it guards (a print,
 a log, a save) that is not known to only format or read (`vocabulary.is_pure_call`) runs on every rank
 first, into a fresh variable the guarded output reads: one that trains or calls a collective, another
-file's function that may (`train_one_epoch` imported from engine.py), and any call whose work is
+file's function that may (`train_one_epoch` imported from engine.py), a forward of a model with
+BatchNorm (SyncBatchNorm on GPUs syncs in training mode, `.module` or not), a function every rank
+also runs that calls the wrapper itself (`logits(x)` of the training step), and any call whose work is
 unknown (`distributed.must_run_on_every_rank`); where it runs maybe or many times, the whole
 conditional, comprehension or call taking its lambda is computed. A statement where that can't be
 done is left on every rank (with advice) rather than guarded into a deadlock.
