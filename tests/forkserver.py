@@ -43,6 +43,7 @@ import numpy.random  # (the test extra's tensorboard requires NumPy)
 import torch
 import torch._dynamo  # noqa: F401  (every optimizer's construction imports it)
 import torch.distributed  # noqa: F401
+import torch.distributed.checkpoint.state_dict  # noqa: F401  (what `convert --to fsdp` saves with)
 import torch.nn.parallel  # noqa: F401
 import torch.utils.data  # noqa: F401
 
