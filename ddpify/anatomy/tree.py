@@ -58,6 +58,7 @@ class ScriptTree:
         _Structure(self).walk()
         self.names = ImportTable(self.nodes, pending_imports)
         self._qualnames: dict[ast.AST, str | None] = {}  # rules and transforms ask it of the same nodes
+        self._refs: dict[ast.AST, Ref | None] = {}
         self.main_guard: ast.If | None = None
         self.entry: str | None = None
         _find_entry(self)
@@ -88,8 +89,15 @@ class ScriptTree:
         return self._qualnames[expr]
 
     def ref(self, expr: ast.AST, scope: str | None = None) -> Ref | None:
-        """The variable an expression reads: `x` (local or global) or `self.x`."""
-        scope = self.scope_of.get(expr, MODULE_SCOPE) if scope is None else scope
+        """The variable an expression reads: `x` (local or global) or `self.x`; read in `scope`, or
+        where it stands (remembered: every pass, rule and transform asks it of the same nodes)."""
+        if scope is not None:
+            return self._find_ref(expr, scope)
+        if expr not in self._refs:
+            self._refs[expr] = self._find_ref(expr, self.scope_of.get(expr, MODULE_SCOPE))
+        return self._refs[expr]
+
+    def _find_ref(self, expr: ast.AST, scope: str) -> Ref | None:
         if isinstance(expr, ast.Name):
             return Ref(self._binding_scope(expr.id, scope), expr.id)
         if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
