@@ -56,6 +56,14 @@ def test_an_uncaught_exception_prints_its_traceback_and_exits_1(monkeypatch, tmp
     assert forked.stderr == real.stderr
 
 
+def test_a_scripts_own_finalizers_run_at_its_exit(monkeypatch, tmp_path):
+    """Those the server's imports registered do not (tests/forkserver.py); the script's do, as in a fresh interpreter."""
+    script = tmp_path / "finalized.py"
+    script.write_text("import weakref\nclass Box:\n    pass\nbox = Box()\nweakref.finalize(box, print, 'finalized at exit')\n")
+    forked, real = both_ways(monkeypatch, [sys.executable, str(script)], tmp_path)
+    assert forked.stdout == real.stdout == "finalized at exit\n"
+
+
 def test_torchrun_ranks_get_torchruns_variables_and_log_files(monkeypatch, probe, tmp_path):
     outputs = []
     for forked in (True, False):
