@@ -8,6 +8,7 @@ from ddpify.anatomy.distributed.every_rank_work import values_to_compute_first
 from ddpify.anatomy.distributed.ranks import rank_guarded, runs_on_every_rank
 from ddpify.anatomy.output import (
     LOG, PROCESS_ID, PROGRESS_BAR, RANK_ZERO_PRINT_SETUPS, WRITER, is_print, output_kind, rank_zero_object,
+    sends_from_rank_zero_alone,
 )
 from ddpify.anatomy import syntax
 from ddpify.anatomy.vocabulary import BUILTIN_PRINT, PRINT, is_pure_call
@@ -23,7 +24,9 @@ class LogOnEveryRank(Rule, code="DDP007", name="log-on-every-rank", severity="wa
     """## What it does
     Flags `print(...)` (and a progress bar's `write`), `logging.info(...)`/`logger.info(...)` (debug/info levels),
     `SummaryWriter(...)`, `wandb.init(...)` and `tqdm(...)` without `disable=` that run on every
-    rank. Output that names the rank (`print(f"[rank {rank}] ...")`) is per-rank on purpose; a
+    rank. A `wandb.init(..., mode=None if rank == 0 else "disabled")` sends from rank 0 alone
+    (wandb's disabled run, what `ddpify convert` starts). Output that names the rank
+    (`print(f"[rank {rank}] ...")`) is per-rank on purpose; a
     logging setup whose level depends on the rank, or that runs on rank 0 only, already silences
     the other ranks; and a script that replaces `builtins.print` (the `setup_for_distributed`
     idiom) has its own rank-0 print. None of these is reported.
@@ -87,7 +90,7 @@ def _output_kind(a, site, logging_silenced: bool) -> str | None:
     if is_print(kind):
         return PRINT
     if keeper == WRITER:
-        return site.qualname.rpartition(".")[2]
+        return None if sends_from_rank_zero_alone(a, call) else site.qualname.rpartition(".")[2]
     if keeper == PROGRESS_BAR and syntax.keyword(call, "disable") is None:
         return PROGRESS_BAR
     return "log record" if kind == LOG and not logging_silenced else None
@@ -183,6 +186,9 @@ print("only rank 0 prints this")
     _HEAD + "import os\n\n\ndef print0(*args):\n    if int(os.environ.get('RANK', 0)) == 0:\n        print(*args)\n",
     _HEAD + "from tqdm import tqdm\nfor i in tqdm(range(3), disable=rank != 0):\n    pass\n",
     _HEAD + "from torch.utils.tensorboard import SummaryWriter\nwriter = SummaryWriter('runs/x') if rank == 0 else None\n",
+    # every rank starts the wandb run, the others disabled
+    _HEAD + "import wandb\nrun = wandb.init(project='p', mode=None if rank == 0 else 'disabled')\n",
+    ACCELERATE_HEAD + f"import wandb\nwandb.init(project='p', mode=('offline') if {ON_MAIN_PROCESS} else 'disabled')\n",
     # an mp.spawn parent prints once, before the workers start
     """import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -208,6 +214,7 @@ LogOnEveryRank.INVALID = (
     guarded_case(_STARTED, "print(f'loss {loss.item():.4f}')\n"),
     guarded_case(_HEAD + "import logging\nlogger = logging.getLogger(__name__)\n", "logger.info('loss %f', loss.item())\n"),
     Invalid(_HEAD + "from torch.utils.tensorboard import SummaryWriter\nwriter = SummaryWriter('runs/exp')\n", line=8),
+    Invalid(_HEAD + "import wandb\nwandb.init(project='p')\n", line=8),
     # an evaluation that every rank must join runs on every rank first, into a variable the print reads
     Invalid(
         _HEAD + _EVALUATE + "if rank == 0:\n    print('start')\nprint(f'acc {evaluate(loss):.4f}')\n",

@@ -50,7 +50,9 @@ class RankZeroObjectUsedOnEveryRank(Rule, code="DDP021", name="rank-zero-object-
     ```
     and share what every rank reads (`log_dir = writer.log_dir if rank == 0 else None`, then
     `dist.broadcast_object_list`), or give the other ranks an object whose methods do nothing
-    (what `ddpify convert` does).
+    (what `ddpify convert` does for a SummaryWriter). A wandb run is best started on every rank,
+    disabled off rank 0 (`wandb.init(..., mode=None if rank == 0 else "disabled")`, what `ddpify
+    convert` does): its config, log and finish work everywhere, and rank 0 alone sends.
 
     ## Fix safety
     A statement that only calls a method of the object is put under `if <name> is not None:`:

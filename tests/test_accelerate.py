@@ -653,7 +653,7 @@ def test_a_project_conversion_verifies_equivalent(project, tmp_path):
 # Data no loader deals (ddpify.codemods.accelerate.own_data), each made the processes' own: batches drawn at
 # random offsets (each process reseeded with its index once prepared), environments played (seeded per
 # process, every step agreed: on_every_rank), an optimizer its agent owns (gradients averaged by hand), and
-# a SummaryWriter and wandb run the main process alone builds (a stand-in with its log_dir elsewhere).
+# a SummaryWriter the main process alone builds (a stand-in with its log_dir elsewhere) and a wandb run disabled elsewhere.
 OWN_DATA = {"real/char_lm_nanogpt": "equivalent (statistical mode)", "real/rl_agent_owns_optimizer": "equivalent (statistical: each rank plays",
             "real/rl_dqn_replay": "equivalent (statistical: each rank plays", "projects/rank_zero_writers": "equivalent: 4 steps match"}
 

@@ -1235,18 +1235,15 @@ class TestRankZero:
 
     def test_wandb_calls_are_rank_zero(self):
         output = convert_source(textwrap.dedent(WANDB_SCRIPT), "ddp").output
-        assert only_on_rank_zero(output, "wandb.log") and only_on_rank_zero(output, "wandb.config.update")
+        assert only_on_rank_zero(output, "wandb.log") and only_on_rank_zero(output, "run.finish")
         assert not only_on_rank_zero(output, "losses.append")
+        assert not only_on_rank_zero(output, "wandb.config.update")  # the config every rank reads
 
-    def test_wandb_init_happens_on_rank_zero_only(self):
+    def test_every_rank_starts_the_wandb_run_disabled_off_rank_zero(self):
+        """tests/test_wandb_ranks.py runs it: wandb's module state is unusable where init never ran."""
         output = convert_source(textwrap.dedent(WANDB_SCRIPT), "ddp").output
-        for call in ("wandb.init", "run.finish"):
-            assert only_on_rank_zero(output, call), f"{call} runs on every rank"
-
-    def test_other_ranks_hold_a_stand_in_for_the_wandb_run(self):
-        output = convert_source(textwrap.dedent(WANDB_SCRIPT), "ddp").output
-        assert 'run = wandb.init(project="demo") if RANK == 0 else RankZeroStandIn()' in output
-        assert output.count("class RankZeroStandIn:") == 1 and "def shared_from_rank_zero" not in output
+        assert 'run = wandb.init(project="demo", mode=None if RANK == 0 else "disabled")' in output
+        assert not only_on_rank_zero(output, "wandb.init") and "RankZeroStandIn" not in output
 
     def test_attributes_read_of_a_writer_anywhere_are_broadcast_from_rank_zero(self):
         output = convert_source(textwrap.dedent(WRITER_READ_ELSEWHERE), "ddp").output

@@ -5,7 +5,10 @@ transforms and `ddpify explain` all ask, so that convert guards exactly what lin
 Rank-0 output is a print (and a progress bar's `write`), a log record below WARNING (a warning or
 an error tells what one rank saw: each rank keeps its own), a wandb call or a TensorBoard writer's,
 and a file written (`torch.save`, `np.save`, `pickle.dump`, `.savefig`, ...). Writers and progress
-bars are objects rank 0 alone keeps (`rank_zero_object`): built on rank 0 only, or shown there.
+bars are objects rank 0 alone keeps (`rank_zero_object`): built on rank 0 only, or shown there. A
+wandb run is the exception: every rank starts one, disabled off rank 0 (`disabled_off_rank_zero`),
+since wandb's module state (`wandb.config`, `wandb.log`) is unusable where `wandb.init` never ran;
+updating its config (`wandb.config.update(...)`) is state every rank reads, not output.
 Accelerate's `accelerator.print` and `accelerator.save*` are output every rank may call: they are
 made on the main process alone (`made_on_main_process`).
 """
@@ -32,7 +35,10 @@ from ddpify.anatomy.vocabulary import (
     TQDM_CONSTRUCTORS,
     TQDM_WRITE,
     WANDB,
+    WANDB_CONFIG,
+    WANDB_INIT,
     WANDB_MEDIA,
+    WANDB_MODE,
     WRITER_CONSTRUCTORS,
 )
 from ddpify.anatomy.cache import per_anatomy
@@ -68,7 +74,7 @@ def log_level(a: Anatomy, call: ast.AST) -> str | None:
 def output_kind(a: Anatomy, call: ast.AST) -> str | None:
     """Is `call` output that rank 0 alone makes under DDP, and which: PRINT, TORCH_SAVE, a
     `tqdm.write`'s qualname, FILE_WRITTEN, LOG, WANDB_CALL or WRITER_CALL; None when it is not (a
-    warning or an error logged, a wandb.Image built, work)."""
+    warning or an error logged, a wandb.Image built, a wandb run started or its config updated, work)."""
     if not isinstance(call, ast.Call):
         return None
     q = a.qualname(call.func) or ""
@@ -80,7 +86,7 @@ def output_kind(a: Anatomy, call: ast.AST) -> str | None:
     level = log_level(a, call)
     if level is not None:
         return LOG if level in INFO_LOG_METHODS else None
-    if q.startswith(WANDB) and method not in WANDB_MEDIA:
+    if q.startswith(WANDB) and method not in WANDB_MEDIA and q != WANDB_INIT and not q.startswith(WANDB_CONFIG):
         return WANDB_CALL
     if method is None:
         return None
@@ -101,6 +107,19 @@ def rank_zero_object(a: Anatomy, call: ast.AST) -> str | None:
     if q in WRITER_CONSTRUCTORS:
         return WRITER
     return PROGRESS_BAR if q in TQDM_CONSTRUCTORS else None
+
+
+def disabled_off_rank_zero(a: Anatomy, call: ast.AST) -> bool:
+    """Is `call` a `wandb.init(...)`, which every rank runs, the ranks other than 0 with
+    mode="disabled" (a run that sends nothing, whose calls and config still work)?"""
+    return isinstance(call, ast.Call) and a.qualname(call.func) == WANDB_INIT
+
+
+def sends_from_rank_zero_alone(a: Anatomy, call: ast.AST) -> bool:
+    """`wandb.init(..., mode=None if RANK == 0 else "disabled")`: a run whose mode a rank test
+    chooses (`accelerator.is_main_process` too), as `ddpify convert` starts it."""
+    mode = keyword(call, WANDB_MODE) if disabled_off_rank_zero(a, call) else None
+    return mode is not None and isinstance(mode.value, ast.IfExp) and is_rank_test(a, mode.value.test)
 
 
 def made_on_main_process(a: Anatomy, call: ast.AST) -> bool:

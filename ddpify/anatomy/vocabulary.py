@@ -188,7 +188,16 @@ LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "exception
 INFO_LOG_METHODS = frozenset({"debug", "info", "log"})  # below WARNING: progress that one rank can report
 WANDB = "wandb."
 WANDB_MEDIA = frozenset({"Table", "Image", "Histogram"})  # wandb.<these>(...) build values to log, not output
-WRITER_CONSTRUCTORS = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter", "wandb.init"})
+WANDB_INIT = "wandb.init"
+# wandb.init(mode="disabled") starts a run that sends nothing, whose config, log, finish (and the module's
+# wandb.config, wandb.log, wandb.run) still work: what the ranks other than 0 start.
+WANDB_MODE = "mode"
+WANDB_DISABLED = '"disabled"'
+# A run's settings, which every rank reads: updating them (`wandb.config.update(...)`) is not output.
+WANDB_CONFIG = ("wandb.config.", "wandb.run.config.")
+# What a disabled run holds alike: the config given to init, the summary its log calls fill (its dir, name, id are its own).
+WANDB_RUN_STATE = frozenset({"config", "summary"})
+WRITER_CONSTRUCTORS = frozenset({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter", WANDB_INIT})
 
 # ----- rank-0-only output ------------------------------------------------------------------------
 # Calls that only format, read or measure. Inside output that runs on rank 0 alone (a print's f-string,

@@ -3,9 +3,12 @@ written with the Accelerator: `accelerator.print`, `accelerator.save`, `if
 accelerator.is_main_process:` for other output, `accelerator.wait_for_everyone()` before other
 processes read a checkpoint, `torch.load(..., map_location=accelerator.device)`.
 
-A SummaryWriter or wandb run is built on the main process only; the other processes hold the DDP
-target's stand-in, whose calls do nothing, with the attributes the script reads of it broadcast from
-the main process (accelerate.utils.broadcast_object_list; spelled.py).
+A SummaryWriter is built on the main process only; the other processes hold the DDP target's
+stand-in, whose calls do nothing, with the attributes the script reads of it broadcast from the main
+process (accelerate.utils.broadcast_object_list; spelled.py). A wandb run is started as the DDP
+target starts it: on every process, `mode="disabled"` off the main one (the script's own
+`wandb.init` kept rather than moved to `accelerator.init_trackers`, which starts wandb on the main
+process alone: the others' `wandb.config` reads would fail as before).
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@ writers: `np.save`, `pickle.dump`, `savefig`, ...), and `with open(..., "w")` bl
 `if RANK == 0:` (a line it shares, `if ok: print(x)` or `a; print(a)`, is put one statement a
 line first); a `with open(..., "w")` block that also trains stays on every
 rank, the others writing to os.devnull; progress bars get `disable=RANK != 0` (or, where every rank
-reads what a disabled bar lacks, `bar.desc`, are drawn to os.devnull off rank 0); a SummaryWriter or
-a wandb run is built on rank 0 only, the other ranks holding a stand-in whose calls do nothing and
-whose attributes the script reads (`writer.log_dir`) are rank 0's; directories are made with
+reads what a disabled bar lacks, `bar.desc`, are drawn to os.devnull off rank 0); a SummaryWriter is
+built on rank 0 only, the other ranks holding a stand-in whose calls do nothing and whose attributes
+the script reads (`writer.log_dir`) are rank 0's; a wandb run is started on every rank, with
+mode="disabled" off rank 0 (`wandb.config`, `wandb.log` and the run's calls work there, nothing is
+sent); directories are made with
 exist_ok=True (every rank makes them at once); `torch.load` maps tensors onto this rank's device;
 and where the script later reads what rank 0 saved, a barrier waits for the file, outside any
 rank-0 block.
@@ -30,7 +32,7 @@ done is left on every rank (with advice) rather than guarded into a deadlock.
 from __future__ import annotations
 
 import ast
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import libcst as cst
 
@@ -44,7 +46,9 @@ from ddpify.anatomy.distributed.every_rank_work import (
     wrappers_run,
 )
 from ddpify.anatomy.distributed.ranks import only_called_from, rank_guarded, runs_on_every_rank
-from ddpify.anatomy.output import PROGRESS_BAR, WRITER, output_kind, output_statements, rank_zero_object, writes_file_in_block
+from ddpify.anatomy.output import (
+    PROGRESS_BAR, WRITER, disabled_off_rank_zero, output_kind, output_statements, rank_zero_object, writes_file_in_block,
+)
 from ddpify.anatomy.distributed.reaching import calls_running, reaching_values
 from ddpify.anatomy.distributed.wrappers import wrapper_or_plain
 from ddpify.anatomy.vocabulary import (
@@ -53,6 +57,9 @@ from ddpify.anatomy.vocabulary import (
     TORCH_LOAD,
     TORCH_SAVE,
     TQDM_CONSTRUCTORS,
+    WANDB_DISABLED,
+    WANDB_MODE,
+    WANDB_RUN_STATE,
     WRITER_CONSTRUCTORS,
     opens_for_writing,
 )
@@ -132,6 +139,8 @@ class RankZeroDuties(Transform):
                 saves.append(call)
             elif keeper == PROGRESS_BAR:
                 self._disable_on_other_ranks(call)
+            elif disabled_off_rank_zero(self.anatomy, call.node):
+                self._start_disabled_off_rank_zero(call)
             elif keeper == WRITER and isinstance(self.anatomy.parents.get(call.node), ast.Assign):
                 self._build_on_rank_zero(call)
             elif call.qualname == TORCH_LOAD:
@@ -270,6 +279,26 @@ class RankZeroDuties(Transform):
             return
         self.rewrite_node(call.node, cst.Call, lambda node: _with_disable(node, self.OFF_RANK_ZERO))
         self.changed(call.line, f"progress bar shown on rank 0 only (disable={self.OFF_RANK_ZERO})")
+
+    def _start_disabled_off_rank_zero(self, call: CallSite) -> None:
+        """`wandb.init(...)`: every rank starts the run, the others with mode="disabled" (wandb's run
+        that sends nothing), so `wandb.config.lr`, `wandb.log(...)`, `run.config` and `run.finish()`
+        work on every rank and rank 0 alone sends; a `mode=` the script gives is rank 0's. Attributes
+        of its own that a disabled run holds (`run.dir`, `run.name`) are not rank 0's: where every rank
+        reads one, advised."""
+        node: ast.Call = call.node  # type: ignore[assignment]
+        if not runs_on_every_rank(self.anatomy, call.stmt):
+            return
+        if any(kw.arg is None for kw in node.keywords):
+            self.advise(call.line, f"wandb.init(**...) starts a run on every rank: pass it mode={WANDB_DISABLED} off rank 0 by hand")
+            return
+        self.rewrite_node(node, cst.Call, lambda c: _disabled_mode_off_rank_zero(c, self.ON_RANK_ZERO))
+        self.changed(call.line, f"wandb run started on every rank, mode={WANDB_DISABLED} off rank 0 (its calls work there, "
+                                "rank 0 alone sends)")
+        own = sorted(_read_on_every_rank(self.anatomy, call, ROLE_WRITER, WRITER_CONSTRUCTORS) - WANDB_RUN_STATE)
+        if own:
+            self.advise(call.line, f"the other ranks' disabled wandb run has its own {', '.join(own)}, not rank 0's: "
+                                   "where every rank needs rank 0's, broadcast it by hand")
 
     def _build_on_rank_zero(self, call: CallSite) -> None:
         """`writer = SummaryWriter(...)` / `run = wandb.init(...)`: built on rank 0 only. The other
@@ -466,12 +495,16 @@ def _attributes_read(anatomy, built: CallSite) -> list[str]:
 
 
 def _attributes_a_disabled_bar_lacks(anatomy, built: CallSite) -> list[str]:
-    """The attributes that every rank reads of the progress bar `built` makes (not in output, which
-    rank 0 alone makes) and that a disabled bar lacks (`bar.desc`, `bar.start_t`; `bar.n` it keeps)."""
+    """The attributes that every rank reads of the progress bar `built` makes and that a disabled
+    bar lacks (`bar.desc`, `bar.start_t`; `bar.n` it keeps)."""
+    return sorted(_read_on_every_rank(anatomy, built, ROLE_PBAR, TQDM_CONSTRUCTORS) - DISABLED_BAR_ATTRIBUTES)
+
+
+def _read_on_every_rank(anatomy, built: CallSite, role: str, constructors: frozenset[str]) -> set[str]:
+    """The attributes of what `built` makes that every rank reads (not in output, which rank 0 alone makes)."""
     in_output = {n for stmt in output_statements(anatomy) for n in ast.walk(stmt)}
-    read = {node.attr for node in _reads_of(anatomy, built, ROLE_PBAR, TQDM_CONSTRUCTORS)
+    return {node.attr for node in _reads_of(anatomy, built, role, constructors)
             if node not in in_output and runs_on_every_rank(anatomy, node)}
-    return sorted(read - DISABLED_BAR_ATTRIBUTES)
 
 
 def _reads_of(anatomy, built: CallSite, role: str, constructors: frozenset[str]) -> Iterator[ast.Attribute]:
@@ -516,19 +549,26 @@ def _makedirs_exist_ok(node: cst.CSTNode) -> cst.CSTNode:
 def _drawn_to_devnull(node: cst.CSTNode, condition: str) -> cst.CSTNode:
     """`tqdm(xs)` -> `tqdm(xs, file=None if RANK == 0 else open(os.devnull, "w"))` (None: its default,
     stderr); a `file=f` given becomes `f if RANK == 0 else ...`."""
-    assert isinstance(node, cst.Call)
     devnull = 'open(os.devnull, "w")'
-    for i, arg in enumerate(node.args):
-        if arg.keyword and arg.keyword.value == "file":
-            chosen = parse_expr(f"({cst.Module([]).code_for_node(arg.value)}) if {condition} else {devnull}")
-            return node.with_changes(args=[*node.args[:i], arg.with_changes(value=chosen), *node.args[i + 1:]])
-    return add_keyword(node, "file", f"None if {condition} else {devnull}")
+    return _set_keyword(node, "file", lambda given: f"({given}) if {condition} else {devnull}", f"None if {condition} else {devnull}")
+
+
+def _disabled_mode_off_rank_zero(node: cst.CSTNode, condition: str) -> cst.CSTNode:
+    """`wandb.init(...)` -> `wandb.init(..., mode=None if RANK == 0 else "disabled")` (None: its
+    default); a `mode=m` given becomes `(m) if RANK == 0 else "disabled"`."""
+    return _set_keyword(node, WANDB_MODE, lambda given: f"({given}) if {condition} else {WANDB_DISABLED}",
+                        f"None if {condition} else {WANDB_DISABLED}")
 
 
 def _with_disable(node: cst.CSTNode, off_rank_zero: str) -> cst.CSTNode:
+    return _set_keyword(node, "disable", lambda given: f"({given}) or {off_rank_zero}", off_rank_zero)
+
+
+def _set_keyword(node: cst.CSTNode, name: str, combined: Callable[[str], str], absent: str) -> cst.CSTNode:
+    """The call with `name=combined(<the value given>)`, or `name=absent` added where none is given."""
     assert isinstance(node, cst.Call)
     for i, arg in enumerate(node.args):
-        if arg.keyword and arg.keyword.value == "disable":
-            combined = parse_expr(f"({cst.Module([]).code_for_node(arg.value)}) or {off_rank_zero}")
-            return node.with_changes(args=[*node.args[:i], arg.with_changes(value=combined), *node.args[i + 1:]])
-    return add_keyword(node, "disable", off_rank_zero)
+        if arg.keyword and arg.keyword.value == name:
+            chosen = parse_expr(combined(cst.Module([]).code_for_node(arg.value)))
+            return node.with_changes(args=[*node.args[:i], arg.with_changes(value=chosen), *node.args[i + 1:]])
+    return add_keyword(node, name, absent)
