@@ -6,8 +6,8 @@ each launch it forks an *agent*: a new session (so a timeout kills the whole gro
 working directory, environment and files for stdout/stderr. A `python script.py` agent runs the
 script as `__main__`, as the interpreter would (sys.argv, sys.path[0] = the script's folder,
 PYTHONPATH entries and their sitecustomize, normal interpreter exit, Python's, NumPy's and torch's
-random generators seeded from the OS). A torchrun agent does what
-torchrun's agent does on one node: it serves the rendezvous store, forks one process per rank with
+random generators seeded from the OS). A torchrun agent does what torchrun's agent does on one
+node: it serves the rendezvous store, forks one process per rank with
 torchrun's variables (ddpify.verify.launcher.rank_environment, the same as `verify` uses), writes
 each rank's stdout to `<log dir>/<run>/attempt_0/<rank>/stdout.log` when asked to redirect, stops
 the others when one rank fails and exits 1 if any failed. Real torchrun stays in the suite where it
