@@ -29,13 +29,13 @@ COMPILE = "torch.compile"
 
 
 def compiled_where_bound(a: Anatomy, model: ModelSite) -> bool:
-    """Is the statement that binds `model` its compile, `model = torch.compile(model, ...)`, with no move after it?"""
+    """Is the statement that binds `model` its compile, `model = torch.compile(model, ...)`, with no move or cast after it?"""
     stmt = model.stmt
     if not (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call) and len(stmt.targets) == 1):
         return False
     call = stmt.value
     compiled = a.qualname(call.func) == COMPILE and bool(call.args) and a.ref(call.args[0]) == a.ref(stmt.targets[0])
-    return compiled and not model.placements
+    return compiled and model.ready_at is stmt
 
 
 def writes_gradients(a: Anatomy) -> bool:

@@ -71,6 +71,13 @@ class ModelSite(Site):
     has_batchnorm: bool | None = None  # None: a model class this file does not define
     container: str | None = None  # "list" or "dict" when `target` holds several models
     placements: list[ast.stmt] = field(default_factory=list)
+    casts: list[ast.stmt] = field(default_factory=list)  # the later statements of its block that change its parameters' dtype
+
+    @property
+    def ready_at(self) -> ast.stmt:
+        """The statement after which its parameters are final (bound, moved, cast): a wrapper built
+        earlier would keep the device and dtype they had then (DDP's buckets, FSDP's shards)."""
+        return max([self.stmt, *self.placements, *self.casts], key=lambda stmt: (stmt.lineno, stmt.col_offset))
 
 
 @dataclass(eq=False)

@@ -9,13 +9,13 @@ from __future__ import annotations
 import ast
 from collections import defaultdict
 from functools import cached_property
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from ddpify.anatomy.bindings import Binding
 from ddpify.anatomy.sites import MODULE_SCOPE, CallSite, ModelSite, Ref, Site
 from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.values import ROLE_MODEL, ROLE_MODELS, ScriptValues, argument_for, assigned_value
-from ddpify.anatomy.vocabulary import DEVICE_MOVES, PARAMETER_METHODS
+from ddpify.anatomy.vocabulary import DEVICE_MOVES, DTYPE_CASTS, FLOAT_DTYPES, PARAMETER_METHODS
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
@@ -190,15 +190,15 @@ class TrainedModels(ScriptValues):
                 return binding
         return None
 
-    def _placements_after(self, ref: Ref, stmt: ast.stmt) -> list[ast.stmt]:
+    def _set_up_after(self, ref: Ref, stmt: ast.stmt, changes: Callable[[ast.AST, Ref], bool]) -> list[ast.stmt]:
         """Statements after `stmt` in its block, before the first loop (other than one over the model's
-        own parameters, which sorts them into groups), that move `ref` to a device."""
+        own parameters, which sorts them into groups), holding a call that `changes` `ref`'s model."""
         block = self.block_of(stmt)
         out = []
         for later in block[block.index(stmt) + 1:]:
             if isinstance(later, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.ClassDef)) and not self._walks_parameters(later, ref):
                 break
-            if any(self._moves(node, ref) for node in ast.walk(later)):
+            if any(changes(node, ref) for node in ast.walk(later)):
                 out.append(later)
         return out
 
@@ -217,6 +217,39 @@ class TrainedModels(ScriptValues):
             and node.func.attr in DEVICE_MOVES
             and self.ref(node.func.value) == ref
         )
+
+    def _casts(self, node: ast.AST, ref: Ref) -> bool:
+        return self.is_dtype_cast(node) and self.ref(node.func.value) == ref  # type: ignore[attr-defined]
+
+    def is_dtype_cast(self, node: ast.AST) -> bool:
+        """`x.double()`, `x.half()`, `x.type(torch.float64)`, `x.to(device, torch.float64)`: a module's cast of
+        its parameters to another dtype (on a tensor, the same calls cast the tensor)."""
+        return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+            node.func.attr in DTYPE_CASTS or node.func.attr in DEVICE_MOVES and self._names_dtype(node))
+
+    def _names_dtype(self, call: ast.Call) -> bool:
+        """Does the call pass a dtype (`dtype=`, or `torch.float64` among its arguments)?"""
+        return any(kw.arg == "dtype" for kw in call.keywords) or any(self.qualname(arg) in FLOAT_DTYPES for arg in call.args)
+
+    # ----- casts after the wrap --------------------------------------------------------------
+    def casts_while_training(self, site: ModelSite) -> list[ast.Call]:
+        """The casts of `site`'s parameters to another dtype past where it is set up (`ready_at`, where the
+        wrap goes) that training still follows: in a loop that trains, or before a later backward or
+        optimizer step of its function. A wrap cannot go after them; one before them keeps the old dtype."""
+        ready = site.ready_at
+        after = [n for n in self.nodes if isinstance(n, ast.Call) and self._casts(n, site.target)
+                 and n.lineno > (ready.end_lineno or ready.lineno)]
+        return [call for call in after if self.trains_after(self.stmt_of[call])]
+
+    def trains_after(self, stmt: ast.stmt) -> bool:
+        """Does a training call run after `stmt`: a loop around it trains, or what follows it in its function does?"""
+        if any(self.body_contains(loop.body, self.is_training_call) for loop in self.enclosing(stmt, _LOOPS)):
+            return True
+        for node in (stmt, *self.enclosing(stmt, ast.stmt)):
+            block = self.block_of(node)
+            if self.body_contains(block[block.index(node) + 1:], self.is_training_call):
+                return True
+        return False
 
     # ----- the statement that binds a model --------------------------------------------------
     def _binding(self, ref: Ref, used_at: ast.AST, depth: int = 0) -> ModelSite | None:
@@ -312,7 +345,8 @@ class TrainedModels(ScriptValues):
         site.stmt = stmt
         if isinstance(origin, ModelSite):
             site.class_name, site.has_batchnorm = origin.class_name, origin.has_batchnorm
-        site.placements = self._placements_after(ref, stmt)
+        site.placements = self._set_up_after(ref, stmt, self._moves)
+        site.casts = self._set_up_after(ref, stmt, self._casts)
         return site
 
 

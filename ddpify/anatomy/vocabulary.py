@@ -123,6 +123,8 @@ def reads_through_module(attr: str) -> bool:
 # nn.Module methods that return the module itself: `model.to(dev)` is still `model`.
 MODULE_RETURNING_SELF = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "requires_grad_"})
 DEVICE_MOVES = frozenset({"to", "cuda"})
+# nn.Module methods that cast every parameter to another dtype (`.to(dtype)` too, a DEVICE_MOVES call with a dtype).
+DTYPE_CASTS = frozenset({"float", "half", "double", "bfloat16", "type"})
 NOT_MODELS = frozenset({"torch.nn.Parameter", "torch.nn.ParameterList", "torch.nn.ParameterDict", "torch.nn.Module"})
 MODEL_CONTAINERS = frozenset({"torch.nn.ModuleList", "torch.nn.ModuleDict"})
 BLOCK_SEQUENCES = frozenset({"torch.nn.ModuleList", "torch.nn.Sequential"})  # what FSDP shards block by block
@@ -160,6 +162,7 @@ AUTOCAST = "torch.autocast"  # also torch.cuda.amp.autocast and torch.amp.autoca
 GRAD_SCALER = "torch.amp.GradScaler"  # also torch.cuda.amp.GradScaler
 HALF_DTYPES = frozenset({"torch.float16", "torch.half"})  # autocast's dtype=: fp16, which needs loss scaling
 BFLOAT16 = "torch.bfloat16"
+FLOAT_DTYPES = HALF_DTYPES | {BFLOAT16, "torch.float32", "torch.float", "torch.float64", "torch.double"}
 GRAD_SCALER_STEPS = frozenset({"step", "update", "unscale_"})  # what Accelerate's backward and optimizer do for it
 CLIP_GRAD_NORM = "torch.nn.utils.clip_grad_norm_"  # Accelerate's clip_grad_norm_ unscales fp16 gradients first
 

@@ -57,7 +57,7 @@ class PrepareForAccelerator(WrapModel):
 
     def wrapper_code(self, model: ModelSite, name: str) -> str:
         """Nothing here: the model joins the prepare call of its block."""
-        self._add(model.placements[-1] if model.placements else model.stmt, name)
+        self._add(model.ready_at, name)
         return ""
 
     def wrapped_message(self, name: str) -> str:

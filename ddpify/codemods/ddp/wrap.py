@@ -1,10 +1,12 @@
 """Transforms 3 and 4: nn.DataParallel out; SyncBatchNorm where the model has BatchNorm, then the DDP wrapper.
 
 A DataParallel wrap is removed first (DDP never wraps DataParallel: each rank would spread over
-every visible GPU). The wrapper goes right after the model reaches its device: after the statement
+every visible GPU). The wrapper goes right after the model's parameters are final: after the statement
 that binds it, or after the last statement of that block that moves it (`model.to(device)`,
-`if ...: model.cuda()`), or inside the class it is handed to when that class moves it. Its options
-are chosen from the analysis, each with a comment in the output saying why (ddp_options).
+`if ...: model.cuda()`) or casts it (`model.double()`: DDP builds its gradient buckets in the dtype it
+finds), or inside the class it is handed to when that class moves it. A cast that training still
+follows past that point (in the training loop) leaves the conversion incomplete. Its options are
+chosen from the analysis, each with a comment in the output saying why (ddp_options).
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class WrapModel(Transform):
                                      "modules by index, past any wrapper, and no rank would sync their gradients",
                          f"wrap each module of {name} that the step calls, or hold them in a module whose forward runs them")
             return
-        anchor = model.placements[-1] if model.placements else model.stmt
+        anchor = model.ready_at
         if model.container:
             self.insert_after(anchor, self._wrap_each(model, name))
             self.changed(anchor.lineno, self.wrapped_message(f"each model in {name}"))
@@ -116,6 +118,10 @@ class WrapModel(Transform):
                                         "gradient (a branch of its forward, a layer it never calls, or outputs a step drops)")
         if not self.PLACES_THE_MODEL and not self.anatomy.moved_where_bound(model):
             self.advise(model.line, f"{name} is never moved to a GPU; the DDP script will train it on CPU (gloo)")
+        for cast in self.anatomy.casts_while_training(model):
+            self.missing(cast.lineno, f"{ast.unparse(cast)} changes {name}'s parameters' dtype after it is wrapped (line {anchor.lineno}), "
+                                      "and training follows: the wrapper keeps communicating gradients in the dtype it was built for",
+                         f"cast {name} once, before it is wrapped (where it is built), or leave its dtype alone while it trains")
 
     def _sync_batchnorm(self, model: ModelSite, name: str, line: int) -> str:
         if model.has_batchnorm is False:

@@ -93,7 +93,7 @@ class ShardModel(WrapModel):
 
     def _optimizer_before_shard(self, model: ModelSite, name: str) -> None:
         """An optimizer built before the shard holds the unsharded parameters: it must come after."""
-        anchor = model.placements[-1] if model.placements else model.stmt
+        anchor = model.ready_at
         for optimizer in self.anatomy.optimizers:
             if optimizer.scope == model.scope and optimizer.line < anchor.lineno:
                 self.advise(optimizer.line, f"this optimizer is built before fully_shard({name}): build it after the shard, or it updates parameters FSDP no longer uses")
