@@ -17,7 +17,15 @@ An Accelerate candidate's prepared loader deals the script's own batches to the 
 (Accelerate's BatchSamplerShard: batch i to rank i % N, the last ones filled from the start),
 shuffled by use_seedable_sampler's generator (torch's initial seed plus the epoch, which is the
 number of passes the loader completed): AcceleratedBatchSampler rebuilds those with Accelerate's
-own classes, and step k joins every rank's k-th batch.
+own classes, and step k joins every rank's k-th batch. A loader with a sampler of the script's own
+(WeightedRandomSampler, any sampler object it passes) is dealt the same way: every process draws the same
+sequence from it (Accelerate keeps the sampler's generator the same on every process), so one pass of the
+reference's own sampler is dealt (AcceleratedOwnSampler), except where the sampler has no generator yet
+(Accelerate seeds one from the global generator at prepare, which no reference can mirror). A loader over an
+IterableDataset is iterated by process 0 alone, which concatenates N of its batches (one with split_batches)
+and gives each rank its rows (Accelerate's DataLoaderDispatcher): the reference's step k joins its own
+batches kN..kN+N-1 (dispatched_steps). A DDP candidate's converter leaves both kinds unsharded, so its
+reference keeps them as they are.
 
 Imports torch and the standard library only (and accelerate, for an Accelerate candidate).
 """
@@ -28,7 +36,9 @@ import inspect
 import math
 import os
 import sys
-from typing import Callable, Collection
+import weakref
+from itertools import islice
+from typing import Callable, Collection, Iterable, Iterator
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -114,27 +124,16 @@ def clock_passes_at_start() -> None:
     DataLoader.__iter__ = starting
 
 
-class AlignedBatchSampler:
-    """Batch sampler of one reference loader; decides on first use whether it trains.
+class JudgedLoader:
+    """One reference loader that decides on first use whether it trains (is_training_loader), and then
+    calls `on_training` with itself once."""
 
-    Training: batch k is the concatenation over ranks of each rank's k-th DistributedSampler
-    batch, and each pass has the epoch the candidate's sampler has then (LoaderCensus.next_epoch).
-    Evaluation: the loader's own sequential batches.
-    """
-
-    def __init__(self, site: tuple[str, int], size: int, batch_size: int, per_rank_batch: int, drop_last: bool, shuffle: bool,
-                 world: int, census: LoaderCensus, on_training: Callable[[AlignedBatchSampler], None]) -> None:
+    def __init__(self, site: tuple[str, int], shuffle: bool, census: LoaderCensus, on_training: Callable) -> None:
         self.site = site
-        self.size = size
-        self.batch_size = batch_size
-        self.per_rank_batch = per_rank_batch
-        self.drop_last = drop_last
         self.shuffle = shuffle
-        self.world = world
         self.census = census
         self.on_training = on_training
         self.training: bool | None = None
-        self.started: int | None = None  # the epoch of a training pass started but not yet iterated
 
     def _is_training(self) -> bool:
         if self.training is None:
@@ -144,6 +143,32 @@ class AlignedBatchSampler:
                 self.census.training_sites.add(self.site)
                 self.on_training(self)
         return self.training
+
+
+class AlignedBatchSampler(JudgedLoader):
+    """Batch sampler of one reference loader; decides on first use whether it trains.
+
+    Training: batch k is the concatenation over ranks of each rank's k-th DistributedSampler
+    batch, and each pass has the epoch the candidate's sampler has then (LoaderCensus.next_epoch).
+    Evaluation: the loader's own sequential batches.
+    """
+
+    def __init__(self, site: tuple[str, int], size: int, batch_size: int, per_rank_batch: int, drop_last: bool, shuffle: bool,
+                 world: int, census: LoaderCensus, on_training: Callable[[AlignedBatchSampler], None]) -> None:
+        super().__init__(site, shuffle, census, on_training)
+        self.size = size
+        self.batch_size = batch_size
+        self.per_rank_batch = per_rank_batch
+        self.drop_last = drop_last
+        self.world = world
+        self.started: int | None = None  # the epoch of a training pass started but not yet iterated
+
+    def dealing(self) -> str:
+        """How a training pass orders and deals the samples, for the notes."""
+        return f"{self._order_named()} as DistributedSampler(seed={DISTRIBUTED_SAMPLER_SEED}) with set_epoch per pass"
+
+    def _order_named(self) -> str:
+        return "shuffled" if self.shuffle else "in order"
 
     def _own_batches(self) -> BatchSampler:
         return BatchSampler(SequentialSampler(range(self.size)), self.batch_size, self.drop_last)
@@ -199,6 +224,9 @@ class AcceleratedBatchSampler(AlignedBatchSampler):
         batches = BatchSampler(order, self.batch_size, self.drop_last)
         return [BatchSamplerShard(batches, self.world, rank, split_batches=self.split) for rank in range(self.world)]
 
+    def dealing(self) -> str:
+        return f"{self._order_named()} as Accelerate's prepared loader deals the batches (seedable sampler, an epoch per completed pass)"
+
     def start_pass(self) -> None:
         """Nothing: an Accelerate candidate's prepared loaders have no DistributedSampler to set the PassClock, so
         the reference's passes leave it alone too."""
@@ -220,6 +248,71 @@ class AcceleratedBatchSampler(AlignedBatchSampler):
         for step in zip(*self._shards(self._order())):
             yield [index for batch in step for index in batch]
         self.passes += 1  # a prepared loader counts its epochs by the passes it completes
+
+
+class AcceleratedOwnSampler(AcceleratedBatchSampler):
+    """Batch sampler of one reference loader with a sampler of the script's own (`sampler`), for an Accelerate
+    candidate: every process draws the same sequence from it, and the prepared loaders deal its batches like
+    any others; a training pass draws the sampler once and deals that. Evaluation: the sampler's own batches."""
+
+    def __init__(self, *args, sampler, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.sampler = sampler
+
+    def dealing(self) -> str:
+        return (f"drawn by its own {type(self.sampler).__name__} (the same draws on every process), as Accelerate's prepared "
+                "loader deals the batches")
+
+    def _own_batches(self) -> BatchSampler:
+        return BatchSampler(self.sampler, self.batch_size, self.drop_last)
+
+    def _order(self) -> list[int]:
+        return list(self.sampler)
+
+
+class DispatchedStream(JudgedLoader):
+    """One reference loader over an IterableDataset, for an Accelerate candidate: its training passes are
+    dispatched_steps of its own batches (`group` of them a step: N, or 1 with split_batches)."""
+
+    def __init__(self, site: tuple[str, int], world: int, group: int, drop_last: bool, census: LoaderCensus,
+                 on_training: Callable[[DispatchedStream], None]) -> None:
+        super().__init__(site, False, census, on_training)
+        self.world = world
+        self.group = group
+        self.drop_last = drop_last
+
+    def steps(self, batches: Iterable):
+        """The reference's batches of one pass over the loader, whose own batches are `batches`."""
+        return dispatched_steps(batches, self.world, self.group, self.drop_last) if self._is_training() else batches
+
+    def length(self, batches: int) -> int:
+        """The reference's batches in a pass, the loader's own being `batches` (DataLoaderDispatcher's length)."""
+        if not self._is_training():
+            return batches
+        return batches // self.group if self.drop_last else math.ceil(batches / self.group)
+
+
+def dispatched_steps(batches: Iterable, world: int, group: int, drop_last: bool) -> Iterator:
+    """What Accelerate's DataLoaderDispatcher gives `world` ranks at each step, joined in rank order: `group`
+    of the loader's `batches` concatenated (a short last group dropped with drop_last), every rank given
+    the same share of its rows; without drop_last, a last step whose rows do not divide by `world` first gets
+    the first step's first `world` rows added, so every rank gets one row more."""
+    from accelerate.utils import concatenate, find_batch_size, slice_tensors
+
+    batches = iter(batches)
+    pending, first = list(islice(batches, group)), None
+    while pending and (len(pending) == group or not drop_last):
+        following = list(islice(batches, group))  # the dispatcher fetches a step ahead to know the last one
+        last = not following or (drop_last and len(following) < group)
+        step = concatenate(pending, dim=0)
+        if first is None:
+            first = slice_tensors(step, slice(0, world))
+        rows = find_batch_size(step)
+        share = rows // world
+        if last and not drop_last and rows % world:
+            step, share = concatenate([step, first], dim=0), share + 1
+        yield slice_tensors(step, slice(0, world * share))
+        pending = following
 
 
 def _lines_running(path: str) -> set[int]:
@@ -262,6 +355,25 @@ def _shuffles(arguments: dict) -> bool | None:
     return None
 
 
+def _drawn_alike(sampler) -> bool:
+    """A sampler of the script's own that every process of an Accelerate candidate draws alike: one with a
+    generator of its own (the prepared loader keeps it the same on every process), or one with no generator
+    attribute at all (each process iterates its own copy); not a RandomSampler with replacement (see _draws_its_own)."""
+    return not _draws_its_own(sampler) and not _seeded_at_prepare(sampler)
+
+
+def _seeded_at_prepare(sampler) -> bool:
+    """A sampler whose generator is None: Accelerate's prepare gives it one seeded from the global generator."""
+    return getattr(sampler, "generator", True) is None
+
+
+def _why_not_mirrored(sampler, accelerate: bool) -> str:
+    """Why an Accelerate candidate's sampler with no generator yet cannot be mirrored ('' for any other)."""
+    if accelerate and _seeded_at_prepare(sampler) and not _draws_its_own(sampler):
+        return " (Accelerate gives its sampler a generator seeded from the global one when the loader is prepared)"
+    return ""
+
+
 def _draws_its_own(sampler) -> bool:
     """A RandomSampler with replacement (converted: each rank draws from a generator seeded with the rank):
     the ranks' draws are their own, so the reference cannot mirror them."""
@@ -283,10 +395,16 @@ def align_training_loaders(world: int, batch_mode: str, static_sites: set[tuple[
     register_optimizer_step_post_hook(lambda *_: setattr(census, "optimizer_stepped", True))
     original_init = DataLoader.__init__
     signature = inspect.signature(original_init)
+    streams = dispatch_streams() if accelerate else None
 
     def aligned_init(self, *args, **kwargs):
         arguments = signature.bind(self, *args, **kwargs).arguments
-        sampler = _aligned_sampler(arguments, _call_site(census.static_sites), world, batch_mode, census, recorder, accelerate)
+        site = _call_site(census.static_sites)
+        if streams is not None and _dispatched(arguments):
+            original_init(**arguments)
+            streams[self] = _dispatched_stream(arguments, site, world, batch_mode, census, recorder)
+            return
+        sampler = _aligned_sampler(arguments, site, world, batch_mode, census, recorder, accelerate)
         if sampler is not None:
             for name in ("batch_size", "shuffle", "sampler", "drop_last"):
                 arguments.pop(name, None)
@@ -296,15 +414,57 @@ def align_training_loaders(world: int, batch_mode: str, static_sites: set[tuple[
     DataLoader.__init__ = aligned_init
 
 
+def dispatch_streams() -> weakref.WeakKeyDictionary:
+    """Make the loaders entered in the returned map (DataLoader -> DispatchedStream) iterate, and count
+    their length, as their DispatchedStream says."""
+    streams: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    iterate, length = DataLoader.__iter__, DataLoader.__len__
+
+    def dispatched_iter(self):
+        stream = streams.get(self)
+        return iterate(self) if stream is None else iter(stream.steps(iterate(self)))
+
+    def dispatched_len(self):
+        stream = streams.get(self)
+        return length(self) if stream is None else stream.length(length(self))
+
+    DataLoader.__iter__, DataLoader.__len__ = dispatched_iter, dispatched_len
+    return streams
+
+
+def _dispatched(arguments: dict) -> bool:
+    """A batched loader over an IterableDataset, which a prepared loader dispatches from process 0."""
+    return isinstance(arguments["dataset"], IterableDataset) and arguments.get("batch_size", 1) is not None
+
+
+def _dispatched_stream(arguments: dict, site: tuple[str, int], world: int, batch_mode: str, census: LoaderCensus,
+                       recorder) -> DispatchedStream:
+    """The DispatchedStream of a loader over an IterableDataset (see dispatched_steps)."""
+    batch_size = arguments.get("batch_size", 1)
+    group = 1 if batch_mode == "global" else world
+    census.known_training += site in census.static_sites
+
+    def describe(stream: DispatchedStream) -> None:
+        recorder.flag(RECUT_FLAG, f"{world} ranks x batch {batch_size * group // world} = {batch_size * group} samples "
+                                  f"a step from the loader at {_where(site)}")
+        recorder.note(f"training loader at {_where(site)} (an IterableDataset): reference step = {group} of its batches "
+                      f"of {batch_size} joined, as Accelerate's prepared loader dispatches them from process 0 to "
+                      f"{world} ranks")
+
+    return DispatchedStream(site, world, group, bool(arguments.get("drop_last")), census, describe)
+
+
 def _aligned_sampler(arguments: dict, site: tuple[str, int], world: int, batch_mode: str,
                      census: LoaderCensus, recorder, accelerate: bool) -> AlignedBatchSampler | None:
     """The batch sampler replacing this loader's batching, or None to leave the loader alone."""
     dataset = arguments["dataset"]
     batch_size = arguments.get("batch_size", 1)
     shuffle = _shuffles(arguments)
-    if arguments.get("batch_sampler") is not None or batch_size is None or shuffle is None \
+    own = arguments.get("sampler") if accelerate and shuffle is None and _drawn_alike(arguments.get("sampler")) else None
+    if arguments.get("batch_sampler") is not None or batch_size is None or (shuffle is None and own is None) \
             or isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
-        recorder.note(f"loader at {_where(site)} uses its own sampling, so the reference cannot mirror the ranks' samples")
+        recorder.note(f"loader at {_where(site)} uses its own sampling, so the reference cannot mirror the ranks' samples"
+                      f"{_why_not_mirrored(arguments.get('sampler'), accelerate)}")
         if _draws_its_own(arguments.get("sampler")):
             recorder.flag("training_randomness", f"a RandomSampler with replacement, loader at {_where(site)}")
         return None
@@ -317,19 +477,19 @@ def _aligned_sampler(arguments: dict, site: tuple[str, int], world: int, batch_m
     census.known_training += shuffle or site in census.static_sites
 
     def describe(sampler: AlignedBatchSampler) -> None:
-        order = "shuffled" if sampler.shuffle else "in order"
         recorder.flag(RECUT_FLAG, f"{world} ranks x batch {per_rank_batch} = {world * per_rank_batch} samples a step "
                                   f"from the loader at {_where(site)}")
-        dealt = ("as Accelerate's prepared loader deals the batches (seedable sampler, an epoch per completed pass)" if accelerate
-                 else f"as DistributedSampler(seed={DISTRIBUTED_SAMPLER_SEED}) with set_epoch per pass")
-        recorder.note(f"training loader at {_where(site)}: reference step = {world} ranks x batch {per_rank_batch}, {order} {dealt}")
+        recorder.note(f"training loader at {_where(site)}: reference step = {world} ranks x batch {per_rank_batch}, {sampler.dealing()}")
         if accelerate:
             return
         if sampler.size % world:
             recorder.note(f"{sampler.size} samples are not divisible by {world} ranks: DistributedSampler "
                           f"repeats {world - sampler.size % world} of them each epoch (the reference too)")
 
-    sampler_args = (site, len(dataset), batch_size, per_rank_batch, bool(arguments.get("drop_last")), shuffle, world, census, describe)
+    size = len(own) if own is not None else len(dataset)
+    sampler_args = (site, size, batch_size, per_rank_batch, bool(arguments.get("drop_last")), bool(shuffle), world, census, describe)
+    if own is not None:
+        return AcceleratedOwnSampler(*sampler_args, split=batch_mode == "global", sampler=own)
     if accelerate:
         return AcceleratedBatchSampler(*sampler_args, split=batch_mode == "global")
     return AlignedBatchSampler(*sampler_args)
