@@ -1,6 +1,7 @@
 """Run every fixture's converted output to the end: DDP and FSDP on 2 ranks under torchrun, DP as python.
 
     python bench/run_converted.py [--targets ddp fsdp dp accelerate] [--only NAME ...] [--jobs N] [--timeout S]
+                                  [--verify [--steps K]] [--json FILE]
 
 Every fixture (fixtures/*.py, fixtures/fsdp/, fixtures/real/ scripts and project folders,
 fixtures/projects/) is converted with each target by ddpify.project_conversion.convert_entry (the entry and
@@ -17,11 +18,18 @@ workers included (they run in sessions of their own). One line per run, then the
 
 The dump and the exit marks come from a sitecustomize on PYTHONPATH (BOOTSTRAP), which every
 process of the launch runs at start-up. tests/test_converted_runs.py runs the same launches.
+
+--verify runs `ddpify verify FIXTURE --to TARGET --steps K` instead (on a copy of the original:
+verify converts it itself) for every conversion that completes, bounded by --timeout (default
+VERIFY_TIMEOUT_S) and killed like a launch, and prints the verdicts (equivalent, diverged,
+not_converted, error, or timeout), then per target: complete conversions of all fixtures, and
+how many of them verify equivalent. --json FILE writes every line and the counts.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -31,8 +39,8 @@ import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import asdict, dataclass
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Callable
 
@@ -50,6 +58,9 @@ TARGETS = ("ddp", "fsdp", "dp")
 ON_REQUEST = ("accelerate",)  # run with --targets only (tests/test_accelerate.py runs the top-level fixtures)
 NPROC = 2
 TIMEOUT_S = 120.0
+VERIFY_TIMEOUT_S = 300.0  # a verify runs the original and the conversion, each importing torch
+VERIFY_STEPS = 4
+VERDICTS = ("equivalent", "diverged", "not_converted", "error", "timeout")
 DUMP_AT = 0.6  # the stacks are dumped at this part of the timeout after a process starts (it starts late)
 STACK_DIR_VARIABLE = "DDPIFY_RUN_STACK_DIR"
 DUMP_AFTER_VARIABLE = "DDPIFY_RUN_DUMP_AFTER_S"
@@ -80,7 +91,7 @@ class Entry:
 class Outcome:
     entry: str
     target: str
-    status: str  # finished | crashed | hung | incomplete | nothing | error (the last three: not run)
+    status: str  # finished | crashed | hung | incomplete | nothing | error (the last three: not run); --verify: VERDICTS
     detail: str = ""
     seconds: float = 0.0
 
@@ -126,6 +137,8 @@ def write_copy(entry: Entry, texts: dict[str, str], work: Path) -> Path:
     if entry.folder is not None:
         shutil.copytree(entry.folder, work, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
+    if entry.folder is None:
+        shutil.copy(entry.script, work)
     for relative, text in texts.items():
         (work / relative).write_text(text)
     return work / entry.script.relative_to(entry.folder or entry.script.parent)
@@ -139,9 +152,13 @@ def argv(script: Path, target: str) -> list[str]:
 
 def environment(bootstrap: Path, stacks: Path, timeout: float) -> dict[str, str]:
     """One thread, this checkout's ddpify and the bootstrap importable, stacks dumped before the timeout."""
-    path = [str(bootstrap), str(ROOT), os.environ.get("PYTHONPATH", "")]
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8", "PYTHONPATH": os.pathsep.join(filter(None, path)),
-            STACK_DIR_VARIABLE: str(stacks), DUMP_AFTER_VARIABLE: str(timeout * DUMP_AT)}
+    return {**plain_environment(bootstrap), STACK_DIR_VARIABLE: str(stacks), DUMP_AFTER_VARIABLE: str(timeout * DUMP_AT)}
+
+
+def plain_environment(*first: Path) -> dict[str, str]:
+    """One thread, UTF-8 output, the folders `first` then this checkout's ddpify importable."""
+    path = [*map(str, first), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8", "PYTHONPATH": os.pathsep.join(filter(None, path))}
 
 
 def run_real(command: list, cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess | None:
@@ -192,6 +209,29 @@ def run_one(entry: Entry, target: str, work: Path, launch: Launch = run_real, ti
     return Outcome(entry.name, target, "finished", "", seconds)
 
 
+def verify_one(entry: Entry, target: str, work: Path, launch: Launch = run_real, timeout: float = VERIFY_TIMEOUT_S,
+               steps: int = VERIFY_STEPS) -> Outcome:
+    """`ddpify verify` of `entry` with `target`, where its conversion completes, in a copy in `work`: its verdict
+    and verdict line, or "timeout" when it outlives `timeout` (verify's own runs time out before: they dump
+    their stacks at DUMP_AT of it)."""
+    status, converted = conversion(entry, target)
+    if status != "converted":
+        return Outcome(entry.name, target, status, converted)
+    script = write_copy(entry, {}, work / "verify")
+    command = [sys.executable, "-m", "ddpify", "verify", "--json", script.name, "--to", target, "--steps", str(steps),
+               "--timeout", str(max(1.0, timeout * DUMP_AT))]
+    started = time.perf_counter()
+    done = launch(command, script.parent, plain_environment(), timeout)
+    seconds = time.perf_counter() - started
+    if done is None:
+        return Outcome(entry.name, target, "timeout", f"still running after {timeout:.0f} s", seconds)
+    try:
+        result = json.loads(done.stdout)
+    except ValueError:
+        return Outcome(entry.name, target, "error", f"exit {done.returncode}, no verdict: {exception_line(done.stderr)}", seconds)
+    return Outcome(entry.name, target, result["verdict"], result["message"], seconds)
+
+
 def crash(stderr: str) -> str:
     """The rank that failed first and the exception line of its traceback (torchrun prefixes each worker's
     lines with `[rankN]:`; its ChildFailedError names the first rank that failed, else the first traceback
@@ -223,11 +263,12 @@ def hung_ranks(stacks: Path, ranks: list[str], script: Path) -> str:
 
 
 def run_all(chosen: list[Entry], targets: tuple, jobs: int, launch: Launch = run_real,
-            timeout: float = TIMEOUT_S, progress=lambda outcome: None) -> list[Outcome]:
-    """Every (entry, target), `jobs` at a time, each in a temporary folder of its own; in entry order."""
+            timeout: float = TIMEOUT_S, progress=lambda outcome: None, run=run_one) -> list[Outcome]:
+    """Every (entry, target) run by `run` (run_one, verify_one), `jobs` at a time, each in a temporary folder of
+    its own; in entry order."""
     def one(pair):
         with tempfile.TemporaryDirectory(prefix="ddpify-run-") as work:
-            outcome = run_one(*pair, Path(work), launch, timeout)
+            outcome = run(*pair, Path(work), launch, timeout)
         progress(outcome)
         return outcome
 
@@ -241,9 +282,22 @@ def counts(outcomes: list[Outcome]) -> dict[str, int]:
             "not run (incomplete, nothing to do, converter error)": len(outcomes) - len(ran)}
 
 
+def verify_counts(outcomes: list[Outcome], target: str) -> dict[str, int]:
+    """Of `target`'s outcomes: the fixtures, the complete conversions, and each verdict of theirs."""
+    verified = [o for o in outcomes if o.target == target and o.status in VERDICTS]
+    return {"fixtures": sum(o.target == target for o in outcomes), "complete": len(verified),
+            **{verdict: sum(o.status == verdict for o in verified) for verdict in VERDICTS}}
+
+
+def verify_summary(target: str, counted: dict[str, int]) -> str:
+    others = ", ".join(f"{verdict} {counted[verdict]}" for verdict in VERDICTS[1:] if counted[verdict])
+    return (f"{target}: {counted['complete']} of {counted['fixtures']} complete, {counted['equivalent']} of "
+            f"{counted['complete']} verify equivalent{f' ({others})' if others else ''}")
+
+
 def line(outcome: Outcome) -> str:
     took = f" {outcome.seconds:5.1f} s" if outcome.seconds else ""
-    return f"{outcome.entry:36} {outcome.target:5} {outcome.status:10}{took}  {outcome.detail}".rstrip()
+    return f"{outcome.entry:36} {outcome.target:10} {outcome.status:13}{took}  {outcome.detail}".rstrip()
 
 
 def main() -> None:
@@ -251,15 +305,29 @@ def main() -> None:
     parser.add_argument("--targets", nargs="+", choices=TARGETS + ON_REQUEST, default=list(TARGETS))
     parser.add_argument("--only", nargs="+", metavar="NAME", help="fixtures to run (basic_main, real/vae, projects/classic, ...)")
     parser.add_argument("--jobs", type=int, default=1, help="launches at once")
-    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds before a launch counts as hung")
+    parser.add_argument("--timeout", type=float, help=f"seconds before a launch counts as hung (default {TIMEOUT_S:g}; "
+                                                      f"with --verify, before a verify is killed: {VERIFY_TIMEOUT_S:g})")
+    parser.add_argument("--verify", action="store_true", help="run `ddpify verify` on each complete conversion instead")
+    parser.add_argument("--steps", type=int, default=VERIFY_STEPS, help="--verify: optimizer steps to compare")
+    parser.add_argument("--json", metavar="FILE", help="also write every outcome and the counts here")
     options = parser.parse_args()
     started = time.perf_counter()
-    outcomes = run_all(entries(options.only), tuple(options.targets), options.jobs, run_real, options.timeout,
-                       lambda outcome: print(line(outcome), flush=True))
+    timeout = options.timeout or (VERIFY_TIMEOUT_S if options.verify else TIMEOUT_S)
+    run = partial(verify_one, steps=options.steps) if options.verify else run_one
+    outcomes = run_all(entries(options.only), tuple(options.targets), options.jobs, run_real, timeout,
+                       lambda outcome: print(line(outcome), flush=True), run)
     print()
-    for name, value in counts(outcomes).items():
-        print(f"{name:56} {value}")
+    if options.verify:
+        counted = {target: verify_counts(outcomes, target) for target in options.targets}
+        for target, value in counted.items():
+            print(verify_summary(target, value))
+    else:
+        counted = counts(outcomes)
+        for name, value in counted.items():
+            print(f"{name:56} {value}")
     print(f"({time.perf_counter() - started:.0f} s, --jobs {options.jobs}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})")
+    if options.json:
+        Path(options.json).write_text(json.dumps({"outcomes": [asdict(o) for o in outcomes], "counts": counted}, indent=1))
 
 
 if __name__ == "__main__":
