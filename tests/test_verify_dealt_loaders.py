@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
 from dealt_loaders import loader  # noqa: E402
 from helpers import run_ddpify, run_script  # noqa: E402
 
+from ddpify.convert import convert_source  # noqa: E402
 from ddpify.verify.alignment import AcceleratedOwnSampler, LoaderCensus, dispatched_steps  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,8 +91,15 @@ def test_an_accelerate_conversion_verifies_equivalent_exactly(script):
 
 
 @pytest.mark.parametrize("script", ["stream.py", "weighted.py"])
-def test_a_port_whose_processes_all_train_on_all_of_the_data_diverges(script):
-    result = verify(script, "--to", "accelerate", "--against", script.replace(".py", "_loader_unprepared.py"))
+def test_a_port_whose_processes_all_train_on_all_of_the_data_diverges(script, tmp_path):
+    """The conversion with its loader left out of accelerator.prepare: every process trains on all of the data."""
+    text = (CASES / script).read_text()
+    port = convert_source(text, "accelerate", path=script).output
+    prepared = "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)"
+    assert prepared in port
+    (tmp_path / script).write_text(text)
+    (tmp_path / "port.py").write_text(port.replace(prepared, "model, optimizer = accelerator.prepare(model, optimizer)"))
+    result = verify(script, "--to", "accelerate", "--against", "port.py", where=tmp_path)
     assert (result["verdict"], result["diverged_at"]) == ("diverged", 1), result["message"]
 
 
