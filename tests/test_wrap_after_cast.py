@@ -4,7 +4,8 @@ DDP builds its gradient buckets in the dtype the parameters have when it wraps t
 `model.double()`, float64 gradients were all-reduced through float32 buckets (pytorch/examples'
 time_sequence_prediction: loss 0.00332 against the original's 0.00154 after 20 LBFGS evaluations).
 The conversion of FLOAT64 is run on 2 gloo ranks by `ddpify verify`: equivalent, exact; the
-conversion as it was (wrap, then `model.module.double()`) diverges at the first step.
+conversion as it was (wrap, then `model.module.double()`) diverges at the first step. FSDP2's
+fully_shard casts its shards with the model: a cast in its training loop trains exactly alike.
 """
 
 from __future__ import annotations
@@ -75,6 +76,14 @@ def line_of(output: str, code: str) -> int:
     return next(i for i, line in enumerate(output.splitlines()) if line.strip() == code)
 
 
+def verify(tmp_path: Path, script: str, *args: str) -> dict:
+    """`ddpify verify --json train.py ARGS` of `script` on 2 gloo ranks, bounded by a timeout."""
+    (tmp_path / "train.py").write_text(script)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), "OMP_NUM_THREADS": "1"}
+    completed = run_ddpify(["verify", "--json", "train.py", "--nproc", "2", *args], tmp_path, env, VERIFY_TIMEOUT_S)
+    return json.loads(completed.stdout)
+
+
 @pytest.mark.parametrize("cast", ["model.double()", "model.to(torch.float64)", "model.to(device, dtype=torch.double)",
                                   "model.type(torch.float64)", "model = model.double()"])
 def test_the_ddp_wrap_follows_the_cast(cast):
@@ -94,13 +103,24 @@ def test_the_shard_and_the_prepare_follow_the_cast(target, wrap, cast):
     assert line_of(result.output, cast) < wrap_line(result.output, wrap)
 
 
-@pytest.mark.parametrize("target", ["ddp", "fsdp", "accelerate"])
+def cast_in_the_loop(cast: str = "model.double()") -> str:
+    return FLOAT64.replace("model.double()\n", "").replace("    for inputs", f"    {cast}\n    for inputs")
+
+
+@pytest.mark.parametrize("target", ["ddp", "accelerate"])
 @pytest.mark.parametrize("cast", ["model.double()", "model.to(device, torch.float64)"])
 def test_a_cast_in_the_training_loop_leaves_the_conversion_incomplete(target, cast):
-    text = FLOAT64.replace("model.double()\n", "").replace("    for inputs", f"    {cast}\n    for inputs")
+    text = cast_in_the_loop(cast)
     missing = converted(text, target).missing
     assert [m.line for m in missing] == [line_of(text, cast) + 1]
     assert "dtype after it is wrapped" in missing[0].what
+
+
+def test_fully_shard_follows_a_cast_in_the_training_loop(tmp_path):
+    """FSDP2 casts its shards with the model: the conversion is complete, and trains exactly alike."""
+    assert converted(cast_in_the_loop(), "fsdp").missing == []
+    result = verify(tmp_path, cast_in_the_loop(), "--to", "fsdp")
+    assert (result["verdict"], result["mode"]) == ("equivalent", "exact"), result["message"]
 
 
 def test_a_cast_once_training_is_over_is_left_to_the_wrapper():
@@ -115,16 +135,8 @@ def test_a_move_in_the_training_loop_is_no_cast():
     assert converted(text).missing == []
 
 
-def verify(tmp_path: Path, *args: str) -> dict:
-    """`ddpify verify --json train.py ARGS` on 2 gloo ranks, bounded by a timeout."""
-    (tmp_path / "train.py").write_text(FLOAT64)
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), "OMP_NUM_THREADS": "1"}
-    completed = run_ddpify(["verify", "--json", "train.py", "--nproc", "2", *args], tmp_path, env, VERIFY_TIMEOUT_S)
-    return json.loads(completed.stdout)
-
-
 def test_the_conversion_of_a_float64_model_trains_exactly_like_the_original(tmp_path):
-    result = verify(tmp_path, "--to", "ddp")
+    result = verify(tmp_path, FLOAT64, "--to", "ddp")
     assert (result["verdict"], result["mode"]) == ("equivalent", "exact"), result["message"]
 
 
@@ -135,5 +147,5 @@ def test_the_wrap_before_the_cast_diverges(tmp_path):
     wrong = output.replace("\nmodel.double()\n", "\n", 1).replace(wrap, wrap + "model.module.double()\n")
     assert wrong != output
     (tmp_path / "wrong.py").write_text(wrong)
-    result = verify(tmp_path, "--to", "ddp", "--against", "wrong.py")
+    result = verify(tmp_path, FLOAT64, "--to", "ddp", "--against", "wrong.py")
     assert (result["verdict"], result["diverged_at"]) == ("diverged", 1), result["message"]

@@ -5,8 +5,9 @@ every visible GPU). The wrapper goes right after the model's parameters are fina
 that binds it, or after the last statement of that block that moves it (`model.to(device)`,
 `if ...: model.cuda()`) or casts it (`model.double()`: DDP builds its gradient buckets in the dtype it
 finds), or inside the class it is handed to when that class moves it. A cast that training still
-follows past that point (in the training loop) leaves the conversion incomplete. Its options are
-chosen from the analysis, each with a comment in the output saying why (ddp_options).
+follows past that point (in the training loop) leaves the conversion incomplete (not under FSDP2,
+whose shards follow it). Its options are chosen from the analysis, each with a comment in the
+output saying why (ddp_options).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class WrapModel(Transform):
     DUTY = wrap_duty("DistributedDataParallel", "on its device", "model = DDP(model, device_ids=[local_rank])")
     PLACES_THE_MODEL = False  # does the wrap move the model to this rank's device itself?
     WRAPS_BEFORE_COMPILE = True  # wrap a model compiled where it is bound before the compile (DDP's order)
+    CAST_AFTER_WRAP_BREAKS = True  # does a dtype cast after the wrap leave gradients reduced in the old dtype (DDP's buckets)?
 
     def plan(self) -> None:
         owned = owned_optimizers(self.anatomy)
@@ -118,8 +120,13 @@ class WrapModel(Transform):
                                         "gradient (a branch of its forward, a layer it never calls, or outputs a step drops)")
         if not self.PLACES_THE_MODEL and not self.anatomy.moved_where_bound(model):
             self.advise(model.line, f"{name} is never moved to a GPU; the DDP script will train it on CPU (gloo)")
+        if self.CAST_AFTER_WRAP_BREAKS:
+            self._casts_after_wrap(model, name, anchor.lineno)
+
+    def _casts_after_wrap(self, model: ModelSite, name: str, wrapped_at: int) -> None:
+        """A cast of the wrapped model that training follows: incomplete (no wrap can go after it)."""
         for cast in self.anatomy.casts_while_training(model):
-            self.missing(cast.lineno, f"{ast.unparse(cast)} changes {name}'s parameters' dtype after it is wrapped (line {anchor.lineno}), "
+            self.missing(cast.lineno, f"{ast.unparse(cast)} changes {name}'s parameters' dtype after it is wrapped (line {wrapped_at}), "
                                       "and training follows: the wrapper keeps communicating gradients in the dtype it was built for",
                          f"cast {name} once, before it is wrapped (where it is built), or leave its dtype alone while it trains")
 
