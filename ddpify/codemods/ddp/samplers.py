@@ -3,7 +3,9 @@
 Each training DataLoader gets `sampler=DistributedSampler(dataset, shuffle=..., seed=..., drop_last=...)`
 (its own `shuffle` moves into the sampler), and every epoch loop that trains on it calls
 `<loader>.sampler.set_epoch(epoch)` first, so each epoch shuffles differently and all ranks agree
-(after the loader where the loop builds it anew; none where its sampler never shuffles). Loaders
+(after the loader where the loop builds it anew; none where its sampler never shuffles). A loader
+built right where the pass takes it (`for b in DataLoader(ds, shuffle=True):`) is named first, with
+its sampler, and stays built each epoch, as its arguments may change per epoch. Loaders
 a variable gets in the branches of an if/elif/else are each sharded: any may be the one trained on.
 Evaluation loaders are sharded by the evaluation transform (evaluation.py), or left whole.
 """
@@ -11,6 +13,7 @@ Evaluation loaders are sharded by the evaluation transform (evaluation.py), or l
 from __future__ import annotations
 
 import ast
+from typing import Callable
 
 import libcst as cst
 
@@ -88,6 +91,8 @@ class DistributedSamplers(SamplerTransform):
         self._queued: set[tuple[ast.stmt, str]] = set()
         self._noted: set[ast.stmt] = set()
         self._drawn_apart = False
+        self._sharded_calls: dict[ast.Call, Callable[[cst.CSTNode], cst.CSTNode]] = {}
+        self._named_calls: set[ast.Call] = set()
         sharded = [ld for ld in self.anatomy.train_loaders if self._shard(ld)]
         if sharded:
             self.add_import("torch.utils.data", "DistributedSampler")
@@ -136,7 +141,8 @@ class DistributedSamplers(SamplerTransform):
             return False
         splats = [kw.value for kw in call.keywords if kw.arg is None]
         sampler = f"DistributedSampler({self._dataset_code(dataset)}{self._sampler_options(keywords, splats)})"
-        self.rewrite_node(call, cst.Call, lambda node: self._with_sampler(node, sampler, self.options.batch_size == "global"))
+        self._sharded_calls[call] = lambda node: self._with_sampler(node, sampler, self.options.batch_size == "global")
+        self.rewrite_node(call, cst.Call, self._sharded_calls[call])
         if loader.stmt not in self._noted:  # one note for the loaders of one statement (`A if c else B`)
             self._noted.add(loader.stmt)
             self.rewrite_statement(loader.stmt, self._with_batch_note)
@@ -285,12 +291,31 @@ class DistributedSamplers(SamplerTransform):
         built = self._built_in_pass(step, loader)
         if built is None:
             return unnamed
-        name = self._fresh_name("train_loader")
-        self.rewrite_node(built, cst.Call, lambda _: cst.Name(name))
-        stmt = a.stmt_of.get(step.node, step.node)
-        self._queue(self.insert_before, stmt, f"{name} = {ast.unparse(built)}\n" + call.format(name=name, epoch=epoch),  # type: ignore[arg-type]
-                    step.line, f"the loader built for each epoch named {name}; {name}.sampler.set_epoch({epoch}) before the pass")
+        if built not in self._named_calls:  # loaders chosen in branches of the function that builds them share it
+            self._named_calls.add(built)
+            name = self._fresh_name("train_loader")
+            self._name_before_pass(a.stmt_of.get(step.node, step.node), built, name, call.format(name=name, epoch=epoch))  # type: ignore[arg-type]
+            self.changed(step.line, f"the loader built for each epoch named {name}; {name}.sampler.set_epoch({epoch}) before the pass")
         return None
+
+    def _name_before_pass(self, stmt: ast.stmt, built: ast.Call, name: str, set_epoch: str) -> None:
+        """`name = <built>` (with its sampler and every other edit of the call), then `set_epoch`, right
+        before `stmt`, which passes over `name` instead: the comments above `stmt` go above the assignment."""
+        shard = self._sharded_calls.get(built, lambda node: node)
+        edited: list[cst.CSTNode] = []  # the call as edited, kept as the pass leaves it, before its statement
+        after_naming = self._statements(set_epoch)
+
+        def name_instead(call: cst.CSTNode) -> cst.CSTNode:
+            edited.append(shard(call))
+            return cst.Name(name)
+
+        def named_first(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
+            assign = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], edited.pop())],  # type: ignore[arg-type]
+                                             leading_lines=stmt.leading_lines)  # type: ignore[attr-defined]
+            return [assign, *after_naming, stmt.with_changes(leading_lines=())]
+
+        self.rewrite_node(built, cst.Call, name_instead)
+        self.rewrite_statement(stmt, named_first)
 
     def _built_in_pass(self, step: LoopSite, loader: LoaderSite) -> ast.Call | None:
         """The call that builds the loader right where the pass takes it: `get_loader(...)` in
