@@ -269,15 +269,17 @@ def one_line(code: str) -> str:
     return re.sub(r",\n\s*", ", ", re.sub(r"([(\[{])\n\s*", r"\1", closed))
 
 
-def ranks_alike(tmp_path: Path, scripts: Mapping[str, str], saved: str, timeout: float) -> dict[str, bool]:
-    """Each script (by name) run as rl.py on 2 ranks, each rank saving its state dict to `saved`
-    with `{RANK}` in it: whether the two ranks' tensors are equal, by script name."""
+def ranks_alike(tmp_path: Path, scripts: Mapping[str, str], saved: str, timeout: float,
+                beside: Mapping[str, str] | None = None) -> dict[str, bool]:
+    """Each script (by name) run as rl.py on 2 ranks (the files `beside` next to it, by file name), each
+    rank saving its state dict to `saved` with `{RANK}` in it: whether the two ranks' tensors are equal, by script name."""
     import torch
 
     alike = {}
     for name, text in scripts.items():
         (tmp_path / name).mkdir()
-        (tmp_path / name / "rl.py").write_text(text)
+        for file, code in {**(beside or {}), "rl.py": text}.items():
+            (tmp_path / name / file).write_text(code)
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "rl.py"]
         done = run_script(torchrun, tmp_path / name, timeout=timeout)
         assert done.returncode == 0, done.stderr

@@ -33,6 +33,7 @@ class ReplicaFacts:
     path: str  # the file that defines it
     hazards: tuple[ScatterHazard, ...] = ()
     forward_aliases: frozenset[str] = frozenset()  # methods that only call forward with their own arguments
+    methods: frozenset[str] = frozenset()  # every method its class body defines (forward among them)
 
 
 @dataclass(frozen=True)

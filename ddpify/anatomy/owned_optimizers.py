@@ -12,19 +12,24 @@ and at world size 1 it changes no number.
 A model the training step calls through methods other than its forward (`prob = model.pi(s)`,
 `model.v(s)` feeding the loss: minimalRL's A2C) is averaged the same way, its optimizer built in the
 loop's own scope: a DDP wrapper all-reduces gradients only after a forward through the wrapper, so
-`model.module.pi(s)` would leave each rank with its own gradients (no error, no average).
+`model.module.pi(s)` would leave each rank with its own gradients (no error, no average). The class
+may be another file's (its methods cross as ReplicaFacts) or one no file of the project names (`from
+models import *`, MUNIT's discriminators trained through `D1.compute_loss(x, gt)`): then any method an
+nn.Module does not answer counts, as averaging by hand is right whatever the method runs.
 """
 
 from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from typing import Callable
 
-from ddpify.anatomy.scatter_gather import feeds_backward, forward_aliases_of
+from ddpify.anatomy.scatter_gather import feeds_backward, model_replica_facts
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.sites import CallSite, ModelSite, Ref
 from ddpify.anatomy.syntax import method_name
 from ddpify.anatomy.tree import walk_body
+from ddpify.anatomy.vocabulary import FORWARD, MODULE_ATTRIBUTES
 
 _STEP = "step"
 _BACKWARD = "backward"
@@ -55,40 +60,56 @@ def owned_optimizers(a: Anatomy) -> list[OwnedOptimizer]:
 
 
 def _optimizers_of_models_trained_past_forward(a: Anatomy) -> list[OwnedOptimizer]:
-    """`optimizer = Adam(model.parameters())` where the step's loss comes from `model.pi(s)`."""
+    """`optimizer = Adam(model.parameters())` (or `self.optimizer = ...`) where the step's loss comes from `model.pi(s)`."""
     found = []
     for model, call in _models_trained_past_forward(a):
-        for site in a.optimizers:
-            target = _bound_name(site)
-            if target is not None and any(a.ref(n) == model.target for n in a.walk_through_variables(site.node)
-                                          if isinstance(n, (ast.Name, ast.Attribute))):
-                why = f"{model.target.name} is trained through {ast.unparse(call.func)}(...), past the forward a DDP wrapper syncs"
-                found.append(OwnedOptimizer(site, target.id, tuple(_steps_through(a, a.ref(target))), why, model))
+        for site, target in _optimizers_over(a, model):
+            why = f"{model.target.name} is trained through {ast.unparse(call.func)}(...), past the forward a DDP wrapper syncs"
+            found.append(OwnedOptimizer(site, ast.unparse(target), tuple(_steps_through(a, a.ref(target))), why, model))
     return found
 
 
+def unaveraged_models_past_forward(a: Anatomy) -> list[tuple[ModelSite, ast.Call]]:
+    """The models trained past their forward that no optimizer bound to a variable trains: nothing to average by hand."""
+    return [(model, call) for model, call in _models_trained_past_forward(a) if not _optimizers_over(a, model)]
+
+
+def _optimizers_over(a: Anatomy, model: ModelSite) -> list[tuple[CallSite, ast.expr]]:
+    """The optimizers built over `model` and bound to a variable, with that variable."""
+    return [(site, target) for site in a.optimizers if (target := _bound_variable(site)) is not None
+            and any(a.ref(n) == model.target for n in a.walk_through_variables(site.node) if isinstance(n, (ast.Name, ast.Attribute)))]
+
+
 def _models_trained_past_forward(a: Anatomy) -> list[tuple[ModelSite, ast.Call]]:
-    """Each trained model of a class of this file, with the first call of one of its methods other
-    than forward (or a method that only calls forward) whose result the training step back-propagates."""
+    """Each trained model of a class of this file or of another file of the project, with the first call
+    of one of its methods past forward whose result the training step back-propagates."""
     found = []
     for model in a.trained_models:
+        past_forward = _runs_past_forward(a, model.class_name)
         for call in (c.node for c in a.calls):
-            method = method_name(call)
-            if (method and f"{model.class_name}.{method}" in a.functions and method != "forward"
-                    and a.ref(call.func.value) == model.target  # type: ignore[attr-defined]
-                    and method not in forward_aliases_of(a, call.func.value)  # type: ignore[attr-defined]
-                    and feeds_backward(a, call)):  # type: ignore[arg-type]
+            if (past_forward(method_name(call)) and a.ref(call.func.value) == model.target  # type: ignore[attr-defined]
+                    and feeds_backward(a, call)):
                 found.append((model, call))
                 break
     return found
 
 
-def _bound_name(site: CallSite) -> ast.Name | None:
-    """`optimizer` in `optimizer = Adam(...)`."""
+def _runs_past_forward(a: Anatomy, class_name: str) -> Callable[[str | None], bool]:
+    """Does a method of a model class run it past forward: one the class defines other than forward and
+    those that only call it (`compute_loss` that runs `self(x)` and returns a loss), or, for a class no file
+    of the project defines (`from models import *`, a library's), any method an nn.Module does not answer?"""
+    facts = model_replica_facts(a, class_name)
+    if facts is None:
+        return lambda method: method is not None and method not in MODULE_ATTRIBUTES
+    return facts.methods.difference(facts.forward_aliases, {FORWARD}).__contains__
+
+
+def _bound_variable(site: CallSite) -> ast.expr | None:
+    """`optimizer` in `optimizer = Adam(...)`, `self.optimizer` in `self.optimizer = Adam(...)`."""
     stmt = site.stmt
     if isinstance(stmt, ast.Assign) and stmt.value is site.node and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
         return stmt.targets[0]
-    return None
+    return stmt.targets[0] if _self_attribute(site) else None  # type: ignore[attr-defined]
 
 
 def _steps_through(a: Anatomy, optimizer: Ref | None) -> list[ast.Call]:

@@ -29,7 +29,8 @@ def replica_facts(anatomy: Anatomy, class_name: str) -> ReplicaFacts:
     """What DataParallel must know of `class_name`, a model class of this file."""
     forward = forward_of(anatomy, class_name)
     hazards = (*_unscattered_arguments(anatomy, class_name, forward), *_ragged_outputs(anatomy, forward)) if forward else ()
-    return ReplicaFacts(anatomy.path, hazards, _forward_aliases(anatomy.model_classes[class_name].node))
+    cls = anatomy.model_classes[class_name].node
+    return ReplicaFacts(anatomy.path, hazards, _forward_aliases(cls), frozenset(m.name for m in cls.body if isinstance(m, ast.FunctionDef)))
 
 
 def model_replica_facts(anatomy: Anatomy, class_name: str) -> ReplicaFacts | None:

@@ -10,7 +10,8 @@ gradients). The ranks then hold the same parameters after every step, as under D
 the forward and however many backward passes a step sums. That the ranks make the same number of
 steps is the environments transform's to ensure (the averaging is their collective). An optimizer
 over a model the training step calls past its forward (`model.pi(s)`) is averaged alike, the model
-left unwrapped (ddpify.anatomy.owned_optimizers).
+left unwrapped (ddpify.anatomy.owned_optimizers); one whose optimizer is not bound to a variable
+leaves the conversion incomplete, never a `.module` call that trains each rank apart.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy import Anatomy
-from ddpify.anatomy.owned_optimizers import OwnedOptimizer, averaging_point, owned_optimizers
+from ddpify.anatomy.owned_optimizers import OwnedOptimizer, averaging_point, owned_optimizers, unaveraged_models_past_forward
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.evaluation import add_helpers
 from ddpify.codemods.ddp.runtime import AVERAGE_CALL, BROADCAST_CALL
@@ -35,9 +36,14 @@ class AveragedOwnedOptimizers(Transform):
 
     @classmethod
     def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
-        return bool(owned_optimizers(anatomy))
+        return bool(owned_optimizers(anatomy) or unaveraged_models_past_forward(anatomy))
 
     def plan(self) -> None:
+        for model, call in unaveraged_models_past_forward(self.anatomy):
+            self.missing(call.lineno, f"{model.target.name} is trained through {ast.unparse(call.func)}(...), past the forward a DDP "
+                                      "wrapper syncs, and no optimizer bound to a variable was found over it to average by hand",
+                         f"average its gradients by hand before each step ({AVERAGE_CALL}(optimizer)), or compute the loss "
+                         "in forward and call the model")
         owned = owned_optimizers(self.anatomy)
         refused = [optimizer for optimizer in owned if not self._can_average(optimizer)]
         if refused:
