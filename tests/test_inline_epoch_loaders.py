@@ -24,8 +24,8 @@ INLINE = FIXTURES_DIR / "inline_loaders"
 STEP = re.compile(r"^epoch (\d+) step (\d+) ", re.MULTILINE)
 
 
-def converted(name: str, to: str) -> str:
-    result = convert_source((INLINE / f"{name}.py").read_text(), to, path=f"{name}.py")
+def converted(name: str, to: str, batch_size: str = "per-gpu") -> str:
+    result = convert_source((INLINE / f"{name}.py").read_text(), to, path=f"{name}.py", batch_size=batch_size)
     assert not result.missing, [m.what for m in result.missing]
     return result.output
 
@@ -54,20 +54,31 @@ def test_an_inline_unshuffled_loader_is_sharded_in_place_without_set_epoch():
     assert "    for step, (x, y) in enumerate(\n        DataLoader(dataset, batch_size=8, sampler=DistributedSampler(dataset, shuffle=False)),\n" in output, output
 
 
-@pytest.mark.parametrize("name, to", [("shuffled_with_eval", "ddp"), ("unshuffled", "ddp"), ("shuffled_with_eval", "fsdp"),
-                                      ("shuffled_with_eval", "accelerate")])
-def test_the_converted_inline_loaders_run_on_two_ranks(name, to, tmp_path):
+def test_a_shuffle_and_batch_size_passed_by_position_are_taken_as_such():
+    """`DataLoader(dataset, 16, True)`: the positional shuffle gives way to the sampler (a DataLoader takes
+    not both), and --batch-size global divides the positional batch size."""
+    output = converted("positional_options", "ddp", batch_size="global")
+    assert ("    train_loader = DataLoader(\n        dataset,\n        16 // WORLD_SIZE,\n"
+            "        sampler=DistributedSampler(dataset, shuffle=True),\n    )\n") in output, output
+
+
+@pytest.mark.parametrize("name, to, batch_size", [("shuffled_with_eval", "ddp", "per-gpu"), ("unshuffled", "ddp", "per-gpu"),
+                                                  ("shuffled_with_eval", "fsdp", "per-gpu"), ("shuffled_with_eval", "accelerate", "per-gpu"),
+                                                  ("positional_options", "ddp", "global")])
+def test_the_converted_inline_loaders_run_on_two_ranks(name, to, batch_size, tmp_path):
     """Each rank trains on its half: 64 samples / 2 ranks / batch 8 = steps 0..3 of each of the 3 epochs, logged once."""
     script = tmp_path / f"{name}_{to}.py"
-    script.write_text(converted(name, to))
+    script.write_text(converted(name, to, batch_size))
     run = run_script([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)],
                      cwd=tmp_path, timeout=240)
     assert run.returncode == 0, failure_report(run)
     assert sorted(STEP.findall(run.stdout)) == [(str(e), str(s)) for e in range(3) for s in range(4)], run.stdout
 
 
-def test_the_inline_shuffled_loader_verifies_across_epochs(tmp_path):
+@pytest.mark.parametrize("name, batch_size", [("shuffled_with_eval", "per-gpu"), ("positional_options", "global")])
+def test_the_inline_shuffled_loaders_verify_across_epochs(name, batch_size, tmp_path):
     """12 steps: all three epochs, each reshuffled by set_epoch as the reference mirrors it."""
-    shutil.copy(INLINE / "shuffled_with_eval.py", tmp_path)
-    proc = run_ddpify(["verify", "shuffled_with_eval.py", "--to", "ddp", "--steps", "12", "--json", "--timeout", "200"], tmp_path, timeout=300)
+    shutil.copy(INLINE / f"{name}.py", tmp_path)
+    proc = run_ddpify(["verify", f"{name}.py", "--to", "ddp", "--batch-size", batch_size, "--steps", "12", "--json", "--timeout", "200"],
+                      tmp_path, timeout=300)
     assert json.loads(proc.stdout)["verdict"] == "equivalent", failure_report(proc)

@@ -5,7 +5,8 @@ Each training DataLoader gets `sampler=DistributedSampler(dataset, shuffle=..., 
 `<loader>.sampler.set_epoch(epoch)` first, so each epoch shuffles differently and all ranks agree
 (after the loader where the loop builds it anew; none where its sampler never shuffles). A loader
 built right where the pass takes it (`for b in DataLoader(ds, shuffle=True):`) is named first, with
-its sampler, and stays built each epoch, as its arguments may change per epoch. Loaders
+its sampler, and stays built each epoch, as its arguments may change per epoch. A batch size and
+shuffle passed by position are read as such; a sampler passed by position leaves it to the user. Loaders
 a variable gets in the branches of an if/elif/else are each sharded: any may be the one trained on.
 Evaluation loaders are sharded by the evaluation transform (evaluation.py), or left whole.
 """
@@ -13,7 +14,7 @@ Evaluation loaders are sharded by the evaluation transform (evaluation.py), or l
 from __future__ import annotations
 
 import ast
-from typing import Callable
+from typing import Callable, Sequence
 
 import libcst as cst
 
@@ -22,7 +23,7 @@ from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.distributed.reaching import is_iterable_dataset
 from ddpify.anatomy.distributed.names import TORCH
 from ddpify.anatomy.distributed.samplers import sampler_with_replacement
-from ddpify.anatomy.syntax import argument, keyword
+from ddpify.anatomy.syntax import argument
 from ddpify.anatomy.vocabulary import ITERATION_WRAPPERS
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import WORLD_SIZE
@@ -59,7 +60,7 @@ class SamplerTransform(Transform):
         assert isinstance(node, cst.Call)
         new_arg = cst.Arg(keyword=cst.Name("sampler"), value=parse_expr(sampler), equal=_TIGHT_EQUAL)
         args = list(node.args)
-        shuffle = next((i for i, a in enumerate(args) if a.keyword and a.keyword.value == "shuffle"), None)
+        shuffle = _argument_index(args, "shuffle", _LOADER_POSITIONS.index("shuffle"))
         splat = next((i for i, a in enumerate(args) if a.star == "**"), None)
         if shuffle is not None:
             args[shuffle] = new_arg.with_changes(comma=args[shuffle].comma)
@@ -70,9 +71,7 @@ class SamplerTransform(Transform):
             separator = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
             args[-1] = last.with_changes(comma=separator)
             args.append(new_arg.with_changes(comma=last.comma))
-        if divide_batch:
-            args = [_divided_batch(a) for a in args]
-        return node.with_changes(args=args)
+        return node.with_changes(args=_divided_batch(args) if divide_batch else args)
 
 
 class DistributedSamplers(SamplerTransform):
@@ -123,7 +122,12 @@ class DistributedSamplers(SamplerTransform):
             self._missing_sampler(loader.line, "this DataLoader call builds training and evaluation loaders alike",
                                   "shard only the training one (DistributedSampler) by hand")
             return False
+        if len(call.args) > len(_LOADER_POSITIONS):
+            self._missing_sampler(loader.line, "the training loader's sampler options are passed by position",
+                                  "pass them by keyword, or add a DistributedSampler by hand")
+            return False
         keywords = {kw.arg: kw.value for kw in call.keywords if kw.arg}
+        keywords.update(zip(_LOADER_POSITIONS[1:], call.args[1:]))
         drawn = sampler_with_replacement(self.anatomy, keywords["sampler"]) if "sampler" in keywords else None
         if drawn is not None:
             self._draw_apart(loader, drawn)
@@ -161,8 +165,8 @@ class DistributedSamplers(SamplerTransform):
         if argument(sampler, 2, "num_samples") is None and isinstance(source, (ast.Name, ast.Attribute)):
             added["num_samples"] = f"len({ast.unparse(source)}) // {WORLD_SIZE}"
         self.rewrite_node(sampler, cst.Call, lambda node: _with_own_draws(node, added))
-        if self.options.batch_size == "global" and keyword(loader.call, "batch_size") is not None:
-            self.rewrite_node(loader.call, cst.Call, lambda node: node.with_changes(args=[_divided_batch(a) for a in node.args]))
+        if self.options.batch_size == "global" and argument(loader.call, _LOADER_POSITIONS.index("batch_size"), "batch_size") is not None:
+            self.rewrite_node(loader.call, cst.Call, lambda node: node.with_changes(args=_divided_batch(node.args)))
             self.changed(loader.line, f"batch_size -> batch_size // {WORLD_SIZE} (the global batch stays as in the original)")
         self.changed(sampler.lineno, f"{ast.unparse(sampler.func)}(..., replacement=True) draws from generator={added['generator']}: "
                                      f"each rank draws its own samples, num_samples divided by {WORLD_SIZE}")
@@ -417,6 +421,7 @@ class DistributedSamplers(SamplerTransform):
 
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
+_LOADER_POSITIONS = ("dataset", "batch_size", "shuffle")  # DataLoader(dataset, batch_size, shuffle, sampler, ...)
 _WARM_UP = "with a few epochs of warm-up"
 
 
@@ -468,10 +473,19 @@ def _generator_seed(generator: ast.AST | None) -> int | None:
     return None
 
 
-def _divided_batch(arg: cst.Arg) -> cst.Arg:
-    if arg.keyword is None or arg.keyword.value != "batch_size":
-        return arg
-    return arg.with_changes(value=divided_by_world_size(arg.value))
+def _argument_index(args: Sequence[cst.Arg], name: str, position: int) -> int | None:
+    """Where the call's argument `name` is: `name=...`, or the argument at its position."""
+    by_keyword = next((i for i, a in enumerate(args) if a.keyword and a.keyword.value == name), None)
+    positional = [i for i, a in enumerate(args) if a.keyword is None and not a.star]
+    if by_keyword is None and len(positional) > position:
+        return positional[position]
+    return by_keyword
+
+
+def _divided_batch(args: Sequence[cst.Arg]) -> list[cst.Arg]:
+    """The loader's arguments with its batch size (`batch_size=...` or at its position) divided by WORLD_SIZE."""
+    at = _argument_index(args, "batch_size", _LOADER_POSITIONS.index("batch_size"))
+    return [a.with_changes(value=divided_by_world_size(a.value)) if i == at else a for i, a in enumerate(args)]
 
 
 def _with_own_draws(node: cst.CSTNode, added: dict[str, str]) -> cst.CSTNode:
