@@ -56,6 +56,28 @@ for epoch in range(2):
 torch.save(D.state_dict(), "d.pt")
 '''
 
+TRAINER = '''
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Trainer:
+    def __init__(self, D):
+        self.D = D
+        self.optimizer = torch.optim.SGD(self.D.parameters(), lr=0.1)
+
+    def fit(self, loader, epochs):
+        for epoch in range(epochs):
+            for x1, x2 in loader:
+                self.optimizer.zero_grad()
+                loss = self.D.compute_loss(x1, 1) + self.D.compute_loss(x2, 0)
+                loss.backward()
+                self.optimizer.step()
+
+
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 4)), batch_size=8, shuffle=True)
+Trainer(Discriminator()).fit(loader, 2)
+'''
+
 
 def convert_gan() -> str:
     result = convert_entry(GAN / "train.py", "ddp", {}).job(GAN / "train.py").convert()
@@ -102,3 +124,11 @@ def test_a_model_trained_past_forward_with_no_optimizer_to_average_is_incomplete
     result = convert_source(script, "ddp", path="gan.py")
     assert result.status is Status.INCOMPLETE
     assert any("D1 is trained through D1.compute_loss(...), past the forward a DDP wrapper syncs" in m.what for m in result.missing)
+
+
+def test_an_optimizer_a_trainer_keeps_over_the_model_is_averaged_by_hand():
+    """`self.optimizer = SGD(self.D.parameters())`, the method called on `self.D` inside `fit`."""
+    output = convert_source((GAN / "models.py").read_text() + TRAINER, "ddp", path="trainer.py").output
+    assert ".module.compute_loss" not in output and "DDP(" not in output
+    assert "        self.optimizer = torch.optim.SGD(self.D.parameters(), lr=0.1)\n        broadcast_parameters(self.optimizer)\n" in output
+    assert "                loss.backward()\n                average_gradients(self.optimizer)\n                self.optimizer.step()\n" in output
