@@ -15,8 +15,9 @@ training randomness and the runs are compared in statistical mode.
 
 An Accelerate candidate's prepared loader deals the script's own batches to the ranks instead
 (Accelerate's BatchSamplerShard: batch i to rank i % N, the last ones filled from the start),
-shuffled by use_seedable_sampler's generator (torch's initial seed plus the epoch, which is the
-number of passes the loader completed): AcceleratedBatchSampler rebuilds those with Accelerate's
+shuffled by use_seedable_sampler's generator (torch's initial seed plus the epoch: the number of passes the
+loader completed, counted from the epoch the converted script sets after preparing a loader it builds inside an
+epoch loop, so that one rebuilt every epoch reshuffles as the original's does): AcceleratedBatchSampler rebuilds those with Accelerate's
 own classes, and step k joins every rank's k-th batch. A loader with a sampler of the script's own
 (WeightedRandomSampler, any sampler object it passes) is dealt the same way: every process draws the same
 sequence from it (Accelerate keeps the sampler's generator the same on every process), so one pass of the
@@ -217,6 +218,7 @@ class AcceleratedBatchSampler(AlignedBatchSampler):
         self.split = split
         self.initial_seed = torch.initial_seed()  # what SeedableRandomSampler reads when the loader is prepared
         self.passes = 0
+        self.first_epoch: int | None = None  # the epoch of its first pass (see _pass_epoch)
 
     def _shards(self, order) -> list:
         from accelerate.data_loader import BatchSamplerShard
@@ -235,8 +237,17 @@ class AcceleratedBatchSampler(AlignedBatchSampler):
         if not self.shuffle:
             return list(range(self.size))
         generator = torch.Generator()
-        generator.manual_seed(self.initial_seed + self.passes)
+        generator.manual_seed(self.initial_seed + self._pass_epoch())
         return torch.randperm(self.size, generator=generator).tolist()
+
+    def _pass_epoch(self) -> int:
+        """The epoch of this pass as the candidate's prepared loader has it: the passes it completed, from the epoch
+        the converted script sets after preparing it where it is built inside an epoch loop (its `set_epoch(epoch)`,
+        numbered as LoaderCensus.next_epoch numbers DistributedSampler's), from 0 otherwise."""
+        if self.first_epoch is None:
+            built_each_epoch = any(first <= self.site[1] <= last for first, last, _ in self.census.epoch_loops.get(self.site, ()))
+            self.first_epoch = self.census.next_epoch(self.site, _lines_running(self.site[0])) if built_each_epoch else 0
+        return self.first_epoch + self.passes
 
     def _aligned_len(self) -> int:
         return len(self._shards(range(self.size))[0])
