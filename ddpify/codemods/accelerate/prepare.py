@@ -6,6 +6,9 @@ process's share of the batches, on its device. The models are found and readied 
 finds them (ddpify.codemods.ddp.wrap: SyncBatchNorm on GPUs, each model of a dict or list); the
 objects a block builds are prepared together, right after the last of them is built (a model once
 it is on its device): `model, optimizer, loader = accelerator.prepare(model, optimizer, loader)`.
+A freshly prepared loader starts at its epoch 0 (its seedable sampler shuffles with torch's initial seed plus
+the epoch): one built anew inside an epoch loop is told the loop's epoch after each prepare,
+`loader.set_epoch(epoch)`, so that every epoch reshuffles as the original's does.
 Evaluation loaders are evaluation.py's to prepare (where their rows can be gathered), and
 schedulers stay as they are: a prepared scheduler steps once per process on every optimizer step,
 which changes the script's schedule.
@@ -38,6 +41,7 @@ class PrepareForAccelerator(WrapModel):
 
     def plan(self) -> None:
         self._groups: dict[tuple[int, str], list[tuple[ast.stmt, str]]] = {}
+        self._epochs: dict[str, str] = {}  # a loader built inside an epoch loop -> the loop's epoch variable
         super().plan()  # each model: wrapper_code() puts it in its block's group
         if self._groups:
             for optimizer in self.anatomy.optimizers:
@@ -112,6 +116,7 @@ class PrepareForAccelerator(WrapModel):
         name = loader.target.name if loader.target is not None else None
         if name is not None and isinstance(loader.stmt, ast.Assign) and ast.unparse(loader.stmt.targets[0]) == name:
             self._add(loader.stmt, name)
+            self._reshuffle_each_epoch(loader, name)
         elif any(not loop.trains and loader in loop.loaders for loop in self.anatomy.step_loops):
             self.missing(loader.line, "training loader not prepared: this DataLoader call builds evaluation loaders too",
                          f"hand only the training loader to {PREPARE}(...) by hand")
@@ -120,6 +125,19 @@ class PrepareForAccelerator(WrapModel):
             self._prepare_in_place(loader.call)
         self.changed(loader.line, "training loader prepared: each process draws its own share of the batches, on its device")
         return True
+
+    def _reshuffle_each_epoch(self, loader: LoaderSite, name: str) -> None:
+        """A loader built inside an epoch loop is prepared anew every epoch, each time at epoch 0: have it told the
+        loop's epoch after the prepare (_insert_prepare), or say why it can't be."""
+        loops = [loop for loop in self.anatomy.epoch_loops_around(loader) if any(n is loader.stmt for n in ast.walk(loop.node))]
+        if not loops:
+            return
+        loop = max(loops, key=lambda found: found.line)  # the innermost
+        if loop.loop_var is None:
+            self.advise(loader.line, f"this loader is prepared anew every epoch, each time at epoch 0: call {name}.set_epoch(epoch) "
+                                     "after its prepare by hand (the epoch loop has no epoch variable), or every epoch repeats one shuffle")
+            return
+        self._epochs[name] = loop.loop_var
 
     def _add(self, anchor: ast.stmt, name: str) -> None:
         parent, block, _ = self.anatomy.place_of(anchor)
@@ -139,8 +157,13 @@ class PrepareForAccelerator(WrapModel):
         for batch in batches.values():
             last = max((anchor for anchor, _ in batch), key=block.index)
             names = ", ".join(name for _, name in batch)
-            self.insert_after(last, f"{names} = {PREPARE}({names})\n")
+            told = "".join(f"{name}.set_epoch({self._epochs[name]})\n" for _, name in batch if name in self._epochs)
+            self.insert_after(last, f"{names} = {PREPARE}({names})\n{told}")
             self.changed(last.lineno, f"{names} = {PREPARE}({names}), after the last of them is built")
+            for _, name in batch:
+                if name in self._epochs:
+                    self.changed(last.lineno, f"{name}.set_epoch({self._epochs[name]}) after its prepare: prepared anew every "
+                                              "epoch, it reshuffles each epoch as the original does")
 
     def _trains(self, stmt: ast.stmt) -> bool:
         """Does the statement run a training step (a backward or an optimizer step)?"""
