@@ -8,7 +8,8 @@ objects a block builds are prepared together, right after the last of them is bu
 it is on its device): `model, optimizer, loader = accelerator.prepare(model, optimizer, loader)`.
 A freshly prepared loader starts at its epoch 0 (its seedable sampler shuffles with torch's initial seed plus
 the epoch): one built anew inside an epoch loop is told the loop's epoch after each prepare,
-`loader.set_epoch(epoch)`, so that every epoch reshuffles as the original's does.
+`loader.set_epoch(epoch)`, so that every epoch reshuffles as the original's does (one built inline in the pass,
+`for b in DataLoader(...)`, is first named: `train_loader = accelerator.prepare(DataLoader(...))`).
 Evaluation loaders are evaluation.py's to prepare (where their rows can be gathered), and
 schedulers stay as they are: a prepared scheduler steps once per process on every optimizer step,
 which changes the script's schedule.
@@ -20,7 +21,7 @@ import ast
 
 import libcst as cst
 
-from ddpify.anatomy import Anatomy, LoaderSite, ModelSite
+from ddpify.anatomy import Anatomy, LoaderSite, LoopSite, ModelSite
 from ddpify.anatomy.distributed.randomness import batches_each_rank_draws
 from ddpify.anatomy.environments import trains_on_environment
 from ddpify.anatomy.full_batch import trains_without_loader
@@ -28,6 +29,7 @@ from ddpify.codemods.accelerate.runtime import PREPARE
 from ddpify.codemods.ddp.wrap import WrapModel
 from ddpify.codemods.duties import data_line, wrap_duty
 from ddpify.edits.expressions import parse_expr
+from ddpify.edits.hoist import fresh_name
 
 NOT_SHARDED = "the training data is not sharded (found no training DataLoader to prepare): every process trains on all of it"
 
@@ -42,6 +44,7 @@ class PrepareForAccelerator(WrapModel):
     def plan(self) -> None:
         self._groups: dict[tuple[int, str], list[tuple[ast.stmt, str]]] = {}
         self._epochs: dict[str, str] = {}  # a loader built inside an epoch loop -> the loop's epoch variable
+        self._names_taken: set[str] = set()
         super().plan()  # each model: wrapper_code() puts it in its block's group
         if self._groups:
             for optimizer in self.anatomy.optimizers:
@@ -121,23 +124,41 @@ class PrepareForAccelerator(WrapModel):
             self.missing(loader.line, "training loader not prepared: this DataLoader call builds evaluation loaders too",
                          f"hand only the training loader to {PREPARE}(...) by hand")
             return False
-        else:
+        elif not self._named_before_pass(loader):
             self._prepare_in_place(loader.call)
         self.changed(loader.line, "training loader prepared: each process draws its own share of the batches, on its device")
+        return True
+
+    def _named_before_pass(self, loader: LoaderSite) -> bool:
+        """`for b in DataLoader(...)` inside an epoch loop: the loader named, prepared and told the epoch right before
+        the pass, which then takes it by its name; False where the loader is not built in what the pass iterates."""
+        stmt, loop = loader.stmt, self._epoch_loop_building(loader)
+        if loop is None or loop.loop_var is None or not isinstance(stmt, ast.For) \
+                or not any(node is loader.call for node in ast.walk(stmt.iter)):
+            return False
+        name = fresh_name(self.anatomy, "train_loader", self._names_taken)
+        self.rewrite_node(loader.call, cst.Call, lambda node: cst.Name(name))
+        self.insert_before(stmt, f"{name} = {PREPARE}({ast.unparse(loader.call)})\n{name}.set_epoch({loop.loop_var})\n")
+        self.changed(loader.line, f"the loader built for each epoch named {name}; {name}.set_epoch({loop.loop_var}) after its prepare, "
+                                  "so that it reshuffles each epoch as the original does")
         return True
 
     def _reshuffle_each_epoch(self, loader: LoaderSite, name: str) -> None:
         """A loader built inside an epoch loop is prepared anew every epoch, each time at epoch 0: have it told the
         loop's epoch after the prepare (_insert_prepare), or say why it can't be."""
-        loops = [loop for loop in self.anatomy.epoch_loops_around(loader) if any(n is loader.stmt for n in ast.walk(loop.node))]
-        if not loops:
+        loop = self._epoch_loop_building(loader)
+        if loop is None:
             return
-        loop = max(loops, key=lambda found: found.line)  # the innermost
         if loop.loop_var is None:
             self.advise(loader.line, f"this loader is prepared anew every epoch, each time at epoch 0: call {name}.set_epoch(epoch) "
                                      "after its prepare by hand (the epoch loop has no epoch variable), or every epoch repeats one shuffle")
             return
         self._epochs[name] = loop.loop_var
+
+    def _epoch_loop_building(self, loader: LoaderSite) -> LoopSite | None:
+        """The innermost epoch loop around the loader's training that builds it anew every epoch."""
+        loops = [loop for loop in self.anatomy.epoch_loops_around(loader) if any(n is loader.stmt for n in ast.walk(loop.node))]
+        return max(loops, key=lambda found: found.line, default=None)
 
     def _add(self, anchor: ast.stmt, name: str) -> None:
         parent, block, _ = self.anatomy.place_of(anchor)
