@@ -132,3 +132,10 @@ def test_an_optimizer_a_trainer_keeps_over_the_model_is_averaged_by_hand():
     assert ".module.compute_loss" not in output and "DDP(" not in output
     assert "        self.optimizer = torch.optim.SGD(self.D.parameters(), lr=0.1)\n        broadcast_parameters(self.optimizer)\n" in output
     assert "                loss.backward()\n                average_gradients(self.optimizer)\n                self.optimizer.step()\n" in output
+
+
+def test_fsdp_leaves_no_discriminator_unsharded_and_unaveraged():
+    """The wrap leaves them to the averaging by hand, which only DDP's conversion has: FSDP's is incomplete."""
+    result = convert_entry(GAN / "train.py", "fsdp", {}).job(GAN / "train.py").convert()
+    assert result.status is Status.INCOMPLETE
+    assert {m.line for m in result.missing if "it is not sharded, and no gradient of it is averaged" in m.what} == {15, 16}

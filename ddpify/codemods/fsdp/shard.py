@@ -15,6 +15,7 @@ import ast
 
 from ddpify.anatomy import CallSite, ModelSite
 from ddpify.anatomy.distributed.names import MIXED_PRECISION_POLICY
+from ddpify.anatomy.owned_optimizers import owned_optimizers
 from ddpify.anatomy.syntax import keyword
 from ddpify.anatomy.vocabulary import AUTOCAST, BFLOAT16, GRAD_SCALER, HALF_DTYPES
 from ddpify.codemods.ddp.wrap import WrapModel
@@ -30,10 +31,19 @@ class ShardModel(WrapModel):
         autocasts = self.anatomy.calls_to(AUTOCAST)
         self._param_dtype = _policy_dtype(self.anatomy, autocasts) if self.options.mixed_precision == "policy" and autocasts else None
         super().plan()
+        self._refuse_models_trained_past_forward()
         if self._param_dtype:
             self._report_policy(autocasts)
         else:
             self._advise_policy(autocasts)
+
+    def _refuse_models_trained_past_forward(self) -> None:
+        """The wrap leaves a model trained past its forward (`D1.compute_loss(x, gt)`) to be averaged by hand,
+        which DDP's conversion does and FSDP's does not: never a model left unsharded and unaveraged."""
+        for optimizer in owned_optimizers(self.anatomy):
+            if optimizer.model is not None:
+                self.missing(optimizer.built.line, f"{optimizer.why}: it is not sharded, and no gradient of it is averaged over the ranks",
+                             "compute its loss in forward and call the model, or convert with --to ddp (which averages it by hand)")
 
     def add_wrapper_import(self) -> None:
         self.add_import("torch.distributed.fsdp", "fully_shard")
