@@ -39,7 +39,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from ddpify.anatomy.distributed.names import NUMPY_NON_DRAWS
 from ddpify.anatomy.vocabulary import MODEL_WRAPPERS, RANDOM_DRAWS
-from ddpify.verify.aligned_draws import batch_shaped_noise, watch_training_batches
+from ddpify.verify.aligned_draws import batch_shaped_draw, watch_training_batches
 from ddpify.verify.alignment import PassClock, align_training_loaders, clock_passes_at_start
 from ddpify.verify.dataparallel import simulate_data_parallel
 from ddpify.verify.plan import CANDIDATE, PACKAGE_ROOT, REFERENCE, WRAPPER_FLAG, Plan, Run, ScriptBatch
@@ -221,7 +221,7 @@ def watch_training_randomness(recorder: Recorder, world: int = 1, rank: int = 0)
             drawn = function(*args, **kwargs)
             if not torch.is_grad_enabled() or kwargs.get("generator") is not None or SeededSample.depth:
                 return drawn
-            aligned = owner is torch and batch_shaped_noise(name, drawn, world, rank)
+            aligned = batch_shaped_draw(owner, name, args, kwargs, drawn, world, rank)
             if aligned or depth[0] > 0 or trained[0]:
                 where = "in a forward" if depth[0] > 0 else "between training steps"
                 recorder.flag("training_randomness", f"{label} {where}, in {_caller(sys._getframe(1))}")
