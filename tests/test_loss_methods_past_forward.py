@@ -8,6 +8,7 @@ optimizer cannot be averaged by hand leaves the conversion incomplete."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -139,3 +140,63 @@ def test_fsdp_leaves_no_discriminator_unsharded_and_unaveraged():
     result = convert_entry(GAN / "train.py", "fsdp", {}).job(GAN / "train.py").convert()
     assert result.status is Status.INCOMPLETE
     assert {m.line for m in result.missing if "it is not sharded, and no gradient of it is averaged" in m.what} == {15, 16}
+
+
+
+CONFIGURED_MODEL = '''
+import torch
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+
+    def configure_optimizers(self, lr):
+        return torch.optim.SGD(self.parameters(), lr=lr)
+
+    def forward(self, x, y):
+        out = self.fc(x)
+        return out, torch.mean((out - y) ** 2)
+'''
+CONFIGURED_TRAINER = '''
+class Trainer:
+    def __init__(self, model, loader, lr):
+        self.model = model
+        self.loader = loader
+        self.lr = lr
+
+    def run(self):
+        model, lr = self.model, self.lr
+        self.optimizer = model.configure_optimizers(lr)
+        for epoch in range(2):
+            for x, y in self.loader:
+                self.optimizer.zero_grad()
+                out, self.loss = model(x, y)
+                self.loss.backward()
+                self.optimizer.step()
+'''
+CONFIGURED_ENTRY = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from model import Net
+from trainer import Trainer
+
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+Trainer(Net(), loader, 0.1).run()
+'''
+
+
+def test_a_method_that_builds_the_optimizer_is_not_training_past_forward(tmp_path: Path):
+    """`self.optimizer = model.configure_optimizers(...)` in a Trainer handed the model (minGPT's shape)
+    returns no loss: the model is wrapped and trained through its forward, not averaged by hand (the public
+    corpus's mingpt entries ended incomplete for it)."""
+    for name, text in (("model.py", CONFIGURED_MODEL), ("trainer.py", CONFIGURED_TRAINER), ("train.py", CONFIGURED_ENTRY)):
+        (tmp_path / name).write_text(text)
+    done = subprocess.run([sys.executable, "-m", "ddpify", "convert", "train.py", "--to", "ddp", "--in-place"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "average_gradients" not in (tmp_path / "trainer.py").read_text()

@@ -84,11 +84,12 @@ def _models_trained_past_forward(a: Anatomy) -> list[tuple[ModelSite, ast.Call]]
     """Each trained model of a class of this file or of another file of the project, with the first call
     of one of its methods past forward whose result the training step back-propagates."""
     found = []
+    builds_optimizer = {id(site.node) for site in a.optimizers}  # `model.configure_optimizers(config)` returns no loss
     for model in a.trained_models:
         past_forward = _runs_past_forward(a, model.class_name)
         for call in (c.node for c in a.calls):
             if (past_forward(method_name(call)) and a.ref(call.func.value) == model.target  # type: ignore[attr-defined]
-                    and feeds_backward(a, call)):
+                    and id(call) not in builds_optimizer and feeds_backward(a, call)):
                 found.append((model, call))
                 break
     return found
