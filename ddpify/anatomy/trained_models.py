@@ -265,8 +265,10 @@ class TrainedModels(ScriptValues):
                 stmt = self.statement_binding(given[-1].stmt)
             if stmt is given[-1].stmt:
                 value = given[-1].value
-                origin = next(iter(self.origins(value, ROLE_MODEL)), None) if value is not None else None
-                return self._model_binding(ref, stmt, origin, value)  # type: ignore[arg-type]
+                origins = self.origins(value, ROLE_MODEL) if value is not None else set()
+                if len(origins) > 1:  # `model = a or b`: every origin counts, in no set's order
+                    return self._inherit(self._model_binding(ref, stmt, None, value), origins)  # type: ignore[arg-type]
+                return self._model_binding(ref, stmt, next(iter(origins), None), value)  # type: ignore[arg-type]
             return self._branches_binding(ref, stmt, given)  # type: ignore[arg-type]
         container = self._iterated_container(ref)
         if container is not None:
@@ -310,7 +312,12 @@ class TrainedModels(ScriptValues):
     def _branches_binding(self, ref: Ref, stmt: ast.stmt, given: list[Binding]) -> ModelSite:
         """The model `ref` gets in the branches of `stmt`: wrapped once, after it (and after its moves)."""
         origins = [o for b in given if b.value is not None for r, o in self.roles(b.value) if r == ROLE_MODEL]
-        site = self._model_binding(ref, stmt, None, stmt)
+        return self._inherit(self._model_binding(ref, stmt, None, stmt), origins)
+
+    @staticmethod
+    def _inherit(site: ModelSite, origins: Iterable[Site]) -> ModelSite:
+        """`site` with the class its origins share (else none) and BatchNorm if any of them may hold it."""
+        origins = list(origins)
         classes = {o.class_name if isinstance(o, ModelSite) else "" for o in origins}
         site.class_name = classes.pop() if len(classes) == 1 else ""
         site.has_batchnorm = any_batchnorm(o.has_batchnorm if isinstance(o, ModelSite) else None for o in origins)

@@ -169,13 +169,19 @@ class ScriptValues(ScriptTree):
         imported = self.facts.imported.get(q)
         return {(role, None) for role in imported.roles} if imported else set()
 
+    def _first_model_origin(self, expr: ast.AST) -> Site | None:
+        """The model `expr` holds that is built first in the file, in no set's order (a run's memory
+        addresses ordered them, so a wrapper of `model` from an if/elif chain got a different model, or
+        none, from run to run)."""
+        return min(self.origins(expr, ROLE_MODEL), key=lambda s: (s.line, s.pos.col), default=None)
+
     def _constructor_site(self, call: ast.Call, q: str) -> tuple[str, Site | None] | None:
         if q == "torch.utils.data.DataLoader" or self.facts.returns(q, ROLE_LOADER):
             return ROLE_LOADER, self.loader_sites.get(call)
         if self.is_model_constructor(q):
             return ROLE_MODEL, self.model_sites.get(call)
         if q in MODEL_WRAPPERS and call.args:
-            return next(iter(r for r in self.roles(call.args[0]) if r[0] == ROLE_MODEL), (ROLE_MODEL, None))
+            return ROLE_MODEL, self._first_model_origin(call.args[0])
         if is_scheduler_constructor(q):
             return ROLE_SCHEDULER, None
         if is_optimizer_constructor(q):
