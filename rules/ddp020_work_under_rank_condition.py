@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpify.anatomy.distributed.every_rank_work import calls_collective, is_collective, joins_by_itself, may_run_wrapper_forward
+from ddpify.anatomy.distributed.every_rank_work import function_calls_collective, is_collective, joins_by_itself, may_run_wrapper_forward
 from ddpify.anatomy.distributed.ranks import conditions_on, is_rank_test
 from ddpify.anatomy.distributed.wrappers import wrap_calls
 from ddpify.anatomy import syntax
@@ -59,8 +59,8 @@ class WorkUnderRankCondition(Rule, code="DDP020", name="work-under-rank-conditio
     def check(self, a):
         for site in a.calls:
             call: ast.Call = site.node  # type: ignore[assignment]
-            why = _hidden_work(a, call)
-            if why and _under_rank_test(a, call):
+            why = _under_rank_test(a, call) and _hidden_work(a, call)
+            if why:
                 yield Finding(site.pos, f"`{ast.unparse(call.func)}(...)` runs on some ranks only but {why}: "
                                         "the other ranks never join it and the job hangs")
 
@@ -75,7 +75,7 @@ def _hidden_work(a, call: ast.Call) -> str | None:
     """What `call` makes every rank join, unless DDP002 reports it (a collective, in a function of
     this file too, or the wrapper's own forward)."""
     callee = a.callee(call)
-    if is_collective(a, call) or (callee and calls_collective(a, a.functions[callee].node.body)):
+    if is_collective(a, call) or (callee and function_calls_collective(a, callee)):
         return None
     if joins_by_itself(a, call) and not _before_every_wrap(a, call):
         return "trains (DDP's backward all-reduces the gradients, a collective every rank must join)"

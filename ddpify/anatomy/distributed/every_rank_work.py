@@ -42,6 +42,12 @@ def calls_collective(a: Anatomy, body: Iterable[ast.AST]) -> bool:
     return any(is_collective(a, n) or (isinstance(n, ast.Call) and a.callee(n) in reaching) for n in walk_body(body))
 
 
+def function_calls_collective(a: Anatomy, scope: str) -> bool:
+    """Does local function `scope` (or one it calls) run a collective? `calls_collective` of its
+    body, answered from the per-anatomy set without walking the body again."""
+    return scope in _functions_calling_collectives(a)
+
+
 @per_anatomy
 def _functions_calling_collectives(a: Anatomy) -> frozenset[str]:
     """The local functions that call a collective, themselves or through the local functions they
