@@ -57,38 +57,66 @@ def seeds(a: Anatomy) -> list[Seed]:
     """Every call that seeds a global RNG, in source order."""
     found = []
     for call in a.calls:
-        rngs = _seeded_by(a, call.node, frozenset())  # type: ignore[arg-type]
+        rngs = _seeded_by(a, call.node)  # type: ignore[arg-type]
         if rngs:
             found.append(Seed(call, rngs, mentions_rank(a, call.node)))
     return found
 
 
-def _seeded_by(a: Anatomy, call: ast.Call, seen: frozenset[str]) -> frozenset[str]:
+def _seeded_by(a: Anatomy, call: ast.Call) -> frozenset[str]:
     """The RNGs a call seeds: by name, or through a local function (what its calls seed)."""
+    rngs, callee = _seeded_or_called(a, call)
+    return rngs if callee is None else _seeded_in_function(a, callee)
+
+
+def _seeded_or_called(a: Anatomy, call: ast.Call) -> tuple[frozenset[str], str | None]:
+    """The RNGs a call seeds by name, or else the local function it calls (which seeds what its calls do)."""
     qualname = a.qualname(call.func) or ""
     if qualname in RNG_SEEDERS:
-        return frozenset({RNG_SEEDERS[qualname]})
+        return frozenset({RNG_SEEDERS[qualname]}), None
     if qualname in SEED_EVERYTHING:
-        return EVERY_RNG
+        return EVERY_RNG, None
     callee = a.callee(call)
     if callee is not None:
-        if callee in seen:
-            return frozenset()
-        return frozenset().union(*(_seeded_by(a, n, seen | {callee}) for n in _calls_in_function(a, callee)))
-    return EVERY_RNG if _names_an_unseen_seeder(a, call, qualname) else frozenset()
+        return frozenset(), callee
+    return (EVERY_RNG if _names_an_unseen_seeder(a, call, qualname) else frozenset()), None
 
 
-def _calls_in_function(a: Anatomy, scope: str) -> list[ast.Call]:
-    """The calls in a local function's code (its nested functions' too), found once per function."""
-    found = _calls_by_function(a)
+def _seeded_in_function(a: Anatomy, scope: str) -> frozenset[str]:
+    """The RNGs the calls of a local function seed, and those of every local function it reaches
+    (found once per function)."""
+    found = _seeds_by_function(a)
     if scope not in found:
-        found[scope] = [n for n in ast.walk(a.functions[scope].node) if isinstance(n, ast.Call)]
+        reached, todo, rngs = {scope}, [scope], set()
+        while todo:
+            for call in _calls_by_function(a)[todo.pop()]:
+                seeded, callee = _seeded_or_called(a, call)
+                rngs |= seeded
+                if callee is not None and callee not in reached:
+                    reached.add(callee)
+                    todo.append(callee)
+        found[scope] = frozenset(rngs)
     return found[scope]
 
 
 @per_anatomy
-def _calls_by_function(a: Anatomy) -> dict[str, list[ast.Call]]:
+def _seeds_by_function(a: Anatomy) -> dict[str, frozenset[str]]:
     return {}
+
+
+@per_anatomy
+def _calls_by_function(a: Anatomy) -> dict[str, list[ast.Call]]:
+    """The calls in each local function's code (its nested functions' too): each call listed under
+    every function above it, from one pass over the calls up their parents."""
+    scope_of = {fn.node: scope for scope, fn in a.functions.items()}
+    found: dict[str, list[ast.Call]] = {scope: [] for scope in a.functions}
+    for site in a.calls:
+        node = a.parents.get(site.node)
+        while node is not None:
+            if node in scope_of:
+                found[scope_of[node]].append(site.node)  # type: ignore[arg-type]
+            node = a.parents.get(node)
+    return found
 
 
 def _names_an_unseen_seeder(a: Anatomy, call: ast.Call, qualname: str) -> bool:
