@@ -7,7 +7,7 @@ import ast
 from ddpify.anatomy.distributed.ranks import is_rank_test, rank_guarded, runs_on_every_rank
 from ddpify.anatomy.distributed.reaching import callers
 from ddpify.anatomy import syntax
-from ddpify.anatomy.output import FILE_WRITTEN, output_kind
+from ddpify.anatomy.output import FILE_REMOVED, FILE_WRITTEN, output_kind
 from ddpify.anatomy.vocabulary import OPEN_CALLS, TORCH_SAVE, opens_for_writing
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._cases import ACCELERATE_HEAD, ON_MAIN_PROCESS, guarded_case
@@ -16,7 +16,8 @@ from ddpify.rules._ddp import DDP_AND_ACCELERATE, per_rank_target, rank_zero_gua
 class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="error"):
     """## What it does
     Flags `torch.save(...)`, `open(..., "w")` and the other file writers (`numpy.save(...)`,
-    `pickle.dump(...)`, `.savefig(...)`, `.save_pretrained(...)`, ...) that run on every rank: not
+    `pickle.dump(...)`, `.savefig(...)`, `.save_pretrained(...)`, ...), and the calls that remove or move
+    a file (`os.remove(...)`, `shutil.rmtree(...)`, `os.replace(...)`, `path.unlink()`), that run on every rank: not
     under a rank-0 test, not after an early return of the other ranks, and not in a function only
     called from such places. A write in a function of the script's own that some calls run on rank
     0 only is reported at its other calls, the ones to guard (naming the write's line). Writes to a path that contains the rank
@@ -31,7 +32,8 @@ class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="
     All ranks write the same file at the same time. The writes race: on a shared filesystem the
     file can end up truncated or interleaved, and a later `torch.load` fails or loads garbage. It
     also multiplies I/O by the world size. After DDP's gradient averaging every rank holds the same
-    weights, so rank 0's copy is the checkpoint.
+    weights, so rank 0's copy is the checkpoint. A file removed (an older checkpoint deleted) by every
+    rank at once is found gone by all but the first: the others crash with `FileNotFoundError`.
 
     ## Example
     ```python
@@ -53,6 +55,7 @@ class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="
     """
 
     message = "every rank writes this file at once; the writes race — write on rank 0 only"
+    removal_message = "every rank removes (or moves) this file at once; all but the first find it gone — do it on rank 0 only"
     applies_to = DDP_AND_ACCELERATE
 
     def check(self, a):
@@ -63,7 +66,7 @@ class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="
                 continue
             unguarded = _unguarded_calls_of_a_guarded_function(a, site)
             if not unguarded:
-                yield Finding(site.pos, fix=_fix(a, site))
+                yield Finding(site.pos, self.removal_message if _removes_file(a, site) else None, _fix(a, site))
             for caller in [c for c in unguarded if c not in reported]:  # where a reader fixes it: the call the others guard
                 reported.add(caller)
                 yield Finding(a.pos(caller), f"every rank calls {site.scope}() here, which writes a file at line {site.line} "
@@ -85,7 +88,11 @@ def _fix_call(a, call: ast.Call):
 
 
 def _writes_file(a, site) -> bool:
-    return output_kind(a, site.node) in (TORCH_SAVE, FILE_WRITTEN) or opens_for_writing(a, site.node)
+    return output_kind(a, site.node) in (TORCH_SAVE, FILE_WRITTEN, FILE_REMOVED) or opens_for_writing(a, site.node)
+
+
+def _removes_file(a, site) -> bool:
+    return output_kind(a, site.node) == FILE_REMOVED
 
 
 def _per_rank_file(a, path: ast.AST | None) -> bool:
@@ -138,6 +145,8 @@ if dist.get_rank() == 0:
     ACCELERATE_HEAD + f"accelerator.unwrap_model(model).save_pretrained('out', is_main_process={ON_MAIN_PROCESS})\n",
     # the main process writes the file, the others os.devnull (--to accelerate's file opened around training)
     "import os\n" + ACCELERATE_HEAD + f"with open('log.txt' if {ON_MAIN_PROCESS} else os.devnull, 'w') as f:\n    f.write('done')\n",
+    # an older checkpoint removed on rank 0 only, a per-rank scratch file by its own rank
+    "import os\n" + _HEAD + "if rank == 0:\n    os.remove('epoch_1.pt')\nos.remove(f'scratch_{rank}.pt')\n",
 )
 SaveOnEveryRank.INVALID = (
     guarded_case(_HEAD, "torch.save(model.state_dict(), 'model.pt')\n"),
@@ -151,6 +160,8 @@ SaveOnEveryRank.INVALID = (
         after="\n\nfinish(model)\n",
     ),
     guarded_case(_HEAD + "if rank == 0:\n    print('saving')\n", "with open('log.txt', 'a') as f:\n    f.write('x')\n"),
+    # every rank deletes the older checkpoints: all but the first find each gone
+    guarded_case("import glob\nimport os\n" + _HEAD + "for old in glob.glob('*.pt'):\n", "    os.remove(old)\n"),
     # a function of the script's own whose other call is guarded: reported (and guarded) at the call on every rank
     Invalid(
         _HEAD + "\n\ndef save_checkpoint(state):\n    torch.save(state, 'ckpt.pt')\n\n\n"

@@ -28,7 +28,7 @@ MEMBERS = [
 ]
 # The names that decide what is rank-0 output: read by the judgement (ddpify.anatomy.output) alone,
 # so the rank-0 transform, the lint rules, FSDP and explain cannot decide it each their own way.
-RANK_ZERO_POLICY = ["INFO_LOG_METHODS", "WANDB_MEDIA", "TQDM_WRITE", "FILE_WRITE_METHODS"]
+RANK_ZERO_POLICY = ["INFO_LOG_METHODS", "WANDB_MEDIA", "TQDM_WRITE", "FILE_WRITE_METHODS", "FILE_REMOVE_METHODS"]
 
 
 def _python_files():

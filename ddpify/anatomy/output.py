@@ -4,7 +4,8 @@ transforms and `ddpify explain` all ask, so that convert guards exactly what lin
 
 Rank-0 output is a print (and a progress bar's `write`), a log record below WARNING (a warning or
 an error tells what one rank saw: each rank keeps its own), a wandb call or a TensorBoard writer's,
-and a file written (`torch.save`, `np.save`, `pickle.dump`, `.savefig`, ...). Writers and progress
+a file written (`torch.save`, `np.save`, `pickle.dump`, `.savefig`, ...) and a file removed or moved
+(`os.remove`, `shutil.rmtree`, `os.replace`, `path.unlink()`). Writers and progress
 bars are objects rank 0 alone keeps (`rank_zero_object`): built on rank 0 only, or shown there. A
 wandb run is the exception: every rank starts one, disabled off rank 0 (`disabled_off_rank_zero`),
 since wandb's module state (`wandb.config`, `wandb.log`) is unusable where `wandb.init` never ran;
@@ -24,6 +25,8 @@ from ddpify.anatomy.distributed.accelerate import accelerator_method
 from ddpify.anatomy.distributed.ranks import is_rank_test
 from ddpify.anatomy.vocabulary import (
     ACCELERATOR_OUTPUT,
+    FILE_REMOVE_CALLS,
+    FILE_REMOVE_METHODS,
     FILE_WRITE_CALLS,
     FILE_WRITE_METHODS,
     INFO_LOG_METHODS,
@@ -52,6 +55,7 @@ LOG = "logging"
 WANDB_CALL = "wandb"
 WRITER_CALL = "tensorboard/wandb"
 FILE_WRITTEN = "file written"
+FILE_REMOVED = "file removed"  # or moved: every rank at once, all but the first find it gone
 # The kinds of objects rank 0 alone keeps (`rank_zero_object`).
 WRITER = "writer"
 PROGRESS_BAR = "progress bar"
@@ -73,7 +77,7 @@ def log_level(a: Anatomy, call: ast.AST) -> str | None:
 
 def output_kind(a: Anatomy, call: ast.AST) -> str | None:
     """Is `call` output that rank 0 alone makes under DDP, and which: PRINT, TORCH_SAVE, a
-    `tqdm.write`'s qualname, FILE_WRITTEN, LOG, WANDB_CALL or WRITER_CALL; None when it is not (a
+    `tqdm.write`'s qualname, FILE_WRITTEN, FILE_REMOVED, LOG, WANDB_CALL or WRITER_CALL; None when it is not (a
     warning or an error logged, a wandb.Image built, a wandb run started or its config updated, work)."""
     if not isinstance(call, ast.Call):
         return None
@@ -83,6 +87,8 @@ def output_kind(a: Anatomy, call: ast.AST) -> str | None:
         return q
     if q in FILE_WRITE_CALLS or method in FILE_WRITE_METHODS:
         return None if made_on_main_process(a, call) else FILE_WRITTEN
+    if q in FILE_REMOVE_CALLS or method in FILE_REMOVE_METHODS:
+        return FILE_REMOVED
     level = log_level(a, call)
     if level is not None:
         return LOG if level in INFO_LOG_METHODS else None

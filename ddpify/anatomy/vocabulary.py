@@ -262,6 +262,11 @@ FILE_WRITE_CALLS = SAVE_CALLS | frozenset({
 })
 # Methods that write a file whatever they are called on (a figure, a DataFrame, a Hugging Face model).
 FILE_WRITE_METHODS = frozenset({"savefig", "to_csv", "to_parquet", "save_pretrained"})
+# Calls that remove or move a file named by an argument: run by every rank at once, all but the first
+# find it gone (FileNotFoundError); a rank-0 duty like a write. `path.unlink()` is pathlib's.
+FILE_REMOVE_CALLS = frozenset({"os.remove", "os.unlink", "os.rmdir", "os.rename", "os.replace", "shutil.rmtree",
+                               "shutil.move"})
+FILE_REMOVE_METHODS = frozenset({"unlink", "rmdir"})
 # Calls that create a directory: run by every rank at once, all but the first fail unless exist_ok=True.
 DIRECTORY_CREATORS = frozenset({"os.makedirs", "os.mkdir"})
 ITERABLE_DATASETS = frozenset({"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"})

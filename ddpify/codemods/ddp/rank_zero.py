@@ -47,7 +47,7 @@ from ddpify.anatomy.distributed.every_rank_work import (
 )
 from ddpify.anatomy.distributed.ranks import only_called_from, rank_guarded, runs_on_every_rank
 from ddpify.anatomy.output import (
-    PROGRESS_BAR, WRITER, disabled_off_rank_zero, output_kind, output_statements, rank_zero_object, writes_file_in_block,
+    FILE_REMOVED, PROGRESS_BAR, WRITER, disabled_off_rank_zero, output_kind, output_statements, rank_zero_object, writes_file_in_block,
 )
 from ddpify.anatomy.distributed.reaching import calls_running, reaching_values
 from ddpify.anatomy.distributed.wrappers import wrapper_or_plain
@@ -132,11 +132,11 @@ class RankZeroDuties(Transform):
         self._judged: list[ast.stmt] = []  # whether they need every rank, or run a wrapper
         self._hoists = False
         self._unwrapped: set[ast.expr] = set()
-        saves = []
+        saves, removals = [], []
         for call in self.anatomy.calls:
             kind, keeper = output_kind(self.anatomy, call.node), rank_zero_object(self.anatomy, call.node)
-            if kind and self._guard_call(call, kind) and kind == TORCH_SAVE:
-                saves.append(call)
+            if kind and self._guard_call(call, kind) and kind in (TORCH_SAVE, FILE_REMOVED):
+                (saves if kind == TORCH_SAVE else removals).append(call)
             elif keeper == PROGRESS_BAR:
                 self._disable_on_other_ranks(call)
             elif disabled_off_rank_zero(self.anatomy, call.node):
@@ -159,6 +159,8 @@ class RankZeroDuties(Transform):
                 self._guard(stmt, "file written")
         for save in saves:
             self._barrier_before_reads(save)
+        for removal in removals:
+            self._barrier_after_reads(removal)
         self._unwrap_in_rank_zero_functions()
 
     def reads_pending_edits(self) -> bool:
@@ -376,13 +378,33 @@ class RankZeroDuties(Transform):
             if self._loads_after(a.scope_of.get(call, MODULE_SCOPE), call.lineno):
                 self._barrier_after(a.stmt_of[call], call.lineno, "the call that saves it")
 
+    def _barrier_after_reads(self, removal: CallSite) -> None:
+        """Rank 0 removes a file only once the other ranks have read what its function loaded before
+        (`state = torch.load(path)`, then `os.remove(path)`): a barrier before the removal, or advice
+        where it sits in a loop (its ranks may not loop alike: a barrier there could hang) or off some ranks."""
+        a = self.anatomy
+        if not self._loads_in(removal.scope, lambda line: line < removal.line):
+            return
+        guarded = [outer for outer in a.enclosing(removal.stmt, ast.stmt) if self._guarded_here(outer)]
+        anchor = guarded[-1] if guarded else removal.stmt
+        in_loop = any(isinstance(outer, (ast.For, ast.While)) for outer in a.enclosing(anchor, ast.stmt))
+        if in_loop or _shares_its_line(a, anchor) or not runs_on_every_rank(a, anchor):
+            self.advise(removal.line, f"other ranks may still read this file: add {self.BARRIER} before its removal by hand")
+            return
+        self.insert_before(anchor, f"{self.BARRIER}  # every rank has read the file rank 0 removes next\n")
+        self.changed(removal.line, "barrier before the removal: other ranks read that file first")
+
     def _loads_after(self, scope: str, line: int) -> bool:
         """Does function `scope` read a checkpoint after `line` (itself, or in a function it calls there)?"""
+        return self._loads_in(scope, lambda at: at > line)
+
+    def _loads_in(self, scope: str, where: Callable[[int], bool]) -> bool:
+        """Does function `scope` read a checkpoint on a line `where` holds (itself, or in a function it calls there)?"""
         a = self.anatomy
         fn = a.functions.get(scope)
-        later = [n for n in walk_body(fn.node.body if fn else a.tree.body) if isinstance(n, ast.Call) and n.lineno > line]
+        calls = [n for n in walk_body(fn.node.body if fn else a.tree.body) if isinstance(n, ast.Call) and where(n.lineno)]
         return any(_loads(a, n) or ((callee := a.callee(n)) is not None and a.function_contains(callee, lambda m: _loads(a, m)))
-                   for n in later)
+                   for n in calls)
 
     def _barrier_after(self, anchor: ast.stmt, line: int, what: str) -> None:
         if anchor in self._barriers:
