@@ -203,14 +203,32 @@ def walk_body(body: Iterable[ast.AST]) -> Iterator[ast.AST]:
 def child_nodes(node: ast.AST) -> list[ast.AST]:
     """The node's children, as ast.iter_child_nodes gives them, less operators and contexts (a hot
     path: every analysis visits every node once)."""
+    cls = type(node)
+    fields = _CHILD_FIELDS.get(cls)
+    if fields is None:
+        fields = _CHILD_FIELDS[cls] = _child_fields(cls)
     children = []
-    for name in node._fields:
+    for name in fields:
         value = getattr(node, name, None)
         if isinstance(value, list):
             children += [item for item in value if isinstance(item, ast.AST) and not isinstance(item, _SHARED_LEAVES)]
         elif isinstance(value, ast.AST) and not isinstance(value, _SHARED_LEAVES):
             children.append(value)
     return children
+
+
+def _child_fields(cls: type) -> tuple[str, ...]:
+    """The fields of an ast class that may hold children: all but the names, constants, operators and
+    contexts of its grammar, which its docstring spells (`BinOp(expr left, operator op, expr right)`)."""
+    signature = re.fullmatch(rf"{cls.__name__}\((.*)\)", (cls.__doc__ or "").partition("\n")[0].strip())
+    if signature is None:
+        return cls._fields  # type: ignore[attr-defined]
+    kinds = {field.split()[-1]: field.split()[0].rstrip("*?") for field in signature.group(1).split(", ") if field}
+    return tuple(name for name in cls._fields if kinds.get(name) not in _LEAF_KINDS)  # type: ignore[attr-defined]
+
+
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+_LEAF_KINDS = {"identifier", "string", "constant", "int", "expr_context", "boolop", "operator", "unaryop", "cmpop"}
 
 
 class _Structure:
