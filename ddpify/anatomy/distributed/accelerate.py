@@ -76,7 +76,8 @@ def is_accelerator(a: Anatomy, expr: ast.AST) -> bool:
     """Does `expr` hold the script's Accelerator (`accelerator`, `self.accelerator`)?"""
     if isinstance(expr, ast.Call):
         return a.qualname(expr.func) in _accelerator_classes(a)
-    return isinstance(expr, (ast.Name, ast.Attribute)) and a.ref(expr) in accelerator_refs(a)
+    refs = accelerator_refs(a)  # none in a script without Accelerate: no variable to look up
+    return bool(refs) and isinstance(expr, (ast.Name, ast.Attribute)) and a.ref(expr) in refs
 
 
 def accelerator_attribute(a: Anatomy, expr: ast.AST) -> str | None:
