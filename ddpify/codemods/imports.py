@@ -9,6 +9,7 @@ Building an AddImportsVisitor costs more than the rest of its work (its matcher 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -43,8 +44,15 @@ def add_imports(module: cst.Module, imports: Sequence[Import]) -> cst.Module:
     merged = [stmt.with_changes(body=[_merged(stmt.body[0], needed)]) for stmt in body[start:end]]  # type: ignore[attr-defined]
     if not needed:
         return module.with_changes(body=[*body[:start], *merged, *body[end:]])
-    added = [cst.parse_statement(code, config=module.config_for_parsing) for code in _import_lines(needed)]
+    added = [_parsed_import(code, module.config_for_parsing) for code in _import_lines(needed)]
     return module.with_changes(body=[*body[:start], *merged, *added, *_blank_line_before(body[end:])])
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_import(code: str, config: cst.PartialParserConfig) -> cst.BaseStatement:
+    """An import line, parsed once per text and parser config: conversions add the same few imports
+    again and again (LibCST nodes are immutable, so one parse serves every file)."""
+    return cst.parse_statement(code, config=config)
 
 
 def _needed(imports: Sequence[Import]) -> _Imports:
