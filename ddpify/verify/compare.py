@@ -8,8 +8,9 @@ Statistical mode (such BatchNorm fed a batch the ranks' parts cannot make up, or
 candidate's plain BatchNorm where the reference expected SyncBatchNorm; float16/bfloat16
 autocast under DDP or replicas, where a split batch rounds differently from the whole one; an FSDP2
 mixed-precision policy with float16/bfloat16 parameters; random draws while training, unless every
-rank drew exactly the reference's numbers, as a `get_batch()` drawing offsets does): losses within
-STATISTICAL_LOSS_TOLERANCE and ranks agree. Runs in the launcher, which has torch
+rank drew exactly the reference's numbers, as a `get_batch()` drawing offsets does; a product pairing each
+rank's rows with each other under DDP, as a pull-away term's `x @ x.T`, whose ranks miss the pairs across
+them): losses within STATISTICAL_LOSS_TOLERANCE and ranks agree. Runs in the launcher, which has torch
 imported already.
 """
 
@@ -21,7 +22,7 @@ import torch
 
 from ddpify.verify.alignment import RECUT_FLAG
 from ddpify.verify.dataparallel import UNEVEN_FLAG
-from ddpify.verify.plan import EXACT_TOLERANCE, STATISTICAL_LOSS_TOLERANCE, UPDATE_TOLERANCE, WRAPPER_FLAG, Plan
+from ddpify.verify.plan import EXACT_TOLERANCE, PAIRS_FLAG, STATISTICAL_LOSS_TOLERANCE, UPDATE_TOLERANCE, WRAPPER_FLAG, Plan
 from ddpify.verify.rank_batchnorm import SPLIT_FLAG, UNSPLIT_FLAG
 from ddpify.verify.wrap_order import MOVED_FLAG
 from ddpify.verify.result import error_result
@@ -160,7 +161,7 @@ def judge(plan: Plan, reference: Record, ranks: list[Record]) -> dict:
     flags = _all_flags([reference, *ranks])
     notes = list(dict.fromkeys(note for record in (reference, *ranks) for note in record.notes))
     notes += _randomness_notes(plan, flags, shared_draws(reference, ranks))  # may take the randomness flag out
-    statistical = (plan.splits_batches() and (bool({UNSPLIT_FLAG, "reduced_precision", "training_randomness"} & flags.keys())
+    statistical = (plan.splits_batches() and (bool({UNSPLIT_FLAG, "reduced_precision", "training_randomness", PAIRS_FLAG} & flags.keys())
                                               or _unsplit_plain_batchnorm(flags))
                    or "low_precision_parameters" in flags)
     notes += [flags[name] for name in ("dropout", "attention_dropout", "sample_randomness") if name in flags]
@@ -342,6 +343,11 @@ def _statistical_reason(plan: Plan, flags: dict[str, str]) -> str:
         return (f"the candidate's {flags['low_precision_parameters']} rounds the parameters for forward and backward, "
                 f"where the reference computes with float32 ones")
     wrapper, part = _wrapper_and_part(plan)
+    if PAIRS_FLAG in flags:
+        return (f"a term of the loss pairs the batch's rows with each other ({flags[PAIRS_FLAG]}): under {wrapper} each "
+                f"{part} pairs its own rows only, so the mean of the {part}s' terms misses the pairs across {part}s and is "
+                f"not the whole batch's (a port that all-gathers the rows for it, torch.distributed.nn.functional."
+                f"all_gather, keeps them)")
     if "training_randomness" in flags:
         return (f"the script draws random numbers while it trains ({flags['training_randomness']}): under {wrapper} each "
                 f"{part} draws numbers for its part of the batch, not the reference's for the whole")

@@ -4,9 +4,9 @@ Used in a process forked by the launcher (`run_role`) or as a torchrun worker
 (`python -m ddpify.verify.harness PLAN_JSON ROLE`). Before the script starts it:
 makes torch deterministic, switches dropout off, captures the tensor each backward
 starts from (unscaled when it came from a GradScaler), watches for `reduction='sum'`
-losses, the candidate's plain BatchNorm and float16/bfloat16 autocast, makes the reference's
-plain BatchNorm normalize each rank's part of a split batch separately where the candidate's
-does (see rank_batchnorm), re-cuts the reference's training
+losses, the candidate's plain BatchNorm, float16/bfloat16 autocast and products pairing a
+rank's rows with each other, makes the reference's plain BatchNorm normalize each rank's part
+of a split batch separately where the candidate's does (see rank_batchnorm), re-cuts the reference's training
 batches (see alignment), simulates DataParallel's replicas for a dp candidate on fewer than
 two GPUs (see dataparallel), and arms a faulthandler dump for hangs. After `plan.steps` optimizer steps, or when
 the script ends, it writes its record (see recorder) and leaves at once with os._exit, so no
@@ -39,10 +39,10 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from ddpify.anatomy.distributed.names import NUMPY_NON_DRAWS
 from ddpify.anatomy.vocabulary import MODEL_WRAPPERS, RANDOM_DRAWS
-from ddpify.verify.aligned_draws import batch_shaped_draw, watch_training_batches
+from ddpify.verify.aligned_draws import TrainingBatch, batch_shaped_draw, watch_training_batches
 from ddpify.verify.alignment import PassClock, align_training_loaders, clock_passes_at_start
 from ddpify.verify.dataparallel import simulate_data_parallel
-from ddpify.verify.plan import CANDIDATE, PACKAGE_ROOT, REFERENCE, WRAPPER_FLAG, Plan, Run, ScriptBatch
+from ddpify.verify.plan import CANDIDATE, PACKAGE_ROOT, PAIRS_FLAG, REFERENCE, WRAPPER_FLAG, Plan, Run, ScriptBatch
 from ddpify.verify.rank_batchnorm import normalize_batchnorm_per_rank
 from ddpify.verify.recorder import Recorder
 from ddpify.verify.wrap_order import watch_moves_after_wrap
@@ -51,6 +51,9 @@ SEED = 0
 SHARED_GPU_ENV = "DDPIFY_VERIFY_SHARED_GPU"
 DEADLINE_ENV = "DDPIFY_VERIFY_DEADLINE"  # wall-clock time at which every process dumps its stacks
 PR_SET_PDEATHSIG = 1
+# products of two tensors, by their owners: `x @ y.t()` pairs each row of x with each row of y
+ROW_PRODUCTS = ((torch, (torch.matmul, torch.mm, torch.cdist)),
+                (torch.Tensor, (torch.Tensor.matmul, torch.Tensor.mm, torch.Tensor.__matmul__)))
 DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
 
 
@@ -269,6 +272,36 @@ def watch_plain_batchnorm(recorder: Recorder) -> None:
     _BatchNorm.forward = watched
 
 
+def watch_batch_pairs(recorder: Recorder) -> None:
+    """Flag a product that pairs the training batch's rows with each other while autograd records (`unit @ unit.t()`
+    of a pull-away term or a contrastive loss, `torch.cdist(x, y)`): a rows x rows result that takes a gradient,
+    of operands that are no parameters (nor views of one). Each rank pairs its own rows only, so the mean of the
+    ranks' terms is not the whole batch's, which pairs rows across ranks too: compare tells."""
+    for owner, products in ROW_PRODUCTS:
+        for product in products:
+            setattr(owner, product.__name__, _watched_product(product, recorder))
+
+
+def _watched_product(product, recorder: Recorder):
+    """`product`, flagging a call whose result pairs the training batch's rows (see watch_batch_pairs)."""
+
+    def watched(*args, **kwargs):
+        result = product(*args, **kwargs)
+        rows = TrainingBatch.rows
+        if (torch.is_tensor(result) and result.requires_grad and rows and rows > 1 and tuple(result.shape) == (rows, rows)
+                and not any(_of_a_parameter(operand) for operand in args if torch.is_tensor(operand))):
+            recorder.flag(PAIRS_FLAG, f"{product.__name__.strip('_')} in {_caller(sys._getframe(1))}: {rows} x {rows}, "
+                                      f"a rank's {rows} rows by each other")
+        return result
+
+    return watched
+
+
+def _of_a_parameter(tensor: torch.Tensor) -> bool:
+    """Is `tensor` a parameter, or a view of one (`weight.t()`)?"""
+    return isinstance(tensor if tensor._base is None else tensor._base, torch.nn.Parameter)
+
+
 def watch_reduced_precision(recorder: Recorder) -> None:
     """Flag an enabled float16/bfloat16 autocast: its matmuls round differently when a batch is split."""
     enter = torch.autocast.__enter__
@@ -433,6 +466,8 @@ def install_hooks(plan: Plan, role: str, recorder: Recorder) -> None:
         normalize_batchnorm_per_rank(plan.batch_parts, plan.distributed, recorder.flag)
     if role == CANDIDATE:
         watch_plain_batchnorm(recorder)
+    if role == CANDIDATE and plan.averages_across_ranks():
+        watch_batch_pairs(recorder)
     if role == REFERENCE and plan.aligns_reference():
         script = os.path.realpath(plan.reference.script)
         static_sites = {(script, line) for line in plan.reference_training_lines}

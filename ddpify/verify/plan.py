@@ -23,6 +23,9 @@ STATISTICAL_LOSS_TOLERANCE = 5e-2
 # The records' flag that a forward ran through a multi-GPU wrapper (detail: its class); a candidate
 # without it trains as the single process does, whatever its steps show: it is not converted.
 WRAPPER_FLAG = "wrapper_forward"
+# The records' flag that a product paired the training batch's rows with each other (`x @ x.T` of a pull-away
+# term, a contrastive loss): each rank pairs its own rows only, so no DDP port that keeps it per rank matches exactly.
+PAIRS_FLAG = "batch_pairs"
 
 _EXTENSIONS = {"record": ".pt", "error": ".txt", "stack": ".txt", "log": ".txt"}
 
