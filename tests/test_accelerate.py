@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import FIXTURES_DIR, run_ddpify  # noqa: E402
+from helpers import FIXTURES_DIR, child_environment, python_argv, run_ddpify, run_script  # noqa: E402
 from test_converted_runs import bench, launcher  # noqa: E402
 
 from ddpify.anatomy import ScriptKind, analyze  # noqa: E402
@@ -213,11 +212,11 @@ def test_evaluation_counted_over_rows_is_gathered_and_prints_the_single_process_
     assert flat("ddpify: evaluated on the whole set on every process (the metric of one process, no speed-up): "
                 "`batch_means += criterion(logits, y).item()` adds a value per batch") in flat(out.replace("#", ""))  # a comment, laid out again
     assert lint(out) == []
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    original = subprocess.run([sys.executable, str(source)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    original = run_script(python_argv(source), tmp_path)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / source.name).write_text(out)
-    done = bench.run_real(bench.argv(tmp_path / "run" / source.name, "accelerate"), tmp_path / "run", env, 240)
+    done = launcher(source.name, "accelerate")(bench.argv(tmp_path / "run" / source.name, "accelerate"), tmp_path / "run",
+                                               child_environment(), 240)
     assert done is not None and done.returncode == 0, done and done.stderr[-2000:]
     before = [line for line in done.stdout.splitlines() if line.startswith("before")]  # the model as built: alike in both runs
     assert before == [line for line in original.stdout.splitlines() if line.startswith("before")]
