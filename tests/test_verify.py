@@ -369,9 +369,8 @@ def test_scripts_run_in_a_private_copy_of_the_working_directory(tmp_path):
     torch.save((torch.randn(16, 4), torch.randn(16, 1)), tmp_path / "data" / "points.pt")
     (tmp_path / "train.py").write_text(USER_SCRIPT)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    completed = subprocess.run([sys.executable, "-m", "ddpify", "verify", "train.py", "--to", "ddp", "--steps", "2", "--json"],
-                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    completed = run_ddpify(["verify", "train.py", "--to", "ddp", "--steps", "2", "--json"], tmp_path, env, SUBPROCESS_TIMEOUT_S)
     result = json.loads(completed.stdout)
     assert (completed.returncode, result["verdict"]) == (0, "equivalent"), result["message"]
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before, "verify wrote into the user's tree"
