@@ -212,7 +212,8 @@ def draw_as(world: int, rank: int, rows: int, name: str, *args, **kwargs):
 @pytest.mark.parametrize("name, arguments", [
     ("normal", lambda rows: ((0.5, 2), {"size": (rows, 3)})), ("uniform", lambda rows: ((-1, 1, (rows, 3)), {})),
     ("standard_normal", lambda rows: (((rows, 3),), {})), ("randn", lambda rows: ((rows, 3), {})),
-    ("rand", lambda rows: ((rows, 3), {})),
+    ("rand", lambda rows: ((rows, 3), {})), ("random", lambda rows: (((rows, 1, 1),), {})),
+    ("random_sample", lambda rows: ((), {"size": (rows, 3)})),
 ])
 def test_each_rank_keeps_its_rows_of_the_references_numpy_draw(training_batch, name, arguments):
     args, kwargs = arguments(4)

@@ -4,8 +4,9 @@ A GAN draws its noise for each step with as many rows as the batch its loader ju
 (`torch.randn(batch_size, nz, 1, 1)`): under DDP each rank draws rows for its part of the batch (the
 converter seeds each rank apart), the reference for the whole, so the runs could only be compared
 statistically, which a GAN's few steps cannot settle. Here the k-th such draw of either run (torch's `randn`,
-`rand`, `randn_like`, `rand_like`, numpy.random's `normal`, `uniform`, `standard_normal`, `randn`, `rand` with
-parameters that are numbers, while training) comes from a generator seeded by k: the reference
+`rand`, `randn_like`, `rand_like`, numpy.random's `normal`, `uniform`, `standard_normal`, `random`,
+`random_sample`, `randn`, `rand` with parameters that are numbers, while training: a WGAN-GP's interpolation
+weights `np.random.random((batch, 1, 1, 1))`) comes from a generator seeded by k: the reference
 draws its N x b rows, each of the N ranks draws the same N x b rows and keeps its own b, the rows of its
 part of the reference's batch. The law of the numbers is unchanged, only which numbers; the recorder
 fingerprints the whole N x b draw in both runs, so compare sees that every rank drew the reference's
@@ -25,7 +26,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 SEED = 0x5EED
 NOISE = {draw.__name__: draw for draw in (torch.randn, torch.rand)}  # each also stands for its `_like` form
 # numpy.random's noise: how many parameters of its law come before `size` (None: its arguments are the dims)
-NUMPY_NOISE = {"normal": 2, "uniform": 2, "standard_normal": 0, "randn": None, "rand": None}
+NUMPY_NOISE = {"normal": 2, "uniform": 2, "standard_normal": 0, "random": 0, "random_sample": 0, "randn": None, "rand": None}
 
 
 class TrainingBatch:
