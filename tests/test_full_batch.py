@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 
 from ddpify.codemods.pipeline import Status
 from ddpify.convert import convert_source
-from helpers import one_line, run_script
+from helpers import one_line, run_ddpify, run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,10 +123,10 @@ def test_verify_does_not_read_the_shared_loss_value_as_unsharded_data():
 
 
 def verify(cwd: Path, script: str) -> dict:
-    """`ddpify verify SCRIPT --to ddp --json` over 4 steps, run from `cwd`: its verdict (exit 0 asserted)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    completed = subprocess.run([sys.executable, "-m", "ddpify", "verify", script, "--to", "ddp", "--steps", "4", "--json"],
-                               cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    """`ddpify verify SCRIPT --to ddp --json` over 4 steps, run from `cwd` (forked from the tests' fork server):
+    its verdict (exit 0 asserted)."""
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    completed = run_ddpify(["verify", script, "--to", "ddp", "--steps", "4", "--json"], cwd, env, timeout=300)
     result = json.loads(completed.stdout)
     assert completed.returncode == 0, result["message"]
     return result

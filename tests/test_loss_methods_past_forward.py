@@ -8,7 +8,6 @@ optimizer cannot be averaged by hand leaves the conversion incomplete."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from ddpify.convert import convert_source
 from ddpify.project_conversion import convert_entry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import ranks_alike  # noqa: E402
+from helpers import ranks_alike, run_ddpify  # noqa: E402
 
 GAN = Path(__file__).resolve().parents[1] / "fixtures" / "loss_methods"
 SAVED_ON_RANK_ZERO = ('if RANK == 0:\n    torch.save({"G": G.module.state_dict(), "D1": D1.state_dict(), "D2": D2.state_dict()}, '
@@ -196,7 +195,6 @@ def test_a_method_that_builds_the_optimizer_is_not_training_past_forward(tmp_pat
     corpus's mingpt entries ended incomplete for it)."""
     for name, text in (("model.py", CONFIGURED_MODEL), ("trainer.py", CONFIGURED_TRAINER), ("train.py", CONFIGURED_ENTRY)):
         (tmp_path / name).write_text(text)
-    done = subprocess.run([sys.executable, "-m", "ddpify", "convert", "train.py", "--to", "ddp", "--in-place"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    done = run_ddpify(["convert", "train.py", "--to", "ddp", "--in-place"], tmp_path, timeout=RUN_TIMEOUT_S)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "average_gradients" not in (tmp_path / "trainer.py").read_text()
