@@ -176,6 +176,14 @@ def test_a_port_scaling_the_drawn_noise_otherwise_diverges_at_step_1(tmp_path):
     assert result["verdict"] == "diverged" and result["diverged_at"] == 1, result["message"]
 
 
+def test_the_statistical_reason_names_the_draw_not_drawn_alike(tmp_path):
+    noise = "torch.randn(xb.size(0), 4)"
+    result = verify(tmp_path, BATCH_NOISE.replace(noise, f"{noise} * (1 + torch.rand(1))"))
+    assert result["mode"] == "statistical", result["notes"]
+    reason = next(note for note in result["notes"] if "compared in statistical mode" in note)
+    assert "(torch.rand between training steps, in main() at train.py:16)" in reason, reason
+
+
 def test_numpy_noise_for_the_training_batch_is_drawn_alike_and_compared_exactly(tmp_path):
     result = verify(tmp_path, NUMPY_NOISE)
     assert result["verdict"] == "equivalent", result["message"]

@@ -207,8 +207,9 @@ def watch_training_randomness(recorder: Recorder, world: int = 1, rank: int = 0)
     for the next step, a `get_batch()` drawing offsets, rows picked by `np.random.choice`), with where they
     were drawn and a fingerprint of each: split over ranks, each may draw other numbers than the single
     process does (compare tells). Draws of a sample seed_each_sample seeded are alike in both runs: not flagged.
-    Noise drawn for the training batch is drawn alike (aligned_draws; `world` ranks' rows, this one's `rank`)."""
-    depth, trained = [0], [False]
+    Noise drawn for the training batch is drawn alike (aligned_draws; `world` ranks' rows, this one's `rank`); the
+    flag names the first draw that is not, where there is one."""
+    depth, trained, named_unaligned = [0], [False], [False]
 
     def entered(module, args):
         depth[0] += 1
@@ -227,7 +228,11 @@ def watch_training_randomness(recorder: Recorder, world: int = 1, rank: int = 0)
             aligned = batch_shaped_draw(owner, name, args, kwargs, drawn, world, rank)
             if aligned or depth[0] > 0 or trained[0]:
                 where = "in a forward" if depth[0] > 0 else "between training steps"
-                recorder.flag("training_randomness", f"{label} {where}, in {_caller(sys._getframe(1))}")
+                detail = f"{label} {where}, in {_caller(sys._getframe(1))}"
+                if aligned or named_unaligned[0]:
+                    recorder.flag("training_randomness", detail)
+                else:  # the first draw not drawn alike names the flag: it is what may keep the runs apart
+                    recorder.flags["training_randomness"], named_unaligned[0] = detail, True
                 drawn, whole = aligned or (drawn, drawn)
                 recorder.drew(args[0] if whole is None else whole)  # np.random.shuffle(x) draws into x
             return drawn
