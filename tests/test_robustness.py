@@ -336,7 +336,8 @@ def test_deeply_nested_input_does_not_crash(tmp_path, name, command):
         assert len(_error_lines(result.stderr, "deep.py")) == 1, result.stderr
 
 
-SMALL = "import torch\nimport torch.distributed as dist\n\nprint(torch.randn(2))\n"
+# one finding a file (DDP001: torch.load without map_location), so the findings name every file linted
+SMALL = "import torch\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\nstate = torch.load('ckpt.pt')\n"
 
 
 def make_tree(root: Path, n: int = 5_000) -> dict[str, int]:
@@ -363,16 +364,12 @@ def make_tree(root: Path, n: int = 5_000) -> dict[str, int]:
 
 
 def test_lint_walks_5000_files_honouring_gitignore_and_exclude(tmp_path):
+    """One walk, in json: every file holds one finding, so the files with findings are the files linted."""
     counts = make_tree(tmp_path)
     assert counts["total"] == 5_000
-    result = ddpify("lint", ".", cwd=tmp_path)
-    no_traceback(result)
-    assert result.returncode in (0, 1), result.stderr[-2000:]
-    match = re.search(r"(\d+) files scanned", result.stderr)
-    assert match, result.stderr[-2000:]
-    assert int(match.group(1)) == counts["linted"], (counts, result.stderr[-500:])
-    # the same walk in json: no finding from an ignored file
     result = ddpify("lint", ".", "--output-format", "json", cwd=tmp_path)
-    assert result.returncode in (0, 1)
+    no_traceback(result)
+    assert result.returncode == 1, result.stderr[-2000:]
     paths = {d["path"] for d in json.loads(result.stdout)}
+    assert len(paths) == counts["linted"], (counts, len(paths))
     assert not any("gen_" in p or re.search(r"pkg\d9", p) for p in paths), sorted(paths)[:5]
