@@ -42,12 +42,12 @@ def loss_terms(a: Anatomy, expr: ast.AST, depth: int = 0, by_hand: bool = False)
     if isinstance(expr, ast.UnaryOp):
         return loss_terms(a, expr.operand, depth + 1, by_hand)
     if isinstance(expr, (ast.Name, ast.Attribute)):
-        values = [*reaching_values(a, expr), *_added_terms(a, expr)]
+        values = [*reaching_values(a, expr), *added_terms(a, expr)]
         return [t for value in values for t in loss_terms(a, value, depth + 1, by_hand)]
     return []
 
 
-def _added_terms(a: Anatomy, read: ast.Name | ast.Attribute) -> list[ast.expr]:
+def added_terms(a: Anatomy, read: ast.Name | ast.Attribute) -> list[ast.expr]:
     """What `loss += term` (or `-=`) adds to the variable read here, in its scope, before the read."""
     ref = a.ref(read)
     scope = a.scope_of.get(read)
