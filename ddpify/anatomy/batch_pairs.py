@@ -23,6 +23,7 @@ from typing import Iterator
 
 from ddpify.anatomy.bindings import Binding, bindings
 from ddpify.anatomy.cache import per_anatomy
+from ddpify.anatomy.distributed.accelerate import accelerator_method
 from ddpify.anatomy.distributed.names import TORCH
 from ddpify.anatomy.distributed.reaching import reaching_values, returned_values
 from ddpify.anatomy.full_batch import backward_loss
@@ -59,13 +60,20 @@ class BatchPair:
 @per_anatomy
 def batch_pairs(a: Anatomy) -> tuple[BatchPair, ...]:
     """The products that pair the batch's rows with each other in the loss of a backward, in source order."""
-    losses = [backward_loss(a, call.func.value) for call in _backward_calls(a)]  # type: ignore[attr-defined]
+    losses = [_loss_of(a, call) for call in _backward_calls(a)]
     found = {pair.node: pair for loss in losses for node in _upstream(a, loss) if (pair := _pair(a, node))}
     return tuple(sorted(found.values(), key=lambda pair: (pair.node.lineno, pair.node.col_offset)))
 
 
 def _backward_calls(a: Anatomy) -> list[ast.Call]:
     return [site.node for site in a.training_calls if method_name(site.node) == "backward"]  # type: ignore[misc]
+
+
+def _loss_of(a: Anatomy, backward: ast.Call) -> ast.expr:
+    """`loss` in `loss.backward()`, `scaler.scale(loss).backward()` and `accelerator.backward(loss)`."""
+    if accelerator_method(a, backward) == "backward" and backward.args:
+        return backward.args[0]
+    return backward_loss(a, backward.func.value)  # type: ignore[attr-defined]
 
 
 def _upstream(a: Anatomy, expr: ast.AST, seen: set[ast.AST] | None = None, depth: int = 0) -> Iterator[ast.AST]:

@@ -3,7 +3,8 @@
 DDP (and FSDP) average gradients over the ranks. For a per-sample mean that is the mean over the
 global batch; for `reduction='sum'` it is the ranks' mean of their sums, WORLD_SIZE times smaller
 than the sum over the same samples in one process. Only a loss whose every loss term sums is
-scaled; a mix of summed and averaged terms is left to the user, with advice.
+scaled; a mix of summed and averaged terms is left to the user, with advice. So is a term that pairs
+the batch's rows with each other, which no rank can compute from its own rows (ddp/paired_rows.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import libcst as cst
 from ddpify.anatomy.full_batch import backward_loss
 from ddpify.anatomy.losses import loss_terms, sums_over_batch, token_mean
 from ddpify.codemods.base import Transform
+from ddpify.codemods.ddp.paired_rows import keep_pairs_per_rank
 from ddpify.codemods.ddp.runtime import WORLD_SIZE
 from ddpify.edits.expressions import cst_type_of
 
@@ -32,6 +34,7 @@ class SumLossScaling(Transform):
             call: ast.Call = site.node  # type: ignore[assignment]
             if isinstance(call.func, ast.Attribute) and call.func.attr == "backward":
                 self._plan_backward(site.line, backward_loss(self.anatomy, call.func.value))
+        keep_pairs_per_rank(self, self.WORLD_SIZE)
 
     def _plan_backward(self, line: int, loss: ast.expr) -> None:
         tokens = token_mean(self.anatomy, loss)
