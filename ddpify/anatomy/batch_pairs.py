@@ -37,6 +37,8 @@ _MAX_DEPTH = 12
 _PRODUCTS = frozenset({"matmul", "mm", "bmm"})  # torch.matmul(a, b) and a.matmul(b)
 _DISTANCES = frozenset({"cdist"})  # torch.cdist(a, b): every row of a by every row of b
 _GATHERS = frozenset({"all_gather", "all_gather_into_tensor", "gather", "gather_for_metrics"})
+_BROADCAST_OPERATORS = (ast.Sub, ast.Add, ast.Mult, ast.Div)  # x[:, None] - x[None]
+_PAIRING_OPERATORS = (ast.MatMult, *_BROADCAST_OPERATORS)
 _ROWS, _COLUMNS = 0, 1  # where `x[None]` / `x.unsqueeze(0)` and `x[:, None]` / `x.unsqueeze(1)` put a new dim
 
 
@@ -60,9 +62,13 @@ class BatchPair:
 @per_anatomy
 def batch_pairs(a: Anatomy) -> tuple[BatchPair, ...]:
     """The products that pair the batch's rows with each other in the loss of a backward, in source order."""
-    losses = [_loss_of(a, call) for call in _backward_calls(a)]
-    found = {pair.node: pair for loss in losses for node in _upstream(a, loss) if (pair := _pair(a, node))}
-    return tuple(sorted(found.values(), key=lambda pair: (pair.node.lineno, pair.node.col_offset)))
+    backwards = _backward_calls(a)
+    shaped = [(node, sides) for node in a.nodes if _may_pair(node) and (sides := _sides(a, node))] if backwards else []
+    if not shaped:
+        return ()  # most scripts
+    upstream = {node for call in backwards for node in _upstream(a, _loss_of(a, call))}
+    found = [BatchPair(node, *sides) for node, sides in shaped if node in upstream and all(_from_batch(a, side) for side in sides)]
+    return tuple(sorted(found, key=lambda pair: (pair.node.lineno, pair.node.col_offset)))
 
 
 def _backward_calls(a: Anatomy) -> list[ast.Call]:
@@ -144,12 +150,17 @@ def _batch_source(a: Anatomy, node: ast.AST) -> bool:
     return isinstance(node, (ast.Name, ast.Attribute)) and a.has_role(node, ROLE_LOADER)
 
 
-def _pair(a: Anatomy, node: ast.AST) -> BatchPair | None:
-    """The pairing `node` makes of the batch's rows with each other, if it makes one."""
-    sides = _product_sides(a, node) or _broadcast_sides(node)
-    if sides is None or not all(_from_batch(a, side) for side in sides):
-        return None
-    return BatchPair(node, *sides)  # type: ignore[arg-type]
+def _may_pair(node: ast.AST) -> bool:
+    """A quick look: an operator or a call of a name that may pair rows (`_sides` then tells)."""
+    if type(node) is ast.BinOp:
+        return type(node.op) in _PAIRING_OPERATORS
+    func = node.func if type(node) is ast.Call else None  # type: ignore[attr-defined]
+    return func is not None and (func.attr if type(func) is ast.Attribute else getattr(func, "id", None)) in _PRODUCTS | _DISTANCES
+
+
+def _sides(a: Anatomy, node: ast.AST) -> tuple[ast.expr, ast.expr] | None:
+    """The two sides whose rows `node` pairs with each other, if it is shaped like such a pairing."""
+    return _product_sides(a, node) or _broadcast_sides(node)
 
 
 def _product_sides(a: Anatomy, node: ast.AST) -> tuple[ast.expr, ast.expr] | None:
@@ -192,7 +203,7 @@ def _transposed(a: Anatomy, expr: ast.expr) -> ast.expr | None:
 
 def _broadcast_sides(node: ast.AST) -> tuple[ast.expr, ast.expr] | None:
     """(x, y) of `x[:, None] - y[None]`, `x.unsqueeze(1) - y.unsqueeze(0)`: each row against each row."""
-    if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Sub, ast.Add, ast.Mult, ast.Div))):
+    if not (isinstance(node, ast.BinOp) and isinstance(node.op, _BROADCAST_OPERATORS)):
         return None
     left, right = _new_dim(node.left), _new_dim(node.right)
     if left is None or right is None or {left[0], right[0]} != {_ROWS, _COLUMNS}:
