@@ -14,8 +14,9 @@ class BatchRowsPairedPerRank(Rule, code="DDP027", name="batch-rows-paired-per-ra
     the batch with each other row: a tensor from the batch times the transpose of one
     (`a @ b.t()`, `a @ b.T`, `torch.mm(a, b.transpose(0, 1))`, `a.mm(b.t())`), a distance matrix
     (`torch.cdist(a, b)`) or rows broadcast against rows (`x[:, None] - x[None]`,
-    `x.unsqueeze(0) - x.unsqueeze(1)`): an energy-based GAN's pull-away term, a contrastive
-    (InfoNCE) loss's logits, a triplet or center loss mining the batch. Both sides must come from
+    `F.cosine_similarity(x.unsqueeze(1), x.unsqueeze(0), dim=-1)`): an energy-based GAN's
+    pull-away term, a contrastive (InfoNCE) loss's logits, a triplet or center loss mining the
+    batch. Both sides must come from
     the batch (the loader's rows or a model's output for them) and reach the loss that is
     back-propagated, in the training code or a function of this file it calls. Not flagged: a
     side that is a parameter (`x @ self.weight.t()` is a layer), rows gathered from every rank
@@ -142,6 +143,9 @@ BatchRowsPairedPerRank.INVALID = (
     # rows broadcast against rows
     _case("    loss = (z[:, None] - z[None]).pow(2).mean()\n", "z[:, None] - z[None]"),
     _case("    loss = z.mm(z.t()).mean()\n", "z.mm(z.t())"),
+    # SimCLR's similarities of every pair of rows
+    _case("    similarity = F.cosine_similarity(z.unsqueeze(1), z.unsqueeze(0), dim=-1)\n    loss = similarity.mean()\n",
+          "F.cosine_similarity(z.unsqueeze(1), z.unsqueeze(0), dim=-1)"),
     # Accelerate: the loader's rows of each process, paired in accelerator.backward's loss
     Invalid("from torch.utils.data import DataLoader, TensorDataset\n" + ACCELERATE_HEAD
             + "loader = accelerator.prepare(DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8))\n"

@@ -128,6 +128,7 @@ def found(product: str, term: str = "pull_away(embedding)") -> list[str]:
 @pytest.mark.parametrize("product", [
     "unit @ unit.t()", "unit @ unit.T", "torch.mm(unit, torch.t(unit))", "unit.mm(unit.t())", "unit.matmul(unit.permute(1, 0))",
     "torch.cdist(unit, unit)", "unit.unsqueeze(0) - unit.unsqueeze(1)", "unit[:, None] * unit[None, :]",
+    "F.cosine_similarity(unit.unsqueeze(1), unit.unsqueeze(0), dim=-1)",  # SimCLR's NT-Xent similarities
 ])
 def test_each_spelling_of_a_pairing_is_found(product):
     assert found(product) == [product]
@@ -137,6 +138,7 @@ def test_each_spelling_of_a_pairing_is_found(product):
     "unit @ unit.transpose(-2, -1)",  # the last two dims swapped: attention's tokens, not the rows
     "unit @ unit.transpose(1, 2)",
     "unit.unsqueeze(1) - unit.unsqueeze(2)",
+    "F.cosine_similarity(unit[None], unit[None], dim=-1)",  # rows by the same rows
     "unit @ unit",  # no transpose: a product of features
 ])
 def test_what_pairs_no_rows_is_not_found(product):

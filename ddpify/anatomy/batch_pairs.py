@@ -39,6 +39,7 @@ _DISTANCES = frozenset({"cdist"})  # torch.cdist(a, b): every row of a by every 
 _GATHERS = frozenset({"all_gather", "all_gather_into_tensor", "gather", "gather_for_metrics"})
 _BROADCAST_OPERATORS = (ast.Sub, ast.Add, ast.Mult, ast.Div)  # x[:, None] - x[None]
 _PAIRING_OPERATORS = (ast.MatMult, *_BROADCAST_OPERATORS)
+_VIEWS = (ast.Subscript, ast.Call)  # how `x[None]` and `x.unsqueeze(0)` are spelled
 _ROWS, _COLUMNS = 0, 1  # where `x[None]` / `x.unsqueeze(0)` and `x[:, None]` / `x.unsqueeze(1)` put a new dim
 
 
@@ -151,11 +152,14 @@ def _batch_source(a: Anatomy, node: ast.AST) -> bool:
 
 
 def _may_pair(node: ast.AST) -> bool:
-    """A quick look: an operator or a call of a name that may pair rows (`_sides` then tells)."""
+    """A quick look: an operator, a call of a name that may pair rows or a call of two rows' views (`_sides` tells)."""
     if type(node) is ast.BinOp:
         return type(node.op) in _PAIRING_OPERATORS
-    func = node.func if type(node) is ast.Call else None  # type: ignore[attr-defined]
-    return func is not None and (func.attr if type(func) is ast.Attribute else getattr(func, "id", None)) in _PRODUCTS | _DISTANCES
+    if type(node) is not ast.Call:
+        return False
+    func = node.func  # type: ignore[attr-defined]
+    name = func.attr if type(func) is ast.Attribute else getattr(func, "id", None)
+    return name in _PRODUCTS | _DISTANCES or len(node.args) >= 2 and type(node.args[0]) in _VIEWS  # type: ignore[attr-defined]
 
 
 def _sides(a: Anatomy, node: ast.AST) -> tuple[ast.expr, ast.expr] | None:
@@ -202,10 +206,14 @@ def _transposed(a: Anatomy, expr: ast.expr) -> ast.expr | None:
 
 
 def _broadcast_sides(node: ast.AST) -> tuple[ast.expr, ast.expr] | None:
-    """(x, y) of `x[:, None] - y[None]`, `x.unsqueeze(1) - y.unsqueeze(0)`: each row against each row."""
-    if not (isinstance(node, ast.BinOp) and isinstance(node.op, _BROADCAST_OPERATORS)):
+    """(x, y) of `x[:, None] - y[None]`, `x.unsqueeze(1) - y.unsqueeze(0)` and
+    `F.cosine_similarity(x.unsqueeze(1), y.unsqueeze(0), dim=-1)`: each row against each row."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, _BROADCAST_OPERATORS):
+        left, right = _new_dim(node.left), _new_dim(node.right)
+    elif isinstance(node, ast.Call) and len(node.args) >= 2:
+        left, right = _new_dim(node.args[0]), _new_dim(node.args[1])
+    else:
         return None
-    left, right = _new_dim(node.left), _new_dim(node.right)
     if left is None or right is None or {left[0], right[0]} != {_ROWS, _COLUMNS}:
         return None
     return left[1], right[1]
