@@ -113,6 +113,14 @@ def test_a_comment_of_the_users_own_moves_above_the_statement():
     assert above[0] == "cosine similarities" and " ".join(above[1:]) == NOTE.removeprefix("# ")
 
 
+def test_a_statement_too_wide_for_the_file_keeps_its_suppression_on_its_line():
+    returned = "    return ((unit @ unit.t()).sum() - rows) / (rows * (rows - 1))"
+    text = script().replace(f"    similarity = {PRODUCT}\n", "").replace("    return (similarity.sum() - rows) / (rows * (rows - 1))", returned)
+    result = convert_source(text, "ddp")
+    assert result.status is Status.CONVERTED, result.reason
+    assert f"{returned}  {SUPPRESSION}" in result.output.splitlines()  # 87 columns: the file's own width is 79
+
+
 def comments_above(lines: list[str], at: int) -> list[str]:
     """The text of the comment lines just above line index `at`."""
     start = at

@@ -7,7 +7,8 @@ black would: a comment line above it that no longer fits is re-flowed; the outer
 (or dict) that ends a line still too wide gets one item a line, with a trailing comma (a conditional
 `a if c else b` goes in brackets, a part a line; a comprehension puts its element and its `for` on
 lines of their own), repeated inward until every line fits or nothing is left to open; then a
-trailing comment that still overflows moves above the statement. A body on its header's line (`if c: a; b`) that overflows
+trailing comment that still overflows moves above the statement (not a suppression, `# ddpify: ignore[...]`
+or `# noqa`: above the statement it would suppress nothing). A body on its header's line (`if c: a; b`) that overflows
 goes on lines of its own, the header of a `with`/`if`/`for`/`while` opens like a statement's line
 (`with (` ... `):`), and a long `from m import a, b` goes into brackets. A string literal still
 too wide on a line of its own inside brackets is split after spaces into adjacent literals, which
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import re
 import textwrap
 from typing import Iterator, Mapping, Sequence
 
@@ -29,6 +31,7 @@ from ddpify.edits.positions import positions_of
 from ddpify.edits.statements import one_statement_a_line
 
 PEP8_WIDTH = 79
+_SUPPRESSION = re.compile(r"#\s*(?:ddpify:\s*ignore|noqa)\b", re.IGNORECASE)  # what lint reads on the line it reports
 _MAX_OPENED = 8  # calls opened per statement at the most
 
 
@@ -188,9 +191,9 @@ def _leading_comments_fitted(stmt: cst.BaseStatement, column: int, limit: int) -
 
 
 def _trailing_comment_fitted(stmt: cst.SimpleStatementLine, column: int, limit: int) -> cst.SimpleStatementLine:
-    """A trailing comment that overflows its line moves above the statement."""
+    """A trailing comment that overflows its line moves above the statement, unless it is a suppression."""
     comment = stmt.trailing_whitespace.comment
-    if comment is None or _last_line_width(stmt, column) <= limit:
+    if comment is None or _SUPPRESSION.search(comment.value) or _last_line_width(stmt, column) <= limit:
         return stmt
     moved = _reflowed(cst.EmptyLine(comment=comment), column, limit)
     trailing = stmt.trailing_whitespace.with_changes(whitespace=cst.SimpleWhitespace(""), comment=None)
