@@ -128,6 +128,9 @@ BatchRowsPairedPerRank.VALID = (
     # every rank's rows gathered first (autograd-aware): the pairs across ranks are kept
     _loop("    everyone = torch.cat(torch.distributed.nn.functional.all_gather(z))\n"
           "    loss = F.mse_loss(z, y) + (everyone @ everyone.t()).mean()\n"),
+    # every rank's rows gathered into a list (the rank's own kept for its gradient), paired with this rank's
+    _loop("    everyone = [torch.zeros_like(z) for _ in range(dist.get_world_size())]\n    dist.all_gather(everyone, z)\n"
+          "    everyone[dist.get_rank()] = z\n    loss = F.cross_entropy(z @ torch.cat(everyone).t(), y.argmax(1))\n"),
     # the pairs feed a printed metric, not the loss
     _loop("    loss = F.mse_loss(z, y)\n    print((z @ z.t()).mean().item())\n"),
 )

@@ -136,8 +136,22 @@ def _of_a_model(a: Anatomy, expr: ast.AST) -> bool:
 
 
 def _gathers(a: Anatomy, expr: ast.AST) -> bool:
-    """`all_gather(z)`, `accelerator.gather(z)`: every rank's rows, which pair completely."""
-    return isinstance(expr, ast.Call) and (a.qualname(expr.func) or method_name(expr) or "").rpartition(".")[2] in _GATHERS
+    """`all_gather(z)`, `accelerator.gather(z)`, or `everyone` after `dist.all_gather(everyone, z)`: every rank's
+    rows, which pair completely."""
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        return a.ref(expr) in _gathered_into(a)
+    return isinstance(expr, ast.Call) and _is_gather(a, expr)
+
+
+def _is_gather(a: Anatomy, call: ast.Call) -> bool:
+    return (a.qualname(call.func) or method_name(call) or "").rpartition(".")[2] in _GATHERS
+
+
+@per_anatomy
+def _gathered_into(a: Anatomy) -> set:
+    """The variables a gather fills in place: `everyone` in `dist.all_gather(everyone, z)`."""
+    calls = [site.node for site in a.calls if isinstance(site.node, ast.Call) and _is_gather(a, site.node)]
+    return {a.ref(call.args[0]) for call in calls if len(call.args) > 1} - {None}
 
 
 def _from_batch(a: Anatomy, expr: ast.AST) -> bool:
