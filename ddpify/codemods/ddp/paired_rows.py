@@ -4,9 +4,10 @@ Under DDP (FSDP, Accelerate) each rank pairs its own rows only (anatomy/batch_pa
 trains, not identically. Whether to all-gather every rank's rows for the term or to keep the pairs within
 each rank is the user's choice, so the term is left as it is: the advice names its line and both ways, and
 the converted statement says it is kept per rank (a note above it), with a `# ddpify: ignore[DDP027]` after it
-so that the output lints clean (DDP027 warns on such a term in a multi-GPU script the user wrote). A line the
-conversion widens past the file's width gets its trailing comment moved up (codemods/width.py), where it
-suppresses nothing: lint then reports the term, a missing item.
+so that the output lints clean (DDP027 warns on such a term in a multi-GPU script the user wrote); the
+suppression stays on its line even where the line outgrows the file's width (codemods/width.py). A term in a
+compound statement's header (`if (z @ z.t()).mean() > 0:`) gets the advice only: lint still reports it, a
+missing item.
 """
 
 from __future__ import annotations
