@@ -6,8 +6,7 @@ each rank is the user's choice, so the term is left as it is: the advice names i
 the converted statement says it is kept per rank (a note above it), with a `# ddpify: ignore[DDP027]` after it
 so that the output lints clean (DDP027 warns on such a term in a multi-GPU script the user wrote); the
 suppression stays on its line even where the line outgrows the file's width (codemods/width.py). A term in a
-compound statement's header (`if (z @ z.t()).mean() > 0:`) gets the advice only: lint still reports it, a
-missing item.
+compound statement's header gets the advice only: lint still reports it, a missing item.
 """
 
 from __future__ import annotations
