@@ -103,7 +103,8 @@ def test_converted_project_runs_like_the_original_and_lints_clean(name: str, tmp
 
 @pytest.mark.parametrize("name", CONVERTED)
 def test_verify_trains_through_dataparallel_and_finds_it_equivalent(name: str):
-    proc = run_ddpify(["verify", str(PROJECTS / name / ENTRY), "--to", "dp", "--json", "--timeout", "200"], FIXTURES_DIR.parent, ENV, 300)
+    # run from the projects' folder (above the project): each side mirrors it, not the whole repository
+    proc = run_ddpify(["verify", str(PROJECTS / name / ENTRY), "--to", "dp", "--json", "--timeout", "200"], PROJECTS, ENV, 300)
     result = json.loads(proc.stdout)
     assert (proc.returncode, result["verdict"], result["mode"]) == (0, "equivalent", "exact"), result["message"]
 

@@ -117,7 +117,7 @@ def test_a_script_with_a_training_loader_keeps_its_losses():
 def test_verify_does_not_read_the_shared_loss_value_as_unsharded_data():
     """Every rank's loss is valued as the whole batch's, alike on every rank: by design, not a sign that
     the ranks train on the same data."""
-    result = verify(ROOT, "fixtures/full_batch_regression.py")
+    result = verify(ROOT / "fixtures", "full_batch_regression.py")  # (from the repository root, each side would mirror all of it)
     assert (result["verdict"], result["mode"]) == ("equivalent", "exact"), result["message"]
     assert "same data" not in result["message"] and not any("same losses" in note for note in result["notes"])
 

@@ -312,7 +312,8 @@ def test_converted_project_runs_under_torchrun_and_logs_once(name: str, mirrors,
 @pytest.mark.parametrize("name, target", [(name, "ddp") for name in sorted(ENTRIES)] + [("classic", "dp"), ("trainer_package", "dp")])
 def test_verify_converts_the_whole_project_and_finds_it_equivalent(name: str, target: str):
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = run_ddpify(["verify", str(PROJECTS / name / ENTRIES[name]), "--to", target, "--json", "--timeout", "200"], ROOT, env, 300)
+    # run from the projects' folder (above the project, as from the repository root): each side mirrors it, not the repository
+    proc = run_ddpify(["verify", str(PROJECTS / name / ENTRIES[name]), "--to", target, "--json", "--timeout", "200"], PROJECTS, env, 300)
     result = json.loads(proc.stdout)
     assert (proc.returncode, result["verdict"], result["mode"]) == (0, "equivalent", "exact"), result["message"]
 
