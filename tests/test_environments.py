@@ -16,7 +16,7 @@ from ddpify.codemods.pipeline import Status
 from ddpify.convert import convert_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import ranks_alike, run_script  # noqa: E402
+from helpers import ranks_alike, run_ddpify, run_script  # noqa: E402
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
 RUN_TIMEOUT_S = 60
@@ -177,7 +177,7 @@ def test_verify_says_statistically_equivalent_and_why(tmp_path: Path):
     hold the same parameters, and says so, instead of 'diverged' at step 1."""
     script = tmp_path / "rl_dqn_replay.py"
     script.write_text((REAL / "rl_dqn_replay.py").read_text())
-    done = run_script([sys.executable, "-m", "ddpify", "verify", script.name, "--to", "ddp", "--json"], tmp_path, timeout=300)
+    done = run_ddpify(["verify", script.name, "--to", "ddp", "--json"], tmp_path, timeout=300)
     result = json.loads(done.stdout[done.stdout.index("{"):])
     assert (result["verdict"], result["mode"]) == ("equivalent", "statistical"), result["message"]
     assert "each rank plays its own episodes" in result["message"] and "held the same parameters" in result["message"]

@@ -13,7 +13,7 @@ from ddpify.codemods.pipeline import Status
 from ddpify.convert import convert_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import run_script  # noqa: E402
+from helpers import run_ddpify  # noqa: E402
 
 REGRESSOR = '''
 import torch
@@ -72,7 +72,7 @@ def test_the_other_targets_still_say_where_the_model_is_missing():
 
 def test_verify_finds_it_exactly_equivalent_on_two_ranks(tmp_path: Path):
     (tmp_path / "regressor.py").write_text(REGRESSOR)
-    done = run_script([sys.executable, "-m", "ddpify", "verify", "regressor.py", "--to", "ddp", "--json"], tmp_path, timeout=300)
+    done = run_ddpify(["verify", "regressor.py", "--to", "ddp", "--json"], tmp_path, timeout=300)
     result = json.loads(done.stdout[done.stdout.index("{"):])
     assert (result["verdict"], result["mode"]) == ("equivalent", "exact"), result["message"]
 
@@ -86,7 +86,7 @@ def test_in_an_imported_module_it_is_missing_with_the_recipe(tmp_path: Path):
         "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\nfrom model import Regressor, fit\n\n\n"
         "def main():\n    x = torch.randn(64, 8)\n    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)\n"
         "    fit(Regressor(), loader)\n\n\nif __name__ == \"__main__\":\n    main()\n")
-    done = run_script([sys.executable, "-m", "ddpify", "convert", "train.py", "--to", "ddp"], tmp_path, timeout=120)
+    done = run_ddpify(["convert", "train.py", "--to", "ddp"], tmp_path, timeout=120)
     assert done.returncode == 3, done.stdout + done.stderr
     assert "model.py:11: missing: self.optimizer trains its own class's parameters" in done.stdout + done.stderr
     assert not (tmp_path / "model_ddp.py").exists() and not (tmp_path / "train_ddp").exists()
