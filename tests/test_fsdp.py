@@ -187,6 +187,12 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return run_script(argv, cwd, _ENV, TIMEOUT_S)
 
 
+def _run_check(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`code` run as a script of its own in `cwd` (`python check_saved.py`: forked by the tests' fork server)."""
+    (cwd / "check_saved.py").write_text(code)
+    return _run([sys.executable, "check_saved.py"], cwd)
+
+
 def test_sharded_transformer_trains_on_two_ranks_and_its_checkpoint_loads_into_the_original(tmp_path):
     script = tmp_path / "train_fsdp.py"
     script.write_text(convert_source(TRANSFORMER.read_text(), "fsdp").output)
@@ -194,7 +200,7 @@ def test_sharded_transformer_trains_on_two_ranks_and_its_checkpoint_loads_into_t
     assert run.returncode == 0, run.stderr[-3000:]
     steps = [line for line in run.stdout.splitlines() if line.startswith("epoch") and "step" in line]
     assert len(steps) == 8, run.stdout  # 64 samples, batch 8, 2 ranks, 2 epochs: logged once
-    check = _run([sys.executable, "-c", textwrap.dedent(f"""
+    check = _run_check(textwrap.dedent(f"""
         import importlib.util, torch
         spec = importlib.util.spec_from_file_location("original", {str(TRANSFORMER)!r})
         original = importlib.util.module_from_spec(spec)
@@ -202,7 +208,7 @@ def test_sharded_transformer_trains_on_two_ranks_and_its_checkpoint_loads_into_t
         checkpoint = torch.load("best.pt")
         original.TinyLM().load_state_dict(checkpoint["model"])  # strict: same keys, same shapes
         assert checkpoint["optimizer"]["state"], "optimizer state was saved whole"
-    """)], tmp_path)
+    """), tmp_path)
     assert check.returncode == 0, check.stderr[-3000:]
 
 
@@ -321,7 +327,7 @@ def test_sharded_transformer_checkpoint_converts_to_a_state_dict_of_the_original
     script.write_text(convert_source(TRANSFORMER.read_text(), "fsdp", checkpoint="sharded").output)
     _torchrun(script, tmp_path)
     assert {p.suffix for p in (tmp_path / "best.pt").iterdir()} == {".distcp", ""}  # per-rank shards and .metadata
-    check = _run([sys.executable, "-c", textwrap.dedent(f"""
+    check = _run_check(textwrap.dedent(f"""
         import importlib.util, torch
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
         spec = importlib.util.spec_from_file_location("original", {str(TRANSFORMER)!r})
@@ -331,7 +337,7 @@ def test_sharded_transformer_checkpoint_converts_to_a_state_dict_of_the_original
         checkpoint = torch.load("best_full.pt")
         original.TinyLM().load_state_dict(checkpoint["model"])  # strict: same keys, same shapes
         assert checkpoint["optimizer"]["state"], "optimizer state was saved"
-    """)], tmp_path)
+    """), tmp_path)
     assert check.returncode == 0, check.stderr[-3000:]
 
 
@@ -341,12 +347,12 @@ def test_a_bare_sharded_state_dict_reloads_in_the_script_and_converts_to_the_mod
     script.write_text(convert_source(source.read_text(), "fsdp", checkpoint="sharded").output)
     run = _torchrun(script, tmp_path)  # saves the best epoch's shards, loads them back, scores the test set
     assert "test loss" in run.stdout and sorted(p.name for p in (tmp_path / "best_model.pt").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
-    check = _run([sys.executable, "-c", textwrap.dedent("""
+    check = _run_check(textwrap.dedent("""
         import torch, torch.nn as nn
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
         dcp_to_torch_save("best_model.pt", "best_full.pt")
         nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 2)).load_state_dict(torch.load("best_full.pt"))
-    """)], tmp_path)
+    """), tmp_path)
     assert check.returncode == 0, check.stderr[-3000:]
 
 
