@@ -22,7 +22,8 @@ sitecustomize on PYTHONPATH (which dumps the stacks and marks the exit), leaves 
 a failed rank stops the others. What a fork cannot show is the interpreter's own start and
 teardown (a gloo abort while Python finalizes): REAL_TORCHRUN always runs under the real
 torchrun (a DDP script's real launch is tests/test_teardown.py's, with its probe at exit), and
-`DDPIFY_TEST_FORK=0 python -m pytest tests/test_converted_runs.py` runs every launch that way (`python bench/run_converted.py --jobs 2` prints the counts: finished, crashed, hung).
+`DDPIFY_TEST_FORK=0 python -m pytest tests/test_converted_runs.py` runs every launch that way
+(`python bench/run_converted.py --jobs 2` prints the counts: finished, crashed, hung).
 Forked launches that other tests already make through the same fork server (RUN_ELSEWHERE: DDP of
 fixtures/*.py and fixtures/real/, DP of fixtures/*.py) are skipped here, naming that test.
 """
