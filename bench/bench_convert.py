@@ -66,14 +66,14 @@ compare only figures taken back to back):
     (`.module` access waits for the wrap in 38 of 105 runs, rank 0 in 28), the width pass, the
     edits and codegen.
 
-    At 2a27355 against 6eb7cdf (two worktrees, A B A B A B back to back, median of the 3 runs of
-    best-of-3 rounds, CPU seconds; docs/performance.md has the table and what was cut: the garbage
-    collector's young threshold raised while converting, DDP020's rank test first, the seeding
-    question once per function, child_nodes by the grammar):
-      before --to ddp : 5.45 s, 6.6x     after: 4.22 s, 5.4x
-      before --to fsdp: 4.05 s, 4.5x     after: 3.30 s, 4.2x
-      before --to dp  : 2.22 s, 2.9x     after: 1.81 s, 2.3x
-      before --to acc.: 3.40 s, 4.1x     after: 3.15 s, 4.1x
+    At 2634ca1 against 6eb7cdf (two worktrees, A B A B A B back to back, median of the 3 runs of
+    best-of-3 rounds, CPU seconds; docs/performance.md has the table, an earlier set and what was
+    cut: the garbage collector's thresholds raised while converting, DDP020's rank test first, the
+    seeding question once per function, child_nodes by the grammar):
+      before --to ddp : 5.46 s, 6.7x     after: 4.01 s, 5.9x  (bare figures 0.64-0.86 s)
+      before --to fsdp: 4.26 s, 5.0x     after: 2.85 s, 4.2x
+      before --to dp  : 2.41 s, 2.8x     after: 1.68 s, 2.4x
+      before --to acc.: 3.40 s, 4.5x     after: 2.64 s, 3.9x
 """
 
 from __future__ import annotations
