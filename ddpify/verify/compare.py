@@ -16,6 +16,8 @@ imported already.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -26,6 +28,7 @@ from ddpify.verify.plan import EXACT_TOLERANCE, PAIRS_FLAG, STATISTICAL_LOSS_TOL
 from ddpify.verify.rank_batchnorm import SPLIT_FLAG, UNSPLIT_FLAG
 from ddpify.verify.wrap_order import MOVED_FLAG
 from ddpify.verify.result import error_result
+from ddpify.verify.step_tensors import StepTensors
 
 TINY = 1e-12
 
@@ -44,18 +47,25 @@ class StepRow:
 
 @dataclass
 class Record:
+    """One process's record: its steps' parameters (float64) and gradients (float32) are read from their files
+    one step at a time (StepTensors), so a comparison holds about one step of each side in memory."""
+
     losses: list[float | None]
-    params: list[torch.Tensor]
+    params: Sequence[torch.Tensor]
     flags: dict[str, str]
     notes: list[str]
     initial: torch.Tensor | None = None
     backward_losses: list[list[float]] = field(default_factory=list)  # per step, every backward's loss
     draws: list[str] = field(default_factory=list)  # fingerprints of the random draws made while training
-    gradients: list[torch.Tensor] = field(default_factory=list)  # per step: the gradients it applied
+    gradients: Sequence[torch.Tensor] = field(default_factory=list)  # per step: the gradients it applied
 
     @classmethod
     def load(cls, path: str) -> Record:
-        return cls(**torch.load(path, weights_only=True))
+        saved = torch.load(path, weights_only=True)
+        folder, initial = os.path.dirname(path) or ".", saved["initial"]
+        return cls(**{**saved, "params": StepTensors(folder, saved["params"], torch.float64),
+                      "gradients": StepTensors(folder, saved["gradients"], torch.float32),
+                      "initial": None if initial is None else initial.to(torch.float64)})
 
 
 def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -1,6 +1,7 @@
 """What one verify run records: the loss and the whole parameters and gradients after each optimizer
-step (FSDP shards gathered), the loss of each backward, fingerprints of random draws, flags and notes; saved
-with torch.save, after which the process leaves at once (`Recorder.finish`).
+step (FSDP shards gathered, in their own dtype), the loss of each backward, fingerprints of random draws, flags
+and notes; saved with torch.save, after which the process leaves at once (`Recorder.finish`). Each step's
+parameters and gradients go to their own files as they are recorded (step_tensors): the record names them.
 
 Imports torch and the standard library only, like the harness that fills it.
 """
@@ -15,6 +16,8 @@ import sys
 
 import torch
 
+from ddpify.verify.step_tensors import StepTensors
+
 
 class Recorder:
     """Collects the loss and parameters at each optimizer step, plus flags and notes."""
@@ -23,14 +26,14 @@ class Recorder:
         self.path = path
         self.limit = steps
         self.losses: list[float | None] = []
-        self.params: list[torch.Tensor] = []
+        self.params = StepTensors.writing(path, "params", torch.float64)  # read back as float64, as compared
         self.flags: dict[str, str] = {}
         self.notes: list[str] = []
         self.initial: torch.Tensor | None = None  # parameters before the first optimizer step
         self.optimizers: list = []  # every optimizer the script built, in order (see trained)
         self.backward_losses: list[list[float]] = []  # per step: the loss of every backward in it
         self.draws: list[str] = []  # fingerprints of the random draws flagged while training
-        self.gradients: list[torch.Tensor] = []  # per step: the gradients it applied, of the parameters recorded
+        self.gradients = StepTensors.writing(path, "gradients", torch.float32)  # per step: those it applied, of params
         self.step_backwards: list[torch.Tensor] = []
         self.last_backward: torch.Tensor | None = None
         self.scaled: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -105,8 +108,9 @@ class Recorder:
             self.finish(0)
 
     def save(self) -> None:
-        record = {"losses": self.losses, "params": self.params, "initial": self.initial, "flags": self.flags, "notes": self.notes,
-                  "backward_losses": self.backward_losses, "draws": self.draws, "gradients": self.gradients}
+        record = {"losses": self.losses, "params": self.params.paths, "initial": self.initial, "flags": self.flags,
+                  "notes": self.notes, "backward_losses": self.backward_losses, "draws": self.draws,
+                  "gradients": self.gradients.paths}
         torch.save(record, self.path + ".tmp")
         os.replace(self.path + ".tmp", self.path)
 
@@ -124,15 +128,17 @@ def _optimized(optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
-def _flat(params: list[torch.Tensor]) -> torch.Tensor:
-    """The parameters' whole values (FSDP shards gathered) as one float64 CPU vector."""
-    return torch.cat([_whole(p).reshape(-1).to("cpu", torch.float64) for p in params])
+def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors' whole values (FSDP shards gathered) as one new CPU vector, of their dtype where they share
+    one (float32 parameters take half float64's memory and disk), else float64."""
+    dtypes = {t.dtype for t in tensors}
+    dtype = dtypes.pop() if len(dtypes) == 1 else torch.float64
+    return torch.cat([_whole(t).reshape(-1).to("cpu", dtype) for t in tensors])
 
 
 def _flat_gradients(params: list[torch.Tensor]) -> torch.Tensor:
-    """The parameters' whole gradients (zeros where none) as one float32 CPU vector, in `_flat`'s order."""
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    return torch.cat([_whole(g).reshape(-1).to("cpu", torch.float32) for g in grads])
+    """The parameters' whole gradients (zeros where none) as one CPU vector, in `_flat`'s order (and dtype rule)."""
+    return _flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
 
 
 def _bare_leaves(tensor: torch.Tensor) -> list[torch.Tensor]:
