@@ -58,6 +58,7 @@ SHIMS = HERE / "shims"
 TIMEOUT_S = 120.0
 VERIFY_TIMEOUT_S = 420.0
 FINDING = re.compile(r"^\S+:\d+: ")
+STATISTICAL_MODE = "compared in statistical mode"  # in the note where verify says why
 
 
 @dataclass
@@ -76,6 +77,7 @@ class Row:
     torchrun_detail: str = ""
     verify: str = "-"
     verify_detail: str = ""
+    verify_reason: str = ""  # why verify compared in statistical mode (its note), where it did
     capped: bool = False
     runs: bool = True  # false: converted only (the script cannot run here)
     seconds: float = 0.0
@@ -176,6 +178,7 @@ def measure(entry: dict, work: Path, with_verify: bool, timeout: float, finished
             try:
                 result = json.loads(done.stdout)
                 row.verify, row.verify_detail = result["verdict"], result.get("message", "")
+                row.verify_reason = statistical_reason(result)
             except (json.JSONDecodeError, KeyError, TypeError):
                 row.verify, row.verify_detail = "no verdict", exception_line(done.stderr or done.stdout)
     return finish(row, started)
@@ -203,6 +206,15 @@ def output_checks(folder: Path, changed: list[str]) -> tuple[str, str]:
             broken.append(name)
     found = lint_findings(folder, changed)
     return (", ".join(broken) or "yes"), (", ".join(sorted(set(found))) or "clean")
+
+
+def statistical_reason(result: dict) -> str:
+    """verify's note saying why it compared in statistical mode (from which step, and what drew apart), else
+    its message where that says it; "" where it compared exactly."""
+    message = result.get("message", "")
+    if result.get("mode") != "statistical" and "statistical" not in message:
+        return ""
+    return next((note for note in result.get("notes", []) if STATISTICAL_MODE in note), message)
 
 
 def finish(row: Row, started: float) -> Row:
@@ -255,7 +267,8 @@ def details(rows: list[Row]) -> str:
                  f"convert: {r.convert_line}" if r.convert not in ("converted", "nothing") else "",
                  f"lint: {r.lint}" if r.lint not in ("-", "clean") else "",
                  f"torchrun: {r.torchrun_detail}" if r.torchrun_detail else "",
-                 f"verify: {r.verify_detail}" if r.verify not in ("-", "equivalent") else ""]
+                 f"verify: {r.verify_detail}" if r.verify not in ("-", "equivalent") else "",
+                 f"statistical because: {r.verify_reason}" if r.verify_reason else ""]
         parts = [p for p in parts if p]
         if parts:
             out.append(f"- `{r.name}`: " + "; ".join(parts))
