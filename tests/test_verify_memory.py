@@ -108,8 +108,9 @@ def test_the_recording_processes_peak_memory_does_not_grow_with_the_steps(kept_r
 def test_the_comparison_reads_one_step_of_each_side_at_a_time(kept_run):
     """Judging the kept records (the reference's and 2 ranks', 30 steps of a million parameters each) raises
     this process's peak memory by some float64 copies of one step (each side's, the initial parameters, the
-    differences: about 16 float32 models), not by the 3 x 30 x 12 MB of every step. Measured on a second judge:
-    the first also pays for what this process allocates once."""
+    differences) and the allocator's slack: under 32 float32 models (65 to 105 MB seen), not the 3 x 30 x 12 MB
+    of every step (1.1 GB when every step was loaded). Measured on a second judge: the first also pays for what
+    this process allocates once."""
     from ddpify.verify.launcher import result_of
     from ddpify.verify.plan import Plan
 
@@ -118,4 +119,4 @@ def test_the_comparison_reads_one_step_of_each_side_at_a_time(kept_run):
     judged = [result_of(plan, {})]
     growth = _peak_growth(lambda: judged.append(result_of(plan, {})))
     assert [(verdict["verdict"], verdict["steps"]) for verdict in judged] == [(result["verdict"], result["steps"])] * 2
-    assert growth < 24 * MODEL_BYTES, growth
+    assert growth < 32 * MODEL_BYTES, growth
