@@ -68,13 +68,18 @@ class Record:
                       "initial": None if initial is None else initial.to(torch.float64)})
 
 
+def largest_magnitude(tensor: torch.Tensor) -> float:
+    """max|tensor|, without the copy `tensor.abs()` makes (a whole float64 step of a large model)."""
+    return float(torch.linalg.vector_norm(tensor, float("inf")))
+
+
 def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     """max|a - b| / max|b|; infinite when the shapes differ."""
     if a.shape != b.shape:
         return float("inf")
     if a.numel() == 0:
         return 0.0
-    return float((a - b).abs().max() / max(float(b.abs().max()), TINY))
+    return largest_magnitude(a - b) / max(largest_magnitude(b), TINY)
 
 
 def update_relative_difference(candidate: torch.Tensor, reference: torch.Tensor, initial: torch.Tensor | None) -> float | None:
@@ -240,9 +245,9 @@ def amplified_noise(rows: list[StepRow], reference: Record, candidate: Record) -
         return None
     k = moved.step - 1
     grads, rel_gradient = reference.gradients[k], relative_difference(candidate.gradients[k], reference.gradients[k])
-    apart = (candidate.params[k] - reference.params[k]).abs() > EXACT_TOLERANCE * max(float(reference.params[k].abs().max()), TINY)
-    largest = max(float(grads.abs().max()), TINY)
-    noise = float(grads[apart].abs().max()) / largest if apart.any() else 0.0
+    apart = (candidate.params[k] - reference.params[k]).abs() > EXACT_TOLERANCE * max(largest_magnitude(reference.params[k]), TINY)
+    largest = max(largest_magnitude(grads), TINY)
+    noise = largest_magnitude(grads[apart]) / largest if apart.any() else 0.0
     if rel_gradient > EXACT_TOLERANCE or noise > EXACT_TOLERANCE:
         return None
     return AmplifiedNoise(moved.step, rel_gradient, int(apart.sum()), noise)
