@@ -8,7 +8,7 @@ import libcst as cst
 import pytest
 
 import ddpify.codemods.pipeline as pipeline
-from ddpify.codemods.codegen import Renderer
+from ddpify.codemods.codegen import Renderer, code_of
 from ddpify.convert import convert_source
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -23,6 +23,13 @@ def test_a_module_renders_as_libcst_writes_it_the_first_time_and_again(code):
     module, renderer = cst.parse_module(code), Renderer()
     assert renderer.code(module) == code
     assert renderer.code(module) == code
+    assert code_of(module) == code
+
+
+def test_every_fixture_renders_without_positions_as_libcst_writes_it():
+    for script in SCRIPTS:
+        text = script.read_text()
+        assert code_of(cst.parse_module(text)) == text, script
 
 
 def test_a_reused_statement_moved_to_the_end_of_the_file_loses_only_its_newline():

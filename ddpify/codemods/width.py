@@ -27,6 +27,7 @@ from typing import Iterator, Mapping, Sequence
 import libcst as cst
 from libcst.metadata import CodeRange
 
+from ddpify.codemods.codegen import code_of
 from ddpify.edits.positions import positions_of
 from ddpify.edits.statements import one_statement_a_line
 
@@ -123,7 +124,7 @@ def _fitted_lines(lines: list[str], limit: int, step: str) -> list[str] | None:
     if module is None:
         return None
     fitted = fit(module.body[0], len(indent), limit, step)
-    code = module.with_changes(body=[fitted], default_indent=step).code.splitlines(keepends=True)
+    code = code_of(module.with_changes(body=[fitted], default_indent=step)).splitlines(keepends=True)
     return [f"{indent}{line}" for line in (code[:-1] if stand_in else code)]
 
 
@@ -223,7 +224,7 @@ def _first_wide_line_laid_out(stmt: cst.BaseStatement, column: int, limit: int, 
     starts it split (None: every line fits, or nothing on that line can help). Of a compound
     statement only the header is looked at."""
     module = cst.Module(body=[_alone(stmt)])
-    lines = module.code.splitlines()
+    lines = code_of(module).splitlines()
     wide = next((number for number, line in enumerate(lines, 1) if column + len(line) > limit), None)
     if wide is None:
         return None
@@ -416,7 +417,7 @@ def _line_break(indent: str) -> cst.ParenthesizedWhitespace:
 
 
 def _code_of(stmt: cst.BaseStatement) -> str:
-    return cst.Module(body=[stmt]).code
+    return code_of(cst.Module(body=[stmt]))
 
 
 def _code_of_node(node: cst.CSTNode) -> str:
