@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -90,7 +91,8 @@ def kept_run(tmp_path_factory):
         pid, kb = line.split()
         peaks[pid].append(int(kb) * 1024)
     workspace = next(note for note in result["notes"] if note.startswith("logs kept in ")).removeprefix("logs kept in ")
-    return result, peaks, workspace
+    yield result, peaks, workspace
+    shutil.rmtree(workspace)  # 180 step files of 4 MB
 
 
 def test_the_recording_processes_peak_memory_does_not_grow_with_the_steps(kept_run):
