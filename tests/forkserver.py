@@ -253,8 +253,9 @@ def start_forked_launcher(workspace: str, device: str) -> ForkedLauncher:
         sys.stdin = open(0, closefd=False)
         redirect(1, os.path.join(workspace, "launcher.txt"))
         os.dup2(1, 2)
+        environment = runner.launcher_environment(device)  # from the caller's, before it is cleared
         os.environ.clear()
-        os.environ.update(runner.launcher_environment(device))
+        os.environ.update(environment)
         launcher.main()
     finally:
         os._exit(70)

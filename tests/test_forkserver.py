@@ -113,3 +113,30 @@ def test_every_forked_launch_and_rank_draws_its_own_random_numbers(monkeypatch, 
     draws = [path.read_text().split() for path in tmp_path.glob("draws-*.txt")]
     assert len(draws) == 4
     assert all(len(set(column)) == 4 for column in zip(*draws)), draws
+
+
+VERIFIED = """\
+import os
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+assert os.environ.get("PROBE_EXTRA") == "seen", "the caller's environment did not reach the script"
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4, shuffle=True)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    optimizer.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+"""
+
+
+def test_a_forked_verify_hands_the_callers_environment_to_the_scripts_it_runs(monkeypatch, tmp_path):
+    """verify's forked launcher took its environment from one it had just cleared: the reference and the
+    ranks saw none of the caller's variables (KeyError where a real `ddpify verify` ran)."""
+    (tmp_path / "train.py").write_text(VERIFIED)
+    monkeypatch.setattr(helpers, "FORK_LAUNCHES", True)
+    run = helpers.run_ddpify(["verify", "train.py", "--to", "ddp"], tmp_path, {"PROBE_EXTRA": "seen"}, timeout=180)
+    assert run.returncode == 0, helpers.failure_report(run)
