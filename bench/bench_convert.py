@@ -74,6 +74,13 @@ compare only figures taken back to back):
       before --to fsdp: 4.26 s, 5.0x     after: 2.85 s, 4.2x
       before --to dp  : 2.41 s, 2.8x     after: 1.68 s, 2.4x
       before --to acc.: 3.40 s, 4.5x     after: 2.64 s, 3.9x
+
+    At 3bf2518 against 1cc31bd (the same way; renders that ask for no positions record none, and
+    positions found without a regular-expression split per token):
+      before --to ddp : 4.22 s, 5.9x     after: 3.98 s, 6.0x  (bare figures 0.63-0.74 s)
+      before --to fsdp: 3.11 s, 4.3x     after: 2.96 s, 4.5x
+      before --to dp  : 1.77 s, 2.5x     after: 1.74 s, 2.6x
+      before --to acc.: 2.86 s, 4.0x     after: 2.62 s, 3.9x
 """
 
 from __future__ import annotations
