@@ -16,6 +16,7 @@ from ddpify.codemods.pipeline import Status
 from ddpify.convert import convert_source
 from ddpify.lint.engine import check_text, rule_set
 from ddpify.lint.registry import all_rules
+from test_verify_pairs import EMBEDDING_NET
 
 DEFAULT_RULES = rule_set(frozenset(r.code for r in all_rules() if r.default_enabled))
 PRODUCT = "torch.matmul(unit, unit.transpose(1, 0))"
@@ -25,16 +26,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Sequential(nn.Linear(4, 16), nn.Tanh())
-        self.head = nn.Linear(16, 1)
-
-    def forward(self, x):
-        embedding = self.embed(x)
-        return self.head(embedding), embedding
-
+""" + EMBEDDING_NET + """
 
 def pull_away(embeddings):
     unit = embeddings / embeddings.norm(dim=1, keepdim=True)

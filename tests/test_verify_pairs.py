@@ -27,13 +27,9 @@ from ddpify.verify.recorder import Recorder
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_verify_noise import verify, wrong_port  # noqa: E402
 
-PULL_AWAY = """
-import torch
-import torch.nn as nn
-from torch.utils.data import DataLoader, TensorDataset
-
-
-class Net(nn.Module):
+# A model that returns its embedding beside its output, for a loss term on the embeddings (here and in
+# tests/test_batch_pairs.py).
+EMBEDDING_NET = """class Net(nn.Module):
     def __init__(self):
         super().__init__()
         self.embed = nn.Sequential(nn.Linear(4, 16), nn.Tanh())
@@ -42,7 +38,14 @@ class Net(nn.Module):
     def forward(self, x):
         embedding = self.embed(x)
         return self.head(embedding), embedding
+"""
+PULL_AWAY = """
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
 
+
+""" + EMBEDDING_NET + """
 
 def pull_away(embeddings):
     unit = embeddings / embeddings.norm(dim=1, keepdim=True)
