@@ -405,6 +405,19 @@ def test_simulated_dataparallel_scatters_replicates_and_gathers_like_two_gpus(mo
     assert "a batch of 5 into 3 + 2 and forward returned a scalar per replica" in flags["uneven_replica_losses"]
 
 
+
+def test_simulated_dataparallel_puts_the_chunks_on_the_models_device(monkeypatch):
+    """As DataParallel puts each chunk on its GPU: a forward that leaves its CPU input where it is
+    gets it on the model's device (cuda:0 on a one-GPU machine; here the meta device stands in)."""
+    monkeypatch.setattr(torch.nn.DataParallel, "__init__", torch.nn.DataParallel.__init__)
+    monkeypatch.setattr(torch.nn.DataParallel, "forward", torch.nn.DataParallel.forward)
+    simulate_data_parallel(2)
+    model = torch.nn.Linear(3, 2, device="meta")
+    for batch in (1, 5):  # one chunk, two chunks
+        out = torch.nn.DataParallel(model)(torch.randn(batch, 3))
+        assert out.device.type == "meta" and out.shape == (batch, 2)
+
+
 DUMP = """Timeout (0:00:20)!
 Thread 0x00007f0000000001 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 320 in wait

@@ -3,12 +3,14 @@
 With fewer than two GPUs, `nn.DataParallel.forward` just calls the wrapped module, which hides
 everything DataParallel changes. `simulate_data_parallel(n)` makes it do what it does on n GPUs,
 through torch's own `scatter_kwargs`, `replicate` and `gather`, with the three steps that need
-CUDA (Scatter, Broadcast, Gather) done on the tensors' own device instead (chunk, alias or copy,
+CUDA (Scatter, Broadcast, Gather) done on one device instead (chunk, alias or copy,
 concatenate). What is reproduced:
 
 - scatter: positional and keyword inputs are split along `dim` into at most n chunks with
-  `Tensor.chunk` (a batch of 5 on 2 replicas is 3 + 2, a batch of 1 runs one replica); tuples,
-  lists, dicts and namedtuples are walked, other objects go to every replica as they are;
+  `Tensor.chunk` (a batch of 5 on 2 replicas is 3 + 2, a batch of 1 runs one replica) and put on
+  the module's device, as DataParallel puts them on its GPUs (a forward may rely on that: a
+  CPU batch reaches a model on cuda:0 as a CUDA tensor); tuples, lists, dicts and namedtuples are
+  walked, other objects go to every replica as they are;
 - replicate: every submodule is copied shallowly, as on GPUs, so attributes assigned in forward
   (counters, caches) are lost with the replica; replica 0 shares the original's parameters and
   buffers, so its in-place buffer updates (BatchNorm running statistics, from the first chunk
@@ -19,7 +21,7 @@ concatenate). What is reproduced:
   such scalars from chunks of different sizes are flagged: their mean is not the batch's loss.
 
 Not reproduced: replicas run one after another, not in threads (no races, no per-GPU streams),
-every tensor stays on its device, and `device_ids` is not consulted.
+every replica runs on the module's one device, and `device_ids` is not consulted.
 
 Imports torch and the standard library only (the harness loads it).
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 import importlib
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -43,12 +46,16 @@ UNAVERAGED_LOSS_HINT = ("nn.DataParallel gathered the scalar that forward return
                         "replica: average it (loss.mean()) before backward")
 
 
+@dataclass(frozen=True)
 class _ChunkScatter:
-    """Scatter on one device: the chunks comm.scatter would send to each GPU, left where they are."""
+    """Scatter on one device: the chunks comm.scatter would send to each GPU, put on `device` (the
+    module's) as DataParallel puts them on its GPUs; left where they are when it is None."""
 
-    @staticmethod
-    def apply(target_gpus, chunk_sizes, dim, tensor):
-        return tensor.chunk(len(target_gpus), dim)
+    device: torch.device | None
+
+    def apply(self, target_gpus, chunk_sizes, dim, tensor):
+        chunks = tensor.chunk(len(target_gpus), dim)
+        return chunks if self.device is None else tuple(chunk.to(self.device) for chunk in chunks)
 
 
 class _ConcatGather:
@@ -74,10 +81,10 @@ def _broadcast(tensors, devices, detach=False) -> list[list[torch.Tensor]]:
 
 
 @contextmanager
-def _on_one_device():
-    """Swap torch's CUDA scatter, broadcast and gather steps for their single-device twins."""
+def _on_one_device(device: torch.device | None = None):
+    """Swap torch's CUDA scatter (onto `device`), broadcast and gather steps for their single-device twins."""
     saved = scatter_gather.Scatter, scatter_gather.Gather, replicate_module._broadcast_coalesced_reshape
-    scatter_gather.Scatter, scatter_gather.Gather = _ChunkScatter, _ConcatGather
+    scatter_gather.Scatter, scatter_gather.Gather = _ChunkScatter(device), _ConcatGather
     replicate_module._broadcast_coalesced_reshape = _broadcast
     try:
         yield
@@ -88,7 +95,7 @@ def _on_one_device():
 def simulated_forward(wrapper: nn.DataParallel, replicas: int, inputs: tuple, kwargs: dict, flag: Flag):
     """DataParallel.forward as on `replicas` GPUs: scatter, replicate, apply one replica after another, gather."""
     devices = list(range(replicas))
-    with _on_one_device():
+    with _on_one_device(_module_device(wrapper.module)):
         inputs, kwargs = scatter_gather.scatter_kwargs(inputs, kwargs, devices, wrapper.dim)
     if not inputs and not kwargs:
         inputs, kwargs = ((),), ({},)
@@ -105,6 +112,14 @@ def simulated_forward(wrapper: nn.DataParallel, replicas: int, inputs: tuple, kw
                           f"batch's loss (use a batch size divisible by the number of GPUs)")
     with _on_one_device():
         return scatter_gather.gather(outputs, None, wrapper.dim)
+
+
+def _module_device(module: nn.Module) -> torch.device | None:
+    """Where the module's first parameter (or buffer) lives; None for a module with neither."""
+    first = next(module.parameters(), None)
+    if first is None:
+        first = next(module.buffers(), None)
+    return None if first is None else first.device
 
 
 def _tensors(obj) -> Iterator[torch.Tensor]:
