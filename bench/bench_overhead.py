@@ -10,6 +10,11 @@ backward ran in it, an evaluation step when none did, in wall time and in the pr
 waits for a core, which the CPU time leaves out). Each process's first pass over a loader of each
 kind is warm-up and left out; a run's step time is the median of the rest over both ranks.
 
+With --device cuda (a machine with a GPU) the same launches run on CUDA: --nproc 1 is one rank on
+NCCL; --nproc 2 --share-gpu puts both ranks on GPU 0 with gloo, as `ddpify verify --device cuda`
+shares one GPU (NCCL refuses two ranks on one GPU). Each process also reports its peak CUDA memory
+(torch.cuda.max_memory_allocated), and the table gives converted / port of the ranks' largest.
+
 In each round every row runs its converted script and its port back to back, in alternating order,
 so drift in the machine's load hits both alike (the torch.compile row runs each once untimed first,
 to fill the compile cache). A row's ratio is the median over the rounds of converted / port, with
@@ -18,6 +23,7 @@ the tests' fork server (tests/forkserver.py: torchrun's rank variables and rende
 paying every process's torch import on 2 busy cores); --torchrun starts the real torchrun.
 
     python bench/bench_overhead.py [--repeat 5] [--only NAME ...] [--torchrun]
+                                   [--device cuda --nproc 1 | --device cuda --nproc 2 --share-gpu] [--budget S]
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +50,6 @@ from run_converted import run_real  # noqa: E402
 
 EXPERT = ROOT / "bench" / "expert"
 TIMING = ROOT / "bench" / "overhead_timing"
-NPROC = 2
 TIMEOUT_S = 300.0
 TRAIN, EVAL = "train", "eval"
 WALL, CPU = 1, 2  # where a record holds the wall time and the process CPU time
@@ -71,11 +77,30 @@ ROWS = (
 )
 
 
+@dataclass(frozen=True)
+class Setup:
+    """Where the launches run: CPU (gloo) or CUDA (NCCL, or gloo with every rank on GPU 0 when shared)."""
+
+    device: str = "cpu"
+    nproc: int = 2
+    share_gpu: bool = False
+    real_torchrun: bool = False
+
+    def describe(self) -> str:
+        if self.device == "cpu":
+            return f"{self.nproc} ranks, gloo on CPU, OMP_NUM_THREADS=1"
+        if self.share_gpu:
+            return f"{self.nproc} ranks sharing GPU 0, gloo on CUDA tensors"
+        return f"{self.nproc} rank{'s' if self.nproc > 1 else ''} on CUDA, NCCL"
+
+
 @dataclass
 class Timings:
-    """One variant's median step seconds by (kind, clock), round after round, and what its first round printed."""
+    """One variant's median step seconds by (kind, clock) and peak CUDA bytes, round after round, and
+    what its first round printed."""
 
     steps: dict[tuple[str, int], list[float]] = field(default_factory=lambda: {kind: [] for kind in KINDS})
+    peak_bytes: list[int] = field(default_factory=list)
     printed: str | None = None
 
 
@@ -98,20 +123,35 @@ def run_forked(argv: list, cwd: Path, env: dict, timeout: float):
         return None
 
 
-def launch(script: Path, work: Path, real: bool) -> tuple[dict[tuple[str, int], float], str]:
-    """Run `script` on NPROC ranks in `work` (real torchrun, or forked): (median step seconds by kind
-    and clock, what it printed)."""
+@dataclass
+class Launch:
+    """One launch's median step seconds by (kind, clock), its ranks' largest peak CUDA bytes, its output."""
+
+    medians: dict[tuple[str, int], float]
+    peak_bytes: int | None
+    printed: str
+
+
+def launch(script: Path, work: Path, setup: Setup) -> Launch:
+    """Run `script` on the setup's ranks in `work` (real torchrun, or forked)."""
     times = work / "times"
     times.mkdir(parents=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DDPIFY_BENCH_TIMES": str(times),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(TIMING), os.environ.get("PYTHONPATH")]))}
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}", str(script)]
-    done = (run_real if real else run_forked)(argv, work, env, TIMEOUT_S)
+    if setup.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = "-1"
+    if setup.share_gpu:
+        env["DDPIFY_BENCH_SHARE_GPU"] = "1"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={setup.nproc}", str(script)]
+    done = (run_real if setup.real_torchrun else run_forked)(argv, work, env, TIMEOUT_S)
     if done is None or done.returncode != 0:
         detail = "timed out" if done is None else f"exit {done.returncode}:\n{done.stderr[-3000:]}"
         sys.exit(f"{script.name} failed ({detail})")
-    steps = step_seconds([json.loads(path.read_text()) for path in sorted(times.glob("*.json"))])
-    return {kind: statistics.median(values) for kind, values in steps.items() if values}, done.stdout
+    dumps = [json.loads(path.read_text()) for path in sorted(times.glob("*.json"))]
+    steps = step_seconds([dump["records"] for dump in dumps])
+    peaks = [dump["cuda_peak_bytes"] for dump in dumps if dump["cuda_peak_bytes"] is not None]
+    return Launch({kind: statistics.median(values) for kind, values in steps.items() if values},
+                  max(peaks, default=None), done.stdout)
 
 
 def step_seconds(processes: list[list[list]]) -> dict[tuple[str, int], list[float]]:
@@ -135,24 +175,36 @@ def iterator_passes(records: list[list]) -> list[list[list]]:
     return [run for run in passes.values() if len(run) > 1]
 
 
-def measure(rows: list[Row], repeat: int, folder: Path, real: bool) -> dict[tuple[str, str], Timings]:
-    """`repeat` rounds of each row's two variants in alternating order, after the warm-ups."""
+def measure(rows: list[Row], repeat: int, folder: Path, setup: Setup, budget: float) -> dict[tuple[str, str], Timings]:
+    """Up to `repeat` rounds of each row's two variants in alternating order, after the warm-ups; no
+    row's pair of launches starts once `budget` seconds have passed since the first round began."""
     variants = {(row.name, "converted"): convert(row, folder) for row in rows}
     variants |= {(row.name, "expert"): EXPERT / row.expert for row in rows}
     results = {key: Timings() for key in variants}
     for row in rows:
         for variant in ("converted", "expert") if row.warm_up else ():
-            launch(variants[row.name, variant], folder / "warm-up" / f"{row.name}-{variant}", real)
+            launch(variants[row.name, variant], folder / "warm-up" / f"{row.name}-{variant}", setup)
+    start = time.monotonic()
     for round_ in range(repeat):
         for row in rows:
+            if time.monotonic() - start > budget:
+                print(f"budget of {budget:.0f} s spent in round {round_ + 1}", flush=True)
+                return results
             order = ("converted", "expert") if round_ % 2 == 0 else ("expert", "converted")
             for variant in order:
-                medians, printed = launch(variants[row.name, variant], folder / f"round{round_}" / f"{row.name}-{variant}", real)
-                results[row.name, variant].printed = results[row.name, variant].printed or printed
-                for kind, seconds in medians.items():
-                    results[row.name, variant].steps[kind].append(seconds)
+                done = launch(variants[row.name, variant], folder / f"round{round_}" / f"{row.name}-{variant}", setup)
+                record(results[row.name, variant], done)
             print(f"round {round_ + 1}: {row.name}: {summary(results, row.name)}", flush=True)
     return results
+
+
+def record(timings: Timings, done: Launch) -> None:
+    """Add one launch to its variant's rounds."""
+    timings.printed = timings.printed or done.printed
+    for kind, seconds in done.medians.items():
+        timings.steps[kind].append(seconds)
+    if done.peak_bytes is not None:
+        timings.peak_bytes.append(done.peak_bytes)
 
 
 def summary(results: dict[tuple[str, str], Timings], name: str) -> str:
@@ -171,16 +223,28 @@ def ratio_cell(converted: list[float], expert: list[float]) -> str:
             f"{statistics.median(converted) * 1e3:.2f} / {statistics.median(expert) * 1e3:.2f} ms)")
 
 
-def table(rows: list[Row], results: dict[tuple[str, str], Timings], repeat: int) -> str:
-    lines = [f"{NPROC} ranks, gloo on CPU, OMP_NUM_THREADS=1, {repeat} rounds; each cell: converted / expert port "
+def peak_cell(converted: list[int], expert: list[int]) -> str:
+    """Peak CUDA memory converted / port (the largest over the rounds), with both in MiB."""
+    if not converted or not expert:
+        return "-"
+    return f"{max(converted) / max(expert):.3f} ({max(converted) / 2**20:.1f} / {max(expert) / 2**20:.1f} MiB)"
+
+
+def table(rows: list[Row], results: dict[tuple[str, str], Timings], setup: Setup) -> str:
+    cuda = setup.device == "cuda"
+    lines = [f"{setup.describe()}; each cell: converted / expert port "
              "(median of the rounds' ratios, their range; median step time converted / port)", "",
-             "| row | fixture | --to | train, wall | train, CPU | eval, wall | eval, CPU | same printed lines |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| row | fixture | --to | rounds | train, wall | train, CPU | eval, wall | eval, CPU |"
+             + (" peak CUDA memory |" if cuda else "") + " same printed lines |",
+             "| --- | --- | --- | ---: | --- | --- | --- | --- |" + (" --- |" if cuda else "") + " --- |"]
     for row in rows:
         converted, expert = results[row.name, "converted"], results[row.name, "expert"]
-        cells = " | ".join(ratio_cell(converted.steps[kind], expert.steps[kind]) for kind in KINDS)
-        same = "yes" if converted.printed == expert.printed else "no"
-        lines.append(f"| {row.name} | {row.fixture} | {row.target} | {cells} | {same} |")
+        cells = [ratio_cell(converted.steps[kind], expert.steps[kind]) for kind in KINDS]
+        if cuda:
+            cells.append(peak_cell(converted.peak_bytes, expert.peak_bytes))
+        rounds = len(expert.steps[TRAIN, WALL])
+        same = "-" if not rounds else "yes" if converted.printed == expert.printed else "no"
+        lines.append(f"| {row.name} | {row.fixture} | {row.target} | {rounds} | {' | '.join(cells)} | {same} |")
     return "\n".join(lines)
 
 
@@ -189,11 +253,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--only", nargs="*", help="row names (default: every row)")
     parser.add_argument("--torchrun", action="store_true", help="launch with the real torchrun, not forked")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks per launch")
+    parser.add_argument("--share-gpu", action="store_true", help="with --device cuda: every rank on GPU 0, gloo")
+    parser.add_argument("--budget", type=float, default=float("inf"), help="seconds after which no launch starts")
     args = parser.parse_args()
+    if args.share_gpu and args.device != "cuda":
+        parser.error("--share-gpu needs --device cuda")
+    setup = Setup(args.device, args.nproc, args.share_gpu, args.torchrun)
     rows = [row for row in ROWS if not args.only or row.name in args.only]
     with tempfile.TemporaryDirectory() as tmp:
-        results = measure(rows, args.repeat, Path(tmp), args.torchrun)
-    print("\n" + table(rows, results, args.repeat))
+        results = measure(rows, args.repeat, Path(tmp), setup, args.budget)
+    print("\n" + table(rows, results, setup))
     for row in rows:
         converted, expert = results[row.name, "converted"].printed, results[row.name, "expert"].printed
         if converted != expert:
