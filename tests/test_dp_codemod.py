@@ -27,7 +27,7 @@ import torch
 
 from ddpify.codemods.dp import DP_TRANSFORMS, MeanLoss
 from ddpify.codemods.options import Options
-from ddpify.codemods.pipeline import run_pipeline
+from ddpify.codemods.pipeline import Status, run_pipeline
 from ddpify.convert import convert_source
 
 try:
@@ -180,3 +180,43 @@ def test_loss_from_forward_survives_two_replicas(script: Path, tmp_path: Path):
         converted, control = converted.result(), control.result()
     assert converted.returncode == 0, failure_report(converted)
     assert control.returncode != 0 and "scalar" in control.stderr, "the simulation must catch an unaveraged loss"
+
+
+# ----- a forward on the whole data ---------------------------------------------------------------
+SAMPLES_BY_MASK = """
+import torch
+import torch.nn as nn
+
+x = torch.randn(100, 8)
+y = torch.randint(0, 3, (100,))
+train_mask = torch.arange(100) % 2 == 0
+model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3)).cuda()
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(10):
+    optimizer.zero_grad()
+    out = model(x)
+    loss = criterion(out[train_mask], y[train_mask])
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_graph_forward_on_the_whole_data_is_not_split_by_dataparallel():
+    """graph_node_masks.py runs `adj @ self.first(features)` on all 90 nodes and trains on the rows of a mask:
+    DataParallel would hand each GPU half the adjacency's rows and half the features (a crash on 2 GPUs, shapes
+    45x90 and 45x16), so the model stays unwrapped and the conversion says why and what to do."""
+    script = FIXTURES_DIR / "graph_node_masks.py"
+    result = convert(script)
+    assert result.status is Status.INCOMPLETE and "DataParallel" not in result.output
+    [missing] = result.missing
+    assert script.read_text().splitlines()[missing.line - 1].strip() == "out = model(features, adj)"
+    assert "model is not wrapped in nn.DataParallel" in missing.what and "`adj @ self.second(hidden)` (line 20)" in missing.what
+    assert "--to ddp" in missing.todo and "one GPU" in missing.todo
+
+
+def test_samples_picked_by_a_mask_through_batchnorm_and_dropout_are_still_split():
+    """Whole data and a mask too, but only BatchNorm and Dropout keep the forward from working row by row: its rows
+    are samples, which DataParallel splits as it splits a loader's batch."""
+    result = convert_source(SAMPLES_BY_MASK, "dp")
+    assert result.status is Status.CONVERTED and "model = nn.DataParallel(model)" in result.output, result.missing

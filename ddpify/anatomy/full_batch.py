@@ -13,21 +13,28 @@ that way, why not. `forward_on_rows` finds, for a loss call, the forward whose o
 run it on its rows of `x` only, and the ranks split the forward's and backward's work too. `random_offset_draws` finds batches picked at random offsets (`get_batch()` in
 char-level and GPT scripts): drawn alike on every rank, their rows are shared like any batch's, but
 where the model returns the loss, each rank must draw its own instead.
+
+`whole_data_forward` finds, for nn.DataParallel, a forward that runs on the whole data at every step, of whose
+output the loss takes some rows (`criterion(out[train_mask], ...)`: the others are there to be read, a graph's
+nodes), and that mixes its rows (`adj @ self.first(features)`): DataParallel splits every input along dim 0 over
+its GPUs, which hands each GPU some rows of the adjacency and some of the features, not a part of a batch of samples.
 """
 
 from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from typing import Iterator
 
 from ddpify.anatomy.bindings import bindings
 from ddpify.anatomy.environments import trains_on_environment
-from ddpify.anatomy.forward_losses import reads_after
+from ddpify.anatomy.forward_losses import model_calls, reads_after
 from ddpify.anatomy.losses import full_reduction, loss_terms, sums_over_batch
 from ddpify.anatomy.model_losses import ModelRowLoss, model_row_loss
-from ddpify.anatomy.row_wise import forward_mixes_rows
+from ddpify.anatomy.row_wise import forward_mixes_rows, keeps_all_rows
 from ddpify.anatomy.script import Anatomy
-from ddpify.anatomy.syntax import ancestors, keyword
+from ddpify.anatomy.sites import ModelSite
+from ddpify.anatomy.syntax import ancestors, enclosing_function, keyword
 from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.values import ROLE_CRITERION, ROLE_MODEL, ROLE_SCALER
 from ddpify.anatomy.distributed.reaching import reaching_values
@@ -74,11 +81,7 @@ def row_losses(a: Anatomy) -> RowLosses:
     from_model: list[tuple[int, str]] = []
     model_calls: list[ModelRowLoss] = []
     draws = random_offset_draws(a)  # each rank draws its own batches there (ddp/batch_draws.py): no rows to share
-    for site in a.training_calls:
-        call: ast.Call = site.node  # type: ignore[assignment]
-        if not (isinstance(call.func, ast.Attribute) and call.func.attr == "backward"):
-            continue
-        loss = backward_loss(a, call.func.value)
+    for site, loss in _backward_losses(a):
         terms = loss_terms(a, loss, by_hand=True)
         shared = model_row_loss(a, loss) if not terms and not draws else None
         if isinstance(shared, ModelRowLoss):
@@ -92,6 +95,14 @@ def row_losses(a: Anatomy) -> RowLosses:
             elif term not in calls:
                 calls.append(term)
     return RowLosses(tuple(calls), tuple(refusals), tuple(from_model), tuple(dict.fromkeys(model_calls)))
+
+
+def _backward_losses(a: Anatomy) -> Iterator[tuple[CallSite, ast.expr]]:
+    """Each `loss.backward()` of the script, with its loss."""
+    for site in a.training_calls:
+        call: ast.Call = site.node  # type: ignore[assignment]
+        if isinstance(call.func, ast.Attribute) and call.func.attr == "backward":
+            yield site, backward_loss(a, call.func.value)
 
 
 def forward_on_rows(a: Anatomy, loss: ast.Call) -> RowForward | str:
@@ -129,6 +140,42 @@ def _read_alone(a: Anatomy, output: ast.Name) -> bool:
     if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
         return False
     return reads_after(a, stmt, stmt.targets[0]) == [output]
+
+
+def whole_data_forward(a: Anatomy, model: ModelSite) -> tuple[ast.Call, str] | None:
+    """A call of `model` that runs its forward on the whole data (no loader, no batch built in a loop), of whose
+    output a loss takes some rows only, where that forward mixes rows, and why (BatchNorm and Dropout aside: they
+    keep samples apart, row_wise.py). Rows run through the forward that the loss never reads are there for the
+    others to read: a graph's nodes, not samples (a forward that merely may mix rows, unseen layers or a reshape,
+    is no sign of that)."""
+    if not trains_without_loader(a):
+        return None
+    calls = [call for call, _ in model_calls(a) if any(
+        isinstance(o, ModelSite) and o.target == model.target for o in a.origins(call.func, ROLE_MODEL))]
+    if any(_takes_whole_data(a, call) is False for call in calls):
+        return None
+    for _, loss in _backward_losses(a):
+        for term in loss_terms(a, loss, by_hand=True):
+            output = term.args[0] if term.args else None
+            if not isinstance(output, ast.Subscript) or keeps_all_rows(output.slice):
+                continue
+            forward = _forward_of(a, output.value)
+            why = forward_mixes_rows(a, forward, samples=True) if forward in calls and _takes_whole_data(a, forward) else None
+            if why:
+                return forward, why  # type: ignore[return-value]
+    return None
+
+
+def _takes_whole_data(a: Anatomy, call: ast.Call) -> bool | None:
+    """Does `call` take the same data at every step (True), a batch built in a loop around it (False)? None: a
+    parameter of its function, which its callers fill."""
+    read = {n.id for arg in [*call.args, *(k.value for k in call.keywords)] for n in ast.walk(arg) if isinstance(n, ast.Name)}
+    loops = [p for p, _ in ancestors(a, call) if isinstance(p, (ast.For, ast.While))
+             and enclosing_function(a, p) == enclosing_function(a, call)]
+    if read & {n.id for n in walk_body(loops) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}:
+        return False
+    function = a.functions.get(enclosing_function(a, call))
+    return None if function is not None and read & set(function.params) else True
 
 
 def unseeded_rngs(a: Anatomy) -> list[str]:

@@ -8,6 +8,10 @@ batch; no attention or graph layer; no Dropout, whose masks would be drawn for o
 operation their methods run is elementwise, works along a dimension other than the rows (a constant
 `dim` other than 0), or sizes a tensor by the batch's rows (`x.size(0)`). Anything else (a product
 `@`, an index into the rows, a function this file can't see) keeps the forward whole, with the reason.
+
+Asked whether the rows are kept apart as samples (`samples=True`: may DataParallel split them over its
+GPUs, as it splits a loader's batch?), BatchNorm and Dropout pass too: their statistics and masks are
+drawn per batch, but no output row is computed from another row's input.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.sites import ModelSite
 from ddpify.anatomy.syntax import keyword
 from ddpify.anatomy.values import ROLE_MODEL
-from ddpify.anatomy.vocabulary import PARAMETER_CONSTRUCTOR, RECURRENT_LAYERS
+from ddpify.anatomy.vocabulary import BATCHNORM, PARAMETER_CONSTRUCTOR, RECURRENT_LAYERS
 
 # layers whose output row depends on its input row alone (their parameters aside)
 ROW_WISE_LAYERS = re.compile(
@@ -29,6 +33,9 @@ ROW_WISE_LAYERS = re.compile(
     r"Mish|Tanh|Sigmoid|Softplus|Softsign|Hardtanh|Hardswish|Hardsigmoid|Tanhshrink|LogSigmoid)$")
 # row by row along a `dim` other than 0; where no dim is given, whether their default is one
 _ALONG_DIM_LAYERS = {"torch.nn.Softmax": False, "torch.nn.LogSoftmax": False, "torch.nn.Softmin": False, "torch.nn.Flatten": True}
+# layers and operations that keep samples apart though they don't work row by row: batch statistics, dropout masks
+SAMPLE_WISE_LAYERS = re.compile(rf"{BATCHNORM.pattern}|^torch\.nn\.(Alpha|FeatureAlpha)?Dropout[123]?d?$")
+SAMPLE_WISE = frozenset({"batch_norm", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"})
 _CONTAINERS = re.compile(r"^torch\.nn\.(Sequential|ModuleList)$")  # row by row where the layers they hold are
 # tensor operations that work element by element (or only read a size)
 ELEMENTWISE = frozenset({
@@ -49,24 +56,24 @@ _CALLABLE_BUILTINS = frozenset({"range", "len", "isinstance", "super", "zip", "e
 _LIST_METHODS = frozenset({"append", "extend", "__init__"})
 
 
-def forward_mixes_rows(a: Anatomy, model_call: ast.Call) -> str | None:
+def forward_mixes_rows(a: Anatomy, model_call: ast.Call, samples: bool = False) -> str | None:
     """Why the forward of `model_call` (`model(x)`) may compute an output row from other rows; None: it works
-    row by row."""
+    row by row (or, with `samples`, keeps its rows apart as samples: BatchNorm and Dropout allowed)."""
     sites = [o for o in a.origins(model_call.func, ROLE_MODEL) if isinstance(o, ModelSite)]
     if not sites:
         return "the model is built where this file can't see its layers"
-    return next((why for site in sites if (why := _site_mixes_rows(a, site))), None)
+    return next((why for site in sites if (why := _site_mixes_rows(a, site, samples))), None)
 
 
-def _site_mixes_rows(a: Anatomy, site: ModelSite) -> str | None:
+def _site_mixes_rows(a: Anatomy, site: ModelSite, samples: bool) -> str | None:
     if site.class_name in a.model_classes:
-        return _class_mixes_rows(a, site.class_name, set())
+        return _class_mixes_rows(a, site.class_name, set(), samples)
     if not isinstance(site.node, ast.Call) or not _builds_layer(site.class_name):
         return f"the model's class {site.class_name or '(unknown)'} is no layer known to work row by row, nor a class of this file"
-    return _layers_mix_rows(a, site.node)
+    return _layers_mix_rows(a, site.node, samples)
 
 
-def _class_mixes_rows(a: Anatomy, name: str, seen: set[str]) -> str | None:
+def _class_mixes_rows(a: Anatomy, name: str, seen: set[str], samples: bool) -> str | None:
     """Why class `name` (of this file), its bases or the classes it builds may mix rows."""
     seen.add(name)
     node = a.model_classes[name].node
@@ -75,8 +82,8 @@ def _class_mixes_rows(a: Anatomy, name: str, seen: set[str]) -> str | None:
         return f"{name} derives from {ast.unparse(unseen)}, which this file can't see work row by row"
     others = [q for q in (a.qualname(b) for b in node.bases) if q in a.model_classes]
     others += [q for c in ast.walk(node) if isinstance(c, ast.Call) and (q := a.qualname(c.func)) in a.model_classes]
-    why = _layers_mix_rows(a, node) or _operations_mix_rows(a, node)
-    return why or next((w for other in dict.fromkeys(others) if other not in seen and (w := _class_mixes_rows(a, other, seen))), None)
+    why = _layers_mix_rows(a, node, samples) or _operations_mix_rows(a, node, samples)
+    return why or next((w for other in dict.fromkeys(others) if other not in seen and (w := _class_mixes_rows(a, other, seen, samples))), None)
 
 
 def _known_base(a: Anatomy, qualname: str) -> bool:
@@ -84,11 +91,11 @@ def _known_base(a: Anatomy, qualname: str) -> bool:
     return qualname == _MODULE or qualname in a.model_classes or bool(ROW_WISE_LAYERS.match(qualname))
 
 
-def _layers_mix_rows(a: Anatomy, node: ast.AST) -> str | None:
+def _layers_mix_rows(a: Anatomy, node: ast.AST, samples: bool) -> str | None:
     """Why a torch.nn layer built in `node` may mix rows."""
     for call in (c for c in ast.walk(node) if isinstance(c, ast.Call)):
         layer = a.qualname(call.func) or ""
-        if not _builds_layer(layer):
+        if not _builds_layer(layer) or samples and SAMPLE_WISE_LAYERS.match(layer):
             continue
         if layer in RECURRENT_LAYERS and not _true(keyword(call, "batch_first")):
             return f"`{ast.unparse(call)}` (line {call.lineno}) takes its sequence's steps as rows (no batch_first=True)"
@@ -101,31 +108,31 @@ def _layers_mix_rows(a: Anatomy, node: ast.AST) -> str | None:
     return None
 
 
-def _operations_mix_rows(a: Anatomy, cls: ast.ClassDef) -> str | None:
+def _operations_mix_rows(a: Anatomy, cls: ast.ClassDef, samples: bool) -> str | None:
     """Why an operation in the methods of `cls` past its `__init__` may mix rows."""
     methods = [f for f in cls.body if isinstance(f, ast.FunctionDef)]
     built = _built_attributes(a, cls) | {f.name for f in methods}
     for node in (n for f in methods if f.name != "__init__" for n in ast.walk(f)):
-        why = _why_mixes(a, node, built)
+        why = _why_mixes(a, node, built, samples)
         if why:
             return f"`{ast.unparse(node)}` (line {node.lineno}) in {cls.name} {why}"  # type: ignore[attr-defined]
     return None
 
 
-def _why_mixes(a: Anatomy, node: ast.AST, built: set[str]) -> str | None:
+def _why_mixes(a: Anatomy, node: ast.AST, built: set[str], samples: bool) -> str | None:
     """Why this node of a model class may mix rows (None: it works row by row, or is no operation)."""
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
         return "multiplies matrices"
     if isinstance(node, ast.Attribute) and node.attr in ("T", "mT"):
         return "transposes the rows"
-    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and not _all_rows(node.slice) and not _of_shape(node):
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and not keeps_all_rows(node.slice) and not _of_shape(node):
         return "indexes the rows (or an item of a result)"
     if isinstance(node, ast.Call):
-        return _why_call_mixes(a, node, built)
+        return _why_call_mixes(a, node, built, samples)
     return None
 
 
-def _why_call_mixes(a: Anatomy, call: ast.Call, built: set[str]) -> str | None:
+def _why_call_mixes(a: Anatomy, call: ast.Call, built: set[str], samples: bool) -> str | None:
     func = call.func
     qualname = a.qualname(func) or ""
     if _builds_layer(qualname):
@@ -137,7 +144,7 @@ def _why_call_mixes(a: Anatomy, call: ast.Call, built: set[str]) -> str | None:
         return None if func.attr in built else "calls a module this file can't see work row by row"
     on_tensor = not qualname.startswith(_TORCH)
     name = qualname.rpartition(".")[2] if not on_tensor else getattr(func, "attr", "")
-    if name in ELEMENTWISE or name in _LIST_METHODS and on_tensor:
+    if name in ELEMENTWISE or name in _LIST_METHODS and on_tensor or samples and name in SAMPLE_WISE:
         return None
     if name in ALONG_DIMS:
         places = [p - on_tensor for p in ALONG_DIMS[name]]
@@ -189,7 +196,7 @@ def _sized_by_rows(first: ast.expr | None) -> bool:
     return isinstance(first, ast.Call) and isinstance(first.func, ast.Name) and first.func.id == "len"
 
 
-def _all_rows(index: ast.expr) -> bool:
+def keeps_all_rows(index: ast.expr) -> bool:
     """`x[:, 1]`, `x[..., :3]`: an index that keeps every row."""
     first = index.elts[0] if isinstance(index, ast.Tuple) and index.elts else index
     whole = isinstance(first, ast.Slice) and first.lower is None and first.upper is None and first.step is None

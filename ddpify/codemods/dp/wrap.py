@@ -8,6 +8,9 @@ Without GPUs DataParallel just calls the model, so the script still runs (and tr
 `device_ids` is left to its default (every visible GPU, the first one primary) unless the script
 puts the model on another GPU, which then has to come first. A script that sets
 CUDA_VISIBLE_DEVICES itself is told that DataParallel only sees the GPUs listed there.
+A model whose forward runs on the whole data and mixes its rows (a graph's nodes: `adj @ h`, trained on the
+rows of a mask) is left unwrapped and the conversion unfinished: DataParallel would split every input along
+dim 0, handing each GPU rows that need the others (anatomy/full_batch.py, whole_data_forward).
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ import ast
 from ddpify.anatomy import Anatomy, ModelSite, Ref
 from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.distributed.launch import env_writes
+from ddpify.anatomy.full_batch import whole_data_forward
 from ddpify.anatomy.literals import model_gpu_index, model_moves
 from ddpify.codemods.base import Transform
 from ddpify.codemods.containers import wrap_each
 from ddpify.codemods.duties import wrap_duty
 
 _ENCLOSING_BLOCKS = (ast.If, ast.With, ast.Try)
+WHOLE_DATA_TODO = ("convert with --to ddp instead (each rank runs the whole forward and the ranks share the loss's rows), "
+                   "or keep training on one GPU")
 
 
 class WrapDataParallel(Transform):
@@ -37,10 +43,22 @@ class WrapDataParallel(Transform):
             return
         torch_nn = self._torch_nn()
         for model in models:
-            self._wrap(model, torch_nn)
-        self.fulfil()
+            if not self._splits_rows_apart(model):
+                self._wrap(model, torch_nn)
+                self.fulfil()
         for write in env_writes(self.anatomy, "CUDA_VISIBLE_DEVICES"):
             self.advise(write.lineno, "the script sets CUDA_VISIBLE_DEVICES: DataParallel only uses the GPUs it lists; list them all, or remove it")  # type: ignore[attr-defined]
+
+    def _splits_rows_apart(self, model: ModelSite) -> bool:
+        """Would DataParallel's split along dim 0 hand each GPU rows whose forward needs the others? Then it is missing."""
+        found = whole_data_forward(self.anatomy, model)
+        if found is not None:
+            call, why = found
+            self.missing(call.lineno, f"{model.target.name} is not wrapped in nn.DataParallel: `{ast.unparse(call)}` runs the forward on the "
+                                      f"whole data, of which the loss reads some rows only, and the forward may mix rows ({why}): DataParallel "
+                                      "would split every input along dim 0 over the GPUs, handing each GPU rows that need the others",
+                         WHOLE_DATA_TODO)
+        return found is not None
 
     def _torch_nn(self) -> str:
         """How the script spells `torch.nn`: `nn` after `import torch.nn as nn` / `from torch import nn`."""
