@@ -707,3 +707,13 @@ def test_no_plot_is_written_for_a_pair_that_could_not_run(monkeypatch, tmp_path)
     assert outcome.exit_code == 2
     assert f"no plot written to {path}: no step was compared" in outcome.stderr
     assert not path.exists()
+
+
+def test_a_conversion_left_unfinished_and_unchanged_says_why_verify_cannot_run():
+    """dp's whole-graph refusal leaves graph_node_masks.py as it was (exit 3): verify names the reason."""
+    from ddpify.verify.runner import CandidateUnavailable, Request, convert
+
+    request = Request(str(FIXTURES / "graph_node_masks.py"), "dp", None, 1, 8, "cpu", "per-gpu", 60.0, "fork", ())
+    with pytest.raises(CandidateUnavailable, match=r"left the script unchanged \(model is not wrapped in nn.DataParallel: "
+                                                   r"`model\(features, adj\)` runs the forward on the whole data"):
+        convert(request)

@@ -80,7 +80,8 @@ def convert(request: Request) -> tuple[dict[Path, ConversionResult], list[str]]:
     if conversion is None:
         raise CandidateUnavailable(f"conversion failed: {project.project.unreadable.get(script)}")
     if not conversion.changed and not modules:
-        raise CandidateUnavailable("the converter left the script unchanged" + (f" ({conversion.note})" if conversion.note else ""))
+        why = conversion.reason if conversion.missing else conversion.note
+        raise CandidateUnavailable("the converter left the script unchanged" + (f" ({why})" if why else ""))
     notes = []
     for job in project.jobs:
         where = "" if job.entry else f"{job.path.name} "
