@@ -418,6 +418,29 @@ def test_simulated_dataparallel_puts_the_chunks_on_the_models_device(monkeypatch
         assert out.device.type == "meta" and out.shape == (batch, 2)
 
 
+
+class AdjacencyNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 2)
+
+    def forward(self, features, adj):
+        return adj @ self.linear(features)
+
+
+def test_a_forward_that_needs_an_input_whole_fails_under_simulated_dataparallel_with_the_reason(monkeypatch):
+    """A graph's adjacency split by rows no longer lines up with the features: verify names DataParallel's split."""
+    from ddpify.verify.dataparallel import SPLIT_INPUT_HINT, failure_hint
+
+    monkeypatch.setattr(torch.nn.DataParallel, "__init__", torch.nn.DataParallel.__init__)
+    monkeypatch.setattr(torch.nn.DataParallel, "forward", torch.nn.DataParallel.forward)
+    simulate_data_parallel(2)
+    with pytest.raises(RuntimeError) as error:
+        torch.nn.DataParallel(AdjacencyNet())(torch.randn(6, 3), torch.eye(6))
+    assert failure_hint(f"RuntimeError: {error.value}") == SPLIT_INPUT_HINT
+    assert failure_hint("RuntimeError: CUDA out of memory") is None
+
+
 DUMP = """Timeout (0:00:20)!
 Thread 0x00007f0000000001 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 320 in wait

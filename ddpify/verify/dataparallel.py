@@ -42,6 +42,10 @@ replicate_module = importlib.import_module("torch.nn.parallel.replicate")  # the
 
 UNEVEN_FLAG = "uneven_replica_losses"  # the record's flags: a forward returned scalars from chunks of different sizes
 Flag = Callable[[str, str], None]  # Recorder.flag
+SPLIT_INPUT_HINT = ("nn.DataParallel split every tensor that forward takes along dim 0, one part per GPU: an input whose rows "
+                    "are not the batch's samples (a graph's adjacency, a table every sample reads) no longer lines up with "
+                    "the others; keep it in the model (a buffer) rather than passing it to forward, or train on one GPU")
+_SHAPE_ERRORS = ("cannot be multiplied", "must match the size of tensor", "Sizes of tensors must match", "size mismatch")
 UNAVERAGED_LOSS_HINT = ("nn.DataParallel gathered the scalar that forward returned into a vector of one value per "
                         "replica: average it (loss.mean()) before backward")
 
@@ -150,4 +154,6 @@ def simulate_data_parallel(replicas: int, flag: Flag = lambda name, detail: None
 
 def failure_hint(error: str) -> str | None:
     """Why a simulated-DataParallel run failed, when the error is one DataParallel causes."""
-    return UNAVERAGED_LOSS_HINT if "can be implicitly created only for scalar outputs" in error else None
+    if "can be implicitly created only for scalar outputs" in error:
+        return UNAVERAGED_LOSS_HINT
+    return SPLIT_INPUT_HINT if any(shape in error for shape in _SHAPE_ERRORS) else None
