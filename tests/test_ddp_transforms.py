@@ -26,6 +26,7 @@ from ddpify.codemods.ddp import (
     DistributedSetup,
     HandAveragedGradients,
     NoSyncAccumulation,
+    NoSyncDiscardedGradients,
     RankDevices,
     RankZeroDuties,
     ReducedLossPrints,
@@ -70,7 +71,7 @@ def test_the_ddp_transforms_in_order():
         DistributedSetup, SeedBeforeShardedData, SeedWhereReproducibilityIsAskedFor, RankDevices, RemoveDataParallel, WrapModel, AveragedOwnedOptimizers,
         DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank, DistributedSamplers, RowsOfEachRank, HandAveragedGradients, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints,
         RankZeroDuties,
-        NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
+        NoSyncAccumulation, NoSyncDiscardedGradients, SumLossScaling, PerNodeDownloads,
     )
     for transform in DDP_TRANSFORMS:
         assert transform.NAME and transform.__doc__, transform

@@ -2,6 +2,7 @@
 
 from ddpify.codemods.ddp.batch_draws import BatchesOfEachRank
 from ddpify.codemods.ddp.devices import RankDevices
+from ddpify.codemods.ddp.discarded_sync import NoSyncDiscardedGradients
 from ddpify.codemods.ddp.environments import EnvironmentsOfEachRank
 from ddpify.codemods.ddp.evaluation import EvaluationSharding, ReducedLossPrints
 from ddpify.codemods.ddp.hand_gradients import HandAveragedGradients
@@ -22,7 +23,7 @@ from ddpify.codemods.ddp.wrap import RemoveDataParallel, WrapModel
 
 DDP_TRANSFORMS = (
     DistributedSetup, SeedBeforeShardedData, SeedWhereReproducibilityIsAskedFor, RankDevices, RemoveDataParallel, WrapModel, AveragedOwnedOptimizers, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank,
-    DistributedSamplers, RowsOfEachRank, HandAveragedGradients, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, SumLossScaling, PerNodeDownloads,
+    DistributedSamplers, RowsOfEachRank, HandAveragedGradients, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, NoSyncDiscardedGradients, SumLossScaling, PerNodeDownloads,
 )
 
 

@@ -9,6 +9,9 @@ locally, and are averaged across ranks once, on the micro-step that steps the op
 from __future__ import annotations
 
 import ast
+from typing import Sequence
+
+import libcst as cst
 
 from ddpify.anatomy import LoopSite
 from ddpify.codemods.base import Transform
@@ -47,8 +50,7 @@ class NoSyncAccumulation(Transform):
         """Run the forward-to-backward statements without gradient sync unless the condition holds."""
         context = f"{self.no_sync(model)} if not ({ast.unparse(condition)}) else contextlib.nullcontext()"
         self.add_import("contextlib")
-        for stmt in statements:
-            self.group_statement(stmt, ("no_sync", loop.line), lambda run: enclose(run, f"with {context}:\n    pass\n"))
+        run_under(self, statements, context, ("no_sync", loop.line))
         self.changed(statements[0].lineno, f"accumulation micro-steps run under {self.no_sync(model)} (one all-reduce per optimizer step)")
 
     def no_sync(self, model: str) -> str:
@@ -62,3 +64,16 @@ class NoSyncAccumulation(Transform):
                 if not any(self.anatomy.is_training_call(n) and n.func.attr == "backward" for n in ast.walk(stmt)):  # type: ignore[attr-defined]
                     return stmt.test
         return None
+
+
+def run_under(transform: Transform, statements: Sequence[ast.stmt], context: str, group: object, why: str = "") -> None:
+    """Put the statements (a straight run of one block) in `with <context>:`, under a `# ddpify: <why>` comment
+    when `why` is given; `group` tells this run from others next to it."""
+    comment = [cst.EmptyLine(comment=cst.Comment(f"# ddpify: {why}"))] if why else []
+
+    def build(run: Sequence[cst.BaseStatement]) -> cst.BaseCompoundStatement:
+        block = enclose(run, f"with {context}:\n    pass\n")
+        return block.with_changes(leading_lines=[*block.leading_lines, *comment])
+
+    for stmt in statements:
+        transform.group_statement(stmt, group, build)
