@@ -39,6 +39,7 @@ from ddpify.codemods.ddp import (
     SumLossScaling,
     WrapModel,
 )
+from ddpify.codemods.ddp.batch_copies import NonBlockingBatchCopies
 from ddpify.codemods.ddp.per_node import PerNodeDownloads
 from ddpify.codemods.ddp.runtime import HELPERS
 from ddpify.codemods.ddp.wrap import GRADIENT_VIEWS, option_comments
@@ -68,8 +69,8 @@ def messages(result: ConversionResult) -> list[str]:
 
 def test_the_ddp_transforms_in_order():
     assert DDP_TRANSFORMS == (
-        DistributedSetup, SeedBeforeShardedData, SeedWhereReproducibilityIsAskedFor, RankDevices, RemoveDataParallel, WrapModel, AveragedOwnedOptimizers,
-        DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank, DistributedSamplers, RowsOfEachRank, HandAveragedGradients, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints,
+        DistributedSetup, SeedBeforeShardedData, SeedWhereReproducibilityIsAskedFor, RankDevices, NonBlockingBatchCopies, RemoveDataParallel, WrapModel,
+        AveragedOwnedOptimizers, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank, DistributedSamplers, RowsOfEachRank, HandAveragedGradients, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints,
         RankZeroDuties,
         NoSyncAccumulation, NoSyncDiscardedGradients, SumLossScaling, PerNodeDownloads,
     )

@@ -1,5 +1,6 @@
 """The DDP codemod: the transforms that turn a single-GPU script into a torchrun one, in order."""
 
+from ddpify.codemods.ddp.batch_copies import NonBlockingBatchCopies
 from ddpify.codemods.ddp.batch_draws import BatchesOfEachRank
 from ddpify.codemods.ddp.devices import RankDevices
 from ddpify.codemods.ddp.discarded_sync import NoSyncDiscardedGradients
@@ -22,7 +23,7 @@ from ddpify.codemods.ddp.sum_loss import SumLossScaling
 from ddpify.codemods.ddp.wrap import RemoveDataParallel, WrapModel
 
 DDP_TRANSFORMS = (
-    DistributedSetup, SeedBeforeShardedData, SeedWhereReproducibilityIsAskedFor, RankDevices, RemoveDataParallel, WrapModel, AveragedOwnedOptimizers, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank,
+    DistributedSetup, SeedBeforeShardedData, SeedWhereReproducibilityIsAskedFor, RankDevices, NonBlockingBatchCopies, RemoveDataParallel, WrapModel, AveragedOwnedOptimizers, DDPModuleAccess, SameSplitOnEveryRank, NoiseOfEachRank,
     DistributedSamplers, RowsOfEachRank, HandAveragedGradients, BatchesOfEachRank, EnvironmentsOfEachRank, EvaluationSharding, ReducedLossPrints, RankZeroDuties, NoSyncAccumulation, NoSyncDiscardedGradients, SumLossScaling, PerNodeDownloads,
 )
 
