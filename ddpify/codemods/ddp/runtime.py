@@ -29,6 +29,12 @@ def setup_distributed():
     if dist.is_initialized():
         return
     if torch.cuda.is_available():
+        if LOCAL_RANK >= torch.cuda.device_count():  # more processes than GPUs
+            raise SystemExit(
+                f"rank {RANK}: LOCAL_RANK is {LOCAL_RANK}, but this machine has "
+                f"{torch.cuda.device_count()} GPU(s): start at most that many "
+                "processes per node (torchrun --nproc_per_node)"
+            )
         torch.cuda.set_device(LOCAL_RANK)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if "RANK" in os.environ:
