@@ -43,6 +43,7 @@ def script(copy: str, target: str = "x, y", loader_options: str = "") -> str:
     ("x, y = x.to(device), y.to(device)", "x, y"),
     ("x, y = x.cuda(), y.cuda()", "x, y"),
     ("x = x.to(device); y = y.to(device)", "i, (x, y)"),
+    ("x, y = data[0].to(device), data[1].to(device)", "i, data"),
 ])
 def test_copies_of_unpacked_tensors_to_the_models_device_do_not_block(copy: str, target: str) -> None:
     source = script(copy, target)
@@ -58,8 +59,15 @@ def test_copies_of_unpacked_tensors_to_the_models_device_do_not_block(copy: str,
     ("x, y = x.to(torch.float16), y.to(device, dtype=torch.float16)", "x, y", "", "a cast, and a copy with options"),
     ('x, y = x.to("cpu"), y.to(other)', "x, y", "", "to a device the model is not moved to"),
     ("x, y = x.to(device, non_blocking=False), y.cuda(0)", "x, y", "", "already says how"),
+    ('x, y = data["x"].to(device), data[i].to(device)', "i, data", "", "not a constant element"),
 ])
 def test_other_copies_are_left_as_they_are(copy: str, target: str, loader_options: str, why: str) -> None:
     source = script(copy, target, loader_options).replace("device = torch", "other = device = torch")
     assert batch_copies(analyze(source, "train.py")) == (), why
     assert "non_blocking=True" not in convert_source(source, "ddp", path="train.py").output, why
+
+
+def test_a_script_with_a_tokenizers_batches_keeps_its_copies() -> None:
+    """A transformers BatchEncoding is a batch mapping whose `.to` took no non_blocking before 4.41."""
+    source = "import transformers\n" + script("x, y = x.to(device), y.to(device)")
+    assert batch_copies(analyze(source, "train.py")) == ()

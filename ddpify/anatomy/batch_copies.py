@@ -8,10 +8,12 @@ too). On a CPU-only machine it changes nothing.
 
 `batch_copies` finds the copies that are safe to make so: in a step loop over a torch DataLoader with the
 default collate, a `.to(D)` or `.cuda()` of a name the loop unpacks from a tuple batch (`for x, y in
-loader`, `for i, (x, y) in enumerate(loader)`: tensors, whose `.to` takes `non_blocking`; a whole batch
-may be an object of the script's own whose `.to` does not), where D is the device the script moves a
-model to (so the copy goes host to GPU, never GPU to host, where a non-blocking copy could be read before
-it lands), and no `non_blocking` or other option is given.
+loader`, `for i, (x, y) in enumerate(loader)`) or of a batch's element (`data[0]`): tensors, whose `.to`
+takes `non_blocking` (the default collate makes tensors, or tuples, lists and mappings of them; a whole
+batch may be a mapping type of a library's own, whose `.to` may not take it: a tokenizer's BatchEncoding,
+so no copy changes in a script that imports transformers). D must be the device the script moves a
+trained model to (so the copy goes host to GPU, never GPU to host, where a non-blocking copy could be
+read before it lands), and no `non_blocking` or other option given.
 """
 
 from __future__ import annotations
@@ -26,16 +28,19 @@ from ddpify.anatomy.tree import walk_body
 
 _DATA_LOADER = "torch.utils.data.DataLoader"
 _OWN_BATCHES = ("collate_fn", "batch_sampler")  # options that may make a batch something other than tensors
+_OWN_BATCH_TYPES = ("transformers",)  # libraries whose batches are mappings with a `.to` of their own
 
 
 @per_anatomy
 def batch_copies(a: Anatomy) -> tuple[ast.Call, ...]:
     """The `.to(device)` / `.cuda()` copies of tensor batches onto the model's device that may not block."""
+    if any(a.names.imports(library) for library in _OWN_BATCH_TYPES):
+        return ()
     devices = _model_devices(a)
     return tuple(
         node for loop in a.step_loops if _default_tensor_batches(a, loop)
         for node in walk_body(loop.node.body)
-        if isinstance(node, ast.Call) and _copies_unpacked_batch(node, _unpacked_names(loop.node.target), devices)
+        if isinstance(node, ast.Call) and _copies_batch_tensor(node, _target_names(loop.node.target), devices)
     )
 
 
@@ -54,23 +59,33 @@ def _default_tensor_batches(a: Anatomy, loop: LoopSite) -> bool:
         for loader in loop.loaders)
 
 
-def _unpacked_names(target: ast.expr) -> set[str]:
-    """The names a loop target unpacks from tuples (`x, y` or `i, (x, y)`), not a whole batch (`batch`)."""
-    if not isinstance(target, (ast.Tuple, ast.List)):
-        return set()
-    names = set()
-    for element in target.elts:
+def _target_names(target: ast.expr) -> tuple[set[str], set[str]]:
+    """The names a loop target unpacks from tuples (`x, y` or `i, (x, y)`), and those it binds whole."""
+    if isinstance(target, ast.Name):
+        return set(), {target.id}
+    unpacked, whole = set(), set()
+    for element in target.elts if isinstance(target, (ast.Tuple, ast.List)) else ():
         if isinstance(element, ast.Name):
-            names.add(element.id)
+            unpacked.add(element.id)
+            whole.add(element.id)  # `for i, data in enumerate(loader)`: data is a whole batch
         else:
-            names |= _unpacked_names(element)
-    return names
+            inner = _target_names(element)
+            unpacked, whole = unpacked | inner[0], whole | inner[1]
+    return unpacked, whole
 
 
-def _copies_unpacked_batch(call: ast.Call, names: set[str], devices: set[str]) -> bool:
+def _copies_batch_tensor(call: ast.Call, names: tuple[set[str], set[str]], devices: set[str]) -> bool:
+    """`x.to(D)` / `x.cuda()` of an unpacked name, or `data[k].to(D)` of an element of a batch."""
     func = call.func
-    if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in names) or call.keywords:
+    if not isinstance(func, ast.Attribute) or call.keywords or not _batch_tensor(func.value, *names):
         return False
     if func.attr == "cuda":
         return not call.args
     return func.attr == "to" and len(call.args) == 1 and ast.unparse(call.args[0]) in devices
+
+
+def _batch_tensor(receiver: ast.expr, unpacked: set[str], whole: set[str]) -> bool:
+    if isinstance(receiver, ast.Name):
+        return receiver.id in unpacked
+    return (isinstance(receiver, ast.Subscript) and isinstance(receiver.value, ast.Name) and receiver.value.id in whole
+            and isinstance(receiver.slice, ast.Constant) and type(receiver.slice.value) is int)

@@ -9,6 +9,8 @@ whose original already copied this way ran at par with an expert's port, the oth
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 from ddpify.anatomy.batch_copies import batch_copies
@@ -29,5 +31,5 @@ class NonBlockingBatchCopies(Transform):
     def plan(self) -> None:
         for copy in batch_copies(self.anatomy):
             self.rewrite_node(copy, cst.Call, lambda call: add_keyword(call, "non_blocking", "True"))
-            self.changed(copy.lineno, f"{copy.func.value.id}.{copy.func.attr}(..., non_blocking=True): "  # type: ignore[attr-defined]
+            self.changed(copy.lineno, f"{ast.unparse(copy.func)}(..., non_blocking=True): "
                                       "the batch's copy to the GPU does not wait for the queued kernels")
