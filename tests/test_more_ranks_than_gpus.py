@@ -32,8 +32,7 @@ def setup_on_gpus(monkeypatch, local_rank: int, gpus: int) -> list:
 
 
 def test_a_rank_past_the_last_gpu_stops_with_the_launch_fix(monkeypatch):
-    with pytest.raises(SystemExit, match=r"rank 1: LOCAL_RANK is 1, but this machine has 1 GPU\(s\): start at most "
-                                         r"that many processes per node \(torchrun --nproc_per_node\)"):
+    with pytest.raises(SystemExit, match=r"^rank 1: LOCAL_RANK 1 but 1 GPU\(s\): use torchrun --nproc_per_node=1$"):
         setup_on_gpus(monkeypatch, local_rank=1, gpus=1)
 
 

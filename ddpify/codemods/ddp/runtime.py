@@ -29,12 +29,10 @@ def setup_distributed():
     if dist.is_initialized():
         return
     if torch.cuda.is_available():
-        if LOCAL_RANK >= torch.cuda.device_count():  # more processes than GPUs
-            raise SystemExit(
-                f"rank {RANK}: LOCAL_RANK is {LOCAL_RANK}, but this machine has "
-                f"{torch.cuda.device_count()} GPU(s): start at most that many "
-                "processes per node (torchrun --nproc_per_node)"
-            )
+        gpus = torch.cuda.device_count()
+        if LOCAL_RANK >= gpus:  # more processes than GPUs on this machine
+            why = f"rank {RANK}: LOCAL_RANK {LOCAL_RANK} but {gpus} GPU(s)"
+            raise SystemExit(f"{why}: use torchrun --nproc_per_node={gpus}")
         torch.cuda.set_device(LOCAL_RANK)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if "RANK" in os.environ:
