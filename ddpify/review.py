@@ -18,6 +18,8 @@ WHY = {
     "module": "attributes of the wrapped model now live under `.module`",
     "batch-size": "the batch size is shared by the GPUs (per GPU or global, as chosen)",
     "no_sync": "with gradient accumulation, gradients need syncing only on the step that updates",
+    "no_sync_discarded": "gradients that the next zero_grad clears unused need no all-reduce",
+    "non-blocking": "a batch's copy to the GPU need not wait for the kernels already queued",
     "forward-device": "DataParallel scatters inputs itself; forward must not pin them to one device",
     "forward-state": "state set in forward on a replica is lost under DataParallel",
     "loss": "DataParallel returns one loss per GPU; they must be averaged",
