@@ -64,12 +64,15 @@ VERDICTS = ("equivalent", "diverged", "not_converted", "error", "timeout")
 DUMP_AT = 0.6  # the stacks are dumped at this part of the timeout after a process starts (it starts late)
 STACK_DIR_VARIABLE = "DDPIFY_RUN_STACK_DIR"
 DUMP_AFTER_VARIABLE = "DDPIFY_RUN_DUMP_AFTER_S"
-# Every process of a launch runs this at start-up: it dumps its stacks into the stack folder if it
-# still runs near the timeout, and marks that it reached interpreter exit (atexit).
+# Every process of a launch but torchrun's own agent runs this at start-up: it dumps its stacks into the
+# stack folder if it still runs near the timeout, and marks that it reached interpreter exit (atexit).
+# The agent is left out: nothing reads its stack, and a dump that lands while it starts its threads can
+# kill it with SIGSEGV (a launch that ended in 1.5 s with exit -11 about every other time).
 BOOTSTRAP = f"""\
-import atexit, faulthandler, os
+import atexit, faulthandler, os, sys
 _folder = os.environ.get({STACK_DIR_VARIABLE!r})
-if _folder:
+_agent = "torch.distributed.run" in sys.orig_argv or "torchrun" in map(os.path.basename, sys.orig_argv[:2])
+if _folder and not _agent:
     _name = os.path.join(_folder, "rank-%s-%d" % (os.environ.get("RANK", "main"), os.getpid()))
     faulthandler.dump_traceback_later(float(os.environ[{DUMP_AFTER_VARIABLE!r}]), file=open(_name + ".stack", "w"))
     atexit.register(lambda: open(_name + ".exited", "w").close())
