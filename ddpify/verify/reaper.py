@@ -69,11 +69,15 @@ def kill_group(pgid: int) -> None:
 
 def kill_launch(root: int, token: str) -> None:
     """SIGKILL a marked launch started as `root` in a session of its own: its tree (while `root` lives),
-    its group, and every process whose environment carries LAUNCH_VARIABLE=`token`."""
+    its group, and every process whose environment carries LAUNCH_VARIABLE=`token`, until none is left
+    (a killed process keeps its environment readable for a moment; KILL_GRACE_S at most)."""
     kill_tree(root)
     kill_group(root)
-    for pid in _marked(token):
-        _kill(pid)
+    deadline = time.monotonic() + KILL_GRACE_S
+    while (left := _marked(token)) and time.monotonic() < deadline:
+        for pid in left:
+            _kill(pid)
+        time.sleep(0.01)
 
 
 def _marked(token: str) -> list[int]:
