@@ -79,8 +79,9 @@ class DiscardedSync:
 
 def discarded_syncs(a: Anatomy) -> list[DiscardedSync]:
     """Each run whose backward all-reduces a wrapped model's gradients that are cleared before any use;
-    runs that would overlap (two models in the same statements) are left out."""
-    if _script_bars(a):
+    runs that would overlap (two models in the same statements) are left out. A script that trains one model
+    is not searched (cheap to tell, and the common case): its one backward a step feeds its own optimizer."""
+    if len(a.trained_models) < 2 or _script_bars(a):
         return []
     averaged = {optimizer.model for optimizer in owned_optimizers(a)}
     models = [m for m in a.trained_models if m not in averaged and not m.container and m.class_name not in MODEL_CONTAINERS
