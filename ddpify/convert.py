@@ -6,6 +6,7 @@ item, so a conversion that ends "converted" always lints clean.
 
 from __future__ import annotations
 
+import ast
 import gc
 import os
 import threading
@@ -42,10 +43,8 @@ def convert_source(text: str, target: str, *, path: str = "<string>", batch_size
         if reason:
             return ConversionResult(source=text, output=text, note=reason)
         options = Options(batch_size=batch_size, eval=eval, log_loss=log_loss, checkpoint=checkpoint, mixed_precision=mixed_precision)
-        result = run_pipeline(text, path, _transforms(target, library), options, facts, owns_duties=not library, anatomy=anatomy,
-                              fit_width=True)
-        result.missing = sorted([*result.missing, *lint_leftovers(result, path)], key=lambda m: m.line)
-    return result
+        return run_pipeline(text, path, _transforms(target, library), options, facts, owns_duties=not library, anatomy=anatomy,
+                            fit_width=True, check=lint_leftovers)
 
 
 def convert_notebook(path, target: str = "dp", **options):
@@ -60,14 +59,13 @@ def convert_notebook(path, target: str = "dp", **options):
     return rebuild_notebook(nb, result.output, cell_map), result, cell_map
 
 
-def lint_leftovers(result: ConversionResult, path: str) -> list[Missing]:
-    """What ddpify's default lint rules still find in the output, unless a missing item already names that line."""
+def lint_leftovers(result: ConversionResult, tree: ast.Module, path: str) -> list[Missing]:
+    """What ddpify's default lint rules still find in the output (`tree` its parse), unless a missing
+    item already names that line."""
     from ddpify.lint.engine import check_text, rule_set
     from ddpify.lint.registry import all_rules
 
-    if not result.changed:
-        return []
-    findings, _ = check_text(result.output, path, rule_set(frozenset(r.code for r in all_rules() if r.default_enabled)))
+    findings, _ = check_text(result.output, path, rule_set(frozenset(r.code for r in all_rules() if r.default_enabled)), tree)
     named = {m.line for m in result.missing}
     leftovers = []
     for finding in findings:

@@ -39,10 +39,11 @@ and what to do by hand), decided from what the transforms reported and the dutie
 
 from __future__ import annotations
 
+import ast
 import difflib
 import enum
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import libcst as cst
 
@@ -56,6 +57,9 @@ from ddpify.codemods.options import Options
 from ddpify.codemods.report import Advice, Change, Import, Missing, Report
 from ddpify.codemods.width import fit_to_width, width_limit
 from ddpify.edits.engine import Edits
+
+# What is still missing in a conversion's output, judged on the output's parse (convert.lint_leftovers).
+Check = Callable[["ConversionResult", ast.Module, str], "list[Missing]"]
 
 
 class Status(enum.Enum):
@@ -109,11 +113,13 @@ class ConversionResult:
 
 def run_pipeline(text: str, path: str, transforms: Sequence[type[Transform]], options: Options,
                  facts: ProjectFacts = NO_FACTS, owns_duties: bool = True, anatomy: Anatomy | None = None,
-                 fit_width: bool = False) -> ConversionResult:
+                 fit_width: bool = False, check: Check | None = None) -> ConversionResult:
     """Apply `transforms` in order, each as if on the code the previous ones produced (and with `facts`,
     what the file's project says about it). A module a project's entry imports does not own the
     duties (wrap, shard): its entry does. `anatomy`: the text's, when the caller has it. `fit_width`:
     lay out again the lines the conversion made wider than the file's own (ddpify.codemods.width).
+    `check`: what is still missing in the output (its lint), judged before the lines are laid out
+    again (the same statements, one parse of the output for both).
 
     Transforms are planned in stages, on one anatomy each, and a stage's edits are made in one pass.
     A transform starts a new stage when its plan reads the edits of one still pending (its
@@ -137,9 +143,14 @@ def run_pipeline(text: str, path: str, transforms: Sequence[type[Transform]], op
             transform, ahead = stage.plan(transform_cls, options), False
         stage.add(transform, ahead)
     conversion.finish(stage, last=True)
-    if fit_width:
-        conversion.fit_to_width()
-    return conversion.result(owns_duties)
+    result = conversion.result(owns_duties)
+    tree = ast.parse(result.output, filename=path) if result.changed and (check or fit_width) else None
+    if check and tree is not None:
+        result.missing = sorted([*result.missing, *check(result, tree, path)], key=lambda m: m.line)
+    if fit_width and tree is not None:
+        conversion.fit_to_width(tree)
+        result.output, result.origins = conversion.code, conversion.origin
+    return result
 
 
 class _Stage:
@@ -221,12 +232,11 @@ class _Conversion:
         if module is not self.module:
             self._now(module, self.renderer.code(module))
 
-    def fit_to_width(self) -> None:
+    def fit_to_width(self, tree: ast.Module) -> None:
         """Lay out again the statements whose lines the conversion made wider than the file's own
-        (ddpify.codemods.width); the last step: the CST module is not kept in step with the text."""
-        if self.code != self.output.source:
-            limit = width_limit(self.output.source)
-            self.code, self.origin = fit_to_width(self.code, self.origin, limit, self.module.default_indent)
+        (ddpify.codemods.width; `tree` is the code's); the last step: the CST module is not kept in step with the text."""
+        limit = width_limit(self.output.source)
+        self.code, self.origin = fit_to_width(self.code, self.origin, limit, self.module.default_indent, tree)
 
     def _now(self, module: cst.Module, code: str) -> None:
         """The code is now `module`'s, whose text is `code`: carry the line map over to it."""

@@ -41,17 +41,17 @@ def width_limit(original: str) -> int:
     return max([PEP8_WIDTH, *(len(line) for line in original.splitlines())])
 
 
-def fit_to_width(code: str, origins: list[int], limit: int, step: str) -> tuple[str, list[int]]:
+def fit_to_width(code: str, origins: list[int], limit: int, step: str, tree: ast.Module | None = None) -> tuple[str, list[int]]:
     """`code` with each statement that has a line wider than `limit` laid out again (a lone comment
     line re-flowed), and `origins` (the original line of each line) carried along; `step` is the
-    file's indent. Each statement is re-parsed and rendered on its own, so the rest of the text is
-    neither rendered nor diffed again."""
+    file's indent, `tree` the code's parse where the caller has it. Each statement is re-parsed and
+    rendered on its own, so the rest of the text is neither rendered nor diffed again."""
     lines = code.splitlines(keepends=True)
     wide = [number for number, line in enumerate(lines, 1) if len(line.rstrip("\r\n")) > limit]
     if not wide:
         return code, origins
     origins = list(origins)
-    for first, last in reversed(_spans(ast.parse(code), lines, wide)):
+    for first, last in reversed(_spans(tree or ast.parse(code), lines, wide)):
         new = _fitted_lines(lines[first - 1:last], limit, step)
         if new is not None:
             lines[first - 1:last] = new

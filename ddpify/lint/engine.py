@@ -3,6 +3,7 @@ script's kind, drop suppressed findings, and optionally apply fixes (iterating u
 
 from __future__ import annotations
 
+import ast
 import difflib
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -96,18 +97,20 @@ def rule_set(codes: frozenset[str]) -> RuleSet:
     return RuleSet(r for r in all_rules() if r.code in codes)
 
 
-def parse(text: str, path: str) -> Anatomy:
-    """The anatomy of `text`; SourceError (`path:line: message`) when it is not valid Python."""
+def parse(text: str, path: str, tree: ast.Module | None = None) -> Anatomy:
+    """The anatomy of `text` (`tree`: its parse, where the caller has it); SourceError (`path:line:
+    message`) when it is not valid Python."""
     try:
-        return analyze(text, path)
+        return analyze(text, path, tree)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         check_syntax(Source(path=path, text=text, encoding="utf-8", bom=False, mode=None))
         raise SourceError(path, f"cannot be analysed: {type(e).__name__}: {e}") from None
 
 
-def check_text(text: str, path: str, rules: RuleSet) -> tuple[list[Diagnostic], list[str]]:
-    """Findings of the rules on `text` (suppressed ones dropped), and errors of rules that crashed."""
-    anatomy = parse(text, path)
+def check_text(text: str, path: str, rules: RuleSet, tree: ast.Module | None = None) -> tuple[list[Diagnostic], list[str]]:
+    """Findings of the rules on `text` (`tree`: its parse, where the caller has it; suppressed ones
+    dropped), and errors of rules that crashed."""
+    anatomy = parse(text, path, tree)
     found: list[Diagnostic] = []
     errors: list[str] = []
     for rule in rules.by_kind[anatomy.kind]:
