@@ -39,7 +39,7 @@ class Binding:
 def bindings(a: ScriptTree) -> dict[Ref, list[Binding]]:
     """Each variable's bindings by assignment, augmented assignment and `for`, in source order."""
     found: dict[Ref, list[Binding]] = defaultdict(list)
-    for node in a.nodes:
+    for node in a.nodes_of(ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor):
         for target, binding in _bindings_of(node):
             for ref in _refs_bound(a, target):
                 found[ref].append(binding)

@@ -24,9 +24,8 @@ class _Indexer:
     def run(self) -> None:
         a = self.a
         self._collect_classes()
-        for node in a.nodes:
-            if isinstance(node, ast.Call):
-                self._record_call(node)
+        for node in a.nodes_of(ast.Call):
+            self._record_call(node)  # type: ignore[arg-type]
 
     def _collect_classes(self) -> None:
         a = self.a

@@ -14,9 +14,7 @@ from ddpify.anatomy.vocabulary import ITERATION_WRAPPERS
 
 def find_loops(a: Anatomy) -> None:
     """Step loops iterate a loader; epoch loops contain training step loops (maybe via calls)."""
-    for node in a.nodes:
-        if not isinstance(node, (ast.For, ast.AsyncFor)):
-            continue
+    for node in a.nodes_of(ast.For, ast.AsyncFor):
         loaders = _iterated_loaders(a, node.iter)
         if loaders:
             trains = a.body_contains(node.body, a.is_training_call)
@@ -27,8 +25,9 @@ def find_loops(a: Anatomy) -> None:
     _find_delegated_training(a)
     _find_iterator_passes(a)
     train_loop_nodes = {loop.node for loop in (*a.step_loops, *a.delegated_steps) if loop.trains}
-    for node in a.nodes:
-        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and node not in {l.node for l in a.step_loops}:
+    step_loop_nodes = {loop.node for loop in a.step_loops}
+    for node in a.nodes_of(ast.For, ast.AsyncFor, ast.While):
+        if node not in step_loop_nodes:
             if a.body_contains(node.body, lambda n: n in train_loop_nodes):
                 a.epoch_loops.append(a.site(node, LoopSite, loop_var=_loop_var(node), trains=True))  # type: ignore[arg-type]
 
@@ -37,8 +36,8 @@ def _find_iterator_passes(a: Anatomy) -> None:
     """`data_iter = iter(loader)` whose `next(data_iter)` a training loop draws its batches from, and
     `iter(loader)` inside a training loop (a restart on StopIteration, or `next(iter(loader))` each
     step): the loader feeds training, one pass per `iter()` call."""
-    for node in a.nodes:
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "iter" and len(node.args) == 1):
+    for node in a.nodes_of(ast.Call):
+        if not (isinstance(node.func, ast.Name) and node.func.id == "iter" and len(node.args) == 1):
             continue
         loaders = a.chosen_loaders(node.args[0])
         a.loader_iters += [(node, loader) for loader in loaders]
@@ -55,8 +54,8 @@ def _drawn_from_in_training(a: Anatomy, call: ast.Call) -> bool:
     if not (isinstance(assign, ast.Assign) and assign.value is call and len(assign.targets) == 1):
         return False
     ref = a.ref(assign.targets[0])
-    for node in a.nodes:
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "next" and node.args
+    for node in a.nodes_of(ast.Call):
+        if (isinstance(node.func, ast.Name) and node.func.id == "next" and node.args
                 and a.ref(node.args[0]) == ref and ref is not None):
             if any(a.body_contains(lp.body, a.is_training_call) for lp in a.enclosing(node, (ast.For, ast.While))):
                 return True

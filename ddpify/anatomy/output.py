@@ -148,7 +148,8 @@ def is_output_call(a: Anatomy, call: ast.Call) -> bool:
 @per_anatomy
 def output_statements(a: Anatomy) -> list[ast.stmt]:
     """The statements that are output: a print, log or save (`output_kind`), and `with open(..., "w")` blocks."""
-    return [n for n in a.nodes if (isinstance(n, ast.Expr) and output_kind(a, n.value)) or writes_file_in_block(a, n)]
+    return [n for n in a.nodes_of(ast.Expr, ast.With, ast.AsyncWith)
+            if (isinstance(n, ast.Expr) and output_kind(a, n.value)) or writes_file_in_block(a, n)]
 
 
 def writes_file_in_block(a: Anatomy, stmt: ast.AST) -> bool:

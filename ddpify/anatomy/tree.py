@@ -63,6 +63,22 @@ class ScriptTree:
         self.entry: str | None = None
         _find_entry(self)
 
+    def nodes_of(self, *classes: type[ast.AST]) -> list[ast.AST]:
+        """The nodes of these ast classes (exactly: ast's node classes have no subclasses), in `nodes`'
+        order: the scans for one kind of node skip the rest of the tree."""
+        index = self._node_index
+        if len(classes) == 1:
+            return [self.nodes[i] for i in index.get(classes[0], ())]
+        return [self.nodes[i] for i in sorted(i for cls in classes for i in index.get(cls, ()))]
+
+    @cached_property
+    def _node_index(self) -> dict[type, list[int]]:
+        """The positions in `nodes` of each ast class's nodes."""
+        index: dict[type, list[int]] = defaultdict(list)
+        for i, node in enumerate(self.nodes):
+            index[type(node)].append(i)
+        return index
+
     # ----- positions -------------------------------------------------------------------------
     @cached_property
     def lines(self) -> list[str]:

@@ -31,8 +31,8 @@ class _ValueFlow:
 
     def __init__(self, anatomy: ScriptValues) -> None:
         self.a = anatomy
-        self.assignments = [n for n in anatomy.nodes if isinstance(n, (ast.Assign, ast.AnnAssign, ast.withitem, ast.NamedExpr))]
-        self.returns = [n for n in anatomy.nodes if isinstance(n, ast.Return) and n.value is not None]
+        self.assignments = anatomy.nodes_of(ast.Assign, ast.AnnAssign, ast.withitem, ast.NamedExpr)
+        self.returns = [n for n in anatomy.nodes_of(ast.Return) if n.value is not None]
         self.local_calls = [c for c in anatomy.calls if anatomy.callee(c.node) is not None]  # type: ignore[arg-type]
 
     def run(self) -> None:

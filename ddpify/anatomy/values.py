@@ -357,11 +357,10 @@ class ScriptValues(ScriptTree):
     def loop_targets(self) -> list[tuple[ast.AST, ast.AST]]:
         """(loop variable, the list or dict it walks) of every for loop and comprehension."""
         found = []
-        for node in self.nodes:
-            if isinstance(node, (ast.For, ast.comprehension)):
-                container = _container_iterated(node.iter)
-                if container is not None:
-                    found.append((node.target, container))
+        for node in self.nodes_of(ast.For, ast.comprehension):
+            container = _container_iterated(node.iter)  # type: ignore[attr-defined]
+            if container is not None:
+                found.append((node.target, container))  # type: ignore[attr-defined]
         return found
 
     def alternatives(self, site: Site) -> frozenset[Site]:

@@ -77,7 +77,7 @@ def _checks_existence(a: Anatomy, test: ast.expr) -> bool:
 def env_writes(a: Anatomy, variable: str) -> list[ast.AST]:
     """`os.environ[VAR] = ...`, `os.environ.setdefault(VAR, ...)`, `os.environ.update(VAR=...)`, `os.putenv(VAR, ...)`."""
     found: list[ast.AST] = []
-    for node in a.nodes:
+    for node in a.nodes_of(ast.Subscript, ast.Call):
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
             if a.qualname(node.value) == "os.environ" and constant(node.slice, variable):
                 found.append(node)

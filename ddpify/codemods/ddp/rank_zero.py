@@ -147,7 +147,7 @@ class RankZeroDuties(Transform):
                 self._map_to_rank_device(call)
             elif call.qualname in DIRECTORY_CREATORS:
                 self._tolerate_existing_directory(call)
-        for stmt in self.anatomy.nodes:
+        for stmt in self.anatomy.nodes_of(ast.With, ast.AsyncWith, ast.Assign, ast.Expr):
             if self._writes_file_in_block(stmt):
                 if self._needs_every_rank(stmt):
                     self._open_on_rank_zero_only(stmt)
