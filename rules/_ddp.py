@@ -112,8 +112,8 @@ def rank_zero_test(a: Anatomy, node: ast.AST) -> tuple[str, bool] | None:
 def _rank_zero_guards(a: Anatomy) -> list[ast.If]:
     """`if <rank-0 test>:` statements whose one-line test a fix can copy."""
     return [
-        n for n in a.nodes
-        if isinstance(n, ast.If) and not isinstance(n.test, ast.BoolOp) and is_rank_zero_test(a, n.test)
+        n for n in a.nodes_of(ast.If)
+        if not isinstance(n.test, ast.BoolOp) and is_rank_zero_test(a, n.test)
         and "\n" not in (ast.get_source_segment(a.text, n.test) or "\n")
     ]
 

@@ -110,9 +110,8 @@ def _replaces_builtin_print(a) -> bool:
     """`builtins.print = rank_zero_print`: the DETR/DeiT `setup_for_distributed` idiom, here or in
     another module's helper the script calls (`utils.init_distributed_mode(args)`)."""
     return any(
-        isinstance(node, ast.Attribute) and node.attr == PRINT and isinstance(node.ctx, ast.Store)
-        and a.qualname(node) == BUILTIN_PRINT
-        for node in a.nodes
+        node.attr == PRINT and isinstance(node.ctx, ast.Store) and a.qualname(node) == BUILTIN_PRINT
+        for node in a.nodes_of(ast.Attribute)
     ) or any(c.qualname.rpartition(".")[2] in RANK_ZERO_PRINT_SETUPS and a.callee(c.node) is None for c in a.calls)  # type: ignore[arg-type]
 
 

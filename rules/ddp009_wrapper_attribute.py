@@ -62,8 +62,8 @@ class WrapperAttribute(Rule, code="DDP009", name="wrapper-attribute", severity="
     def check(self, a):
         if not wraps_models(a):
             return
-        for node in a.nodes:
-            if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)):
+        for node in a.nodes_of(ast.Attribute):
+            if not isinstance(node.ctx, ast.Load):
                 continue
             if node.attr == "load_state_dict":
                 finding = _load_into_wrapper(a, node)
@@ -102,9 +102,9 @@ def _saves_wrapper_state_dict(a) -> bool:
     """Does the script save the wrapper's own `state_dict()` (keys prefixed `module.`, DDP008's)?
     Then its checkpoints load back into the wrapper as they are (Barlow Twins, VICReg resuming)."""
     return any(
-        isinstance(n, ast.Call) and syntax.method_name(n) == "state_dict" and is_ddp_wrapper(a, n.func.value)  # type: ignore[attr-defined]
+        syntax.method_name(n) == "state_dict" and is_ddp_wrapper(a, n.func.value)  # type: ignore[attr-defined]
         and (is_saved(a, n) or _handed_to_a_saving_function(a, n))
-        for n in a.nodes
+        for n in a.nodes_of(ast.Call)
     )
 
 

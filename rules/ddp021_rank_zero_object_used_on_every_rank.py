@@ -64,8 +64,8 @@ class RankZeroObjectUsedOnEveryRank(Rule, code="DDP021", name="rank-zero-object-
     applies_to = DDP_AND_ACCELERATE
 
     def check(self, a):
-        for node in a.nodes:
-            if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)):
+        for node in a.nodes_of(ast.Attribute):
+            if not isinstance(node.ctx, ast.Load):
                 continue
             holder = node.value
             if not _none_elsewhere(a, holder) or rank_guarded(a, node) or _checked(a, holder, node):

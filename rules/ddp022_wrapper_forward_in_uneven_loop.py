@@ -64,8 +64,8 @@ class WrapperForwardInUnevenLoop(Rule, code="DDP022", name="wrapper-forward-in-u
 def _uneven_loops(a) -> list[ast.For]:
     """`for` loops over a loader whose sampler is a rank's share that the script cuts itself."""
     return [
-        node for node in a.nodes
-        if isinstance(node, ast.For) and any(_cut_by_hand(a, loader) for loader in iterated_loaders(a, node.iter))
+        node for node in a.nodes_of(ast.For)
+        if any(_cut_by_hand(a, loader) for loader in iterated_loaders(a, node.iter))
     ]
 
 

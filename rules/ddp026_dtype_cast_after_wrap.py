@@ -48,7 +48,7 @@ class DtypeCastAfterWrap(Rule, code="DDP026", name="dtype-cast-after-wrap", seve
     def check(self, a):
         if not wraps_models(a):
             return
-        for node in a.nodes:
+        for node in a.nodes_of(ast.Call):
             if a.is_dtype_cast(node) and _casts_a_wrapped_model(a, node.func.value) and a.trains_after(a.stmt_of[node]):
                 yield Finding(a.pos(node))
 

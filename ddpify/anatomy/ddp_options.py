@@ -42,8 +42,8 @@ def writes_gradients(a: Anatomy) -> bool:
     """Does the script rebind a `.grad` (`p.grad = ...`, `p.grad += ...`, `del p.grad`) or call a method
     on one that changes it in place (`p.grad.detach_()`)?"""
     return any(
-        isinstance(node, ast.Attribute) and node.attr == "grad" and (isinstance(node.ctx, (ast.Store, ast.Del)) or _changed_by_method(a, node))
-        for node in a.nodes
+        node.attr == "grad" and (isinstance(node.ctx, (ast.Store, ast.Del)) or _changed_by_method(a, node))
+        for node in a.nodes_of(ast.Attribute)
     )
 
 

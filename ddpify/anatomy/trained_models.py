@@ -95,8 +95,8 @@ class TrainedModels(ScriptValues):
 
     def _manual_update_loops(self) -> Iterator[tuple[ast.For, ast.AST]]:
         """`for p in model.parameters(): p.data.add_(-lr * p.grad)` (or `p -= lr * p.grad`): (loop, model)."""
-        for node in self.nodes:
-            if not (isinstance(node, ast.For) and isinstance(node.target, ast.Name) and isinstance(node.iter, ast.Call)):
+        for node in self.nodes_of(ast.For):
+            if not (isinstance(node.target, ast.Name) and isinstance(node.iter, ast.Call)):
                 continue
             func = node.iter.func
             if isinstance(func, ast.Attribute) and func.attr == "parameters" and _updates_in_place(node.body, node.target.id):
@@ -237,7 +237,7 @@ class TrainedModels(ScriptValues):
         wrap goes) that training still follows: in a loop that trains, or before a later backward or
         optimizer step of its function. A wrap cannot go after them; one before them keeps the old dtype."""
         ready = site.ready_at
-        after = [n for n in self.nodes if isinstance(n, ast.Call) and self._casts(n, site.target)
+        after = [n for n in self.nodes_of(ast.Call) if self._casts(n, site.target)
                  and n.lineno > (ready.end_lineno or ready.lineno)]
         return [call for call in after if self.trains_after(self.stmt_of[call])]
 

@@ -134,8 +134,10 @@ def _drops_outputs(a: Anatomy, model: ModelSite) -> bool:
     """Does a step drop an output of `model` that a head of its own computes (`validity, _, _ =
     discriminator(x)` where each output is `self.<head>(...)`): that head's parameters get no gradient."""
     heads = {i for c in _classes_of(a, model) for i in _head_outputs(c)}
-    for node in a.nodes:
-        if not (heads and isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute))
+    if not heads:
+        return False
+    for node in a.nodes_of(ast.Call):
+        if not (isinstance(node.func, (ast.Name, ast.Attribute))
                 and any(_built_by(model, o.node) for o in a.origins(node.func, ROLE_MODEL))):
             continue
         parent = a.parents.get(node)

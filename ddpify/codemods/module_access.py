@@ -94,7 +94,7 @@ class ModuleAccess(Transform):
 def _reads_through_module(a: Anatomy, on_wrapper: Callable[[ast.AST], bool]) -> Iterator[tuple]:
     """Each read that goes through `.module` where `on_wrapper` holds: (attribute, None) for a method or
     attribute the wrapper lacks, (subscript, None) for an index, (call site, model) for a call handed the model itself."""
-    for node in a.nodes:
+    for node in a.nodes_of(ast.Attribute, ast.Subscript):
         if isinstance(node, ast.Attribute) and reads_through_module(node.attr) and a.scope_of.get(node, "").split(".")[0] not in a.model_classes:
             if on_wrapper(node.value):
                 yield node, None

@@ -16,7 +16,7 @@ from ddpify.edits.statements import guard
 
 def fresh_name(anatomy, base: str, taken: set[str]) -> str:
     """`base`, or `base1`, `base2`, ...: a name the script doesn't use yet (added to `taken`)."""
-    used = {n.id for n in anatomy.nodes if isinstance(n, ast.Name)} | taken
+    used = {n.id for n in anatomy.nodes_of(ast.Name)} | taken  # type: ignore[attr-defined]
     name = next(f"{base}{i or ''}" for i in range(len(used) + 1) if f"{base}{i or ''}" not in used)
     taken.add(name)
     return name

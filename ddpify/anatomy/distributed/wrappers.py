@@ -168,7 +168,6 @@ def uses_no_sync(a: Anatomy) -> bool:
     """Does the script skip gradient sync anywhere (`model.no_sync()`, `require_backward_grad_sync`,
     Accelerate's `accelerator.no_sync(model)` and `accelerator.accumulate(model)`)?"""
     return any(
-        isinstance(n, ast.Attribute) and (n.attr in ("no_sync", "require_backward_grad_sync")
-                                          or accelerator_attribute(a, n) in ACCELERATOR_SYNC_SKIPS)
-        for n in a.nodes
+        n.attr in ("no_sync", "require_backward_grad_sync") or accelerator_attribute(a, n) in ACCELERATOR_SYNC_SKIPS
+        for n in a.nodes_of(ast.Attribute)
     )

@@ -186,8 +186,8 @@ class DistributedSamplers(SamplerTransform):
         if any(not loop.trains and loader in loop.loaders for loop in (*self.anatomy.step_loops, *self.anatomy.delegated_steps)):
             return True
         return any(
-            isinstance(node, ast.comprehension) and loader in self.anatomy.origins(node.iter, ROLE_LOADER)
-            for node in self.anatomy.nodes
+            loader in self.anatomy.origins(node.iter, ROLE_LOADER)  # type: ignore[attr-defined]
+            for node in self.anatomy.nodes_of(ast.comprehension)
         )
 
     def _sampler_options(self, keywords: dict[str, ast.AST], splats: list[ast.AST]) -> str:
