@@ -1,4 +1,5 @@
-"""A conversion analyses its file once per pipeline stage plus once for the lint of its output: the
+"""A conversion analyses its file once per pipeline stage plus once for the lint of its output (whose
+parse the width pass shares): the
 project layer's analysis is the first stage's (ddpify.project_conversion hands it on), and the
 input is syntax-checked once. The rank-0 duties are planned ahead of the first stage's edits, on
 the input, where those edits change nothing its plan reads (ddpify.codemods.pipeline); the last
@@ -27,7 +28,7 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 @pytest.fixture
 def counts(monkeypatch):
     """How many analyses (Anatomy objects made) and full compiles (syntax checks) happen: (file, text) of each."""
-    made = {"analyses": 0, "compiles": []}
+    made = {"analyses": 0, "compiles": [], "parses": []}
     analyse, compile_ = Anatomy.__init__, builtins.compile
 
     def counted_analysis(self, *args, **kwargs):
@@ -35,8 +36,8 @@ def counts(monkeypatch):
         analyse(self, *args, **kwargs)
 
     def counted_compile(source, filename, mode, flags=0, *args, **kwargs):
-        if mode == "exec" and not flags & ast.PyCF_ONLY_AST:
-            made["compiles"].append((str(filename), source))
+        if mode == "exec":
+            made["parses" if flags & ast.PyCF_ONLY_AST else "compiles"].append((str(filename), source))
         return compile_(source, filename, mode, flags, *args, **kwargs)
 
     monkeypatch.setattr(Anatomy, "__init__", counted_analysis)
@@ -62,6 +63,15 @@ def test_a_one_file_convert_analyses_once_per_stage_and_once_for_lint(counts, fi
     assert result.changed
     assert counts["analyses"] == analyses
     assert counts["compiles"].count((str(path), path.read_text())) == 1  # the input's (the output is checked once too)
+
+
+def test_the_output_is_parsed_once_for_its_lint_and_the_width_pass(counts):
+    """The lint of the output and the width pass read one parse of it (they judge the same statements)."""
+    path = FIXTURES / "basic_main.py"
+    result = _convert(path, "ddp")
+    outputs = [source for _, source in counts["parses"] if len(source) > len(path.read_text()) and source.startswith('"""Minimal')]
+    assert len(outputs) == 1  # the output as the last stage left it
+    assert result.output not in outputs  # laid out again after that parse: some converted lines were too wide
 
 
 # A print of a local evaluation: before the first stage, `evaluate` neither reduces over ranks nor is

@@ -3,10 +3,12 @@ roles once the value flow has settled, each function's walked body): the answers
 while a conversion and the lint of its output ran must still be the answers it would find afresh
 at the end, for every anatomy the conversion made; and the value flow must find what it finds
 with no roles remembered at all. And edits.positions.positions_of must give what LibCST's
-MetadataWrapper resolves for PositionProvider (it skips the wrapper's extra walk)."""
+MetadataWrapper resolves for PositionProvider (it skips the wrapper's extra walk), and
+ScriptTree.nodes_of what a scan of every node for those classes finds."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import libcst as cst
@@ -78,3 +80,15 @@ def test_the_value_flow_finds_what_it_finds_remembering_nothing(monkeypatch):
 def test_positions_of_is_what_the_metadata_wrapper_resolves(script):
     module = cst.parse_module(script.read_text())
     assert dict(positions_of(module)) == dict(MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider))
+
+
+SCANNED_CLASSES = [(ast.Call,), (ast.For, ast.AsyncFor, ast.While), (ast.Assign, ast.AnnAssign, ast.withitem, ast.NamedExpr),
+                   (ast.Attribute, ast.Subscript), (ast.For, ast.comprehension), (ast.Expr, ast.With, ast.AsyncWith)]
+
+
+def test_nodes_of_classes_are_the_nodes_a_scan_finds_in_the_same_order():
+    assert not [cls for classes in SCANNED_CLASSES for cls in classes if cls.__subclasses__()]  # "exactly" is "isinstance"
+    for script in [*SCRIPTS, *REAL]:
+        a = analyze(script.read_text(), str(script))
+        for classes in SCANNED_CLASSES:
+            assert a.nodes_of(*classes) == [n for n in a.nodes if isinstance(n, classes)], (script.name, classes)
