@@ -86,6 +86,7 @@ compare only figures taken back to back):
 from __future__ import annotations
 
 import argparse
+import ast
 import cProfile
 import pstats
 import sys
@@ -128,7 +129,8 @@ def floor(texts: dict[Path, str], target: str, rounds: int) -> None:
     spent = {"parse of the input": best(lambda: [cst.parse_module(text) for text in texts.values()]),
              "analysis of the input": best(lambda: [analyze(text, str(path)) for path, text in texts.items()])}
     results = {path: convert_source(text, target, path=str(path)) for path, text in texts.items()}
-    spent["lint of the output"] = best(lambda: [lint_leftovers(result, str(path)) for path, result in results.items()])
+    spent["lint of the output"] = best(lambda: [lint_leftovers(result, ast.parse(result.output), str(path))
+                                                for path, result in results.items() if result.changed])
     outputs = [cst.parse_module(result.output) for result in results.values()]
     results.clear()
     spent["codegen of the output"] = best(lambda: [module.code for module in outputs])

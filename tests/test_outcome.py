@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 from pathlib import Path
 
@@ -201,7 +202,7 @@ def test_what_ddpify_lint_still_finds_in_the_output_is_missing_at_its_original_l
     source = "import torch\nstate = torch.load('ckpt.pt')\n"
     output = "import torch\nimport torch.distributed as dist\ndist.init_process_group('gloo')\nstate = torch.load('ckpt.pt')\n"
     result = ConversionResult(source=source, output=output, origins=[1, 1, 1, 2])
-    ((missing,),) = [lint_leftovers(result, "t.py")]
+    ((missing,),) = [lint_leftovers(result, ast.parse(output), "t.py")]
     assert missing.line == 2 and missing.what.startswith("ddpify lint still finds DDP001 (torch-load-without-map-location)")
     assert "ddpify rule DDP001" in missing.todo
 
