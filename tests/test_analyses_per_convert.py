@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 
 from ddpify.anatomy import Anatomy
+from ddpify.codemods.ddp.module_access import DDPModuleAccess
 from ddpify.codemods.ddp.rank_zero import RankZeroDuties
 from ddpify.codemods.pipeline import Status
 from ddpify.convert import convert_source
 from ddpify.project_conversion import plan_conversion
 from test_real_shapes import guarded_by_rank_zero
+from test_wraps_made import HEAD
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -178,3 +180,43 @@ def test_the_rank_zero_plan_sees_the_wrapper_the_wrap_makes():
     result = convert_source(textwrap.dedent(PRINTED_EVALUATION), "ddp", eval="whole")
     assert result.status is Status.CONVERTED, result.missing
     assert guarded_by_rank_zero(result.output, "evaluate(model.module, val_loader)")
+
+
+# A model's own attribute read and its state_dict saved after training: `.module` access and rank 0
+# (which guards the save) read the wrapper the wrap makes.
+WRAPPER_READS = HEAD + textwrap.dedent("""\
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    def main():
+        data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+        loader = DataLoader(data, batch_size=8, shuffle=True)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            for x, y in loader:
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+        print("classes", model.classes)
+        torch.save(model.state_dict(), "model.pt")
+
+
+    if __name__ == "__main__":
+        main()
+    """)
+
+
+def test_the_plans_that_read_the_wrapper_see_the_wrap_made_in_the_same_stage(counts, monkeypatch):
+    """`.module` access and rank 0 plan on the anatomy that shows the wrap made: one stage, and the
+    code and report of planning them on the wrap's output (a second stage)."""
+    seen_made = convert_source(textwrap.dedent(WRAPPER_READS), "ddp")
+    assert counts["analyses"] == 2
+    for transform in (DDPModuleAccess, RankZeroDuties):
+        monkeypatch.setattr(transform, "SEES_WRAPS_MADE", False)
+    assert _analyses_of(counts, WRAPPER_READS, "ddp") == 3
+    waited = convert_source(textwrap.dedent(WRAPPER_READS), "ddp")
+    assert seen_made.output == waited.output
+    assert seen_made.changes == waited.changes and seen_made.status is Status.CONVERTED
+    assert guarded_by_rank_zero(seen_made.output, 'torch.save(model.module.state_dict(), "model.pt")')
+    assert guarded_by_rank_zero(seen_made.output, 'print("classes", model.module.classes)')

@@ -21,3 +21,13 @@ def per_anatomy(fn: Callable[[object], T]) -> Callable[[object], T]:
         return facts[key]
 
     return cached
+
+
+def forgetful_copy(anatomy: T) -> T:
+    """A shallow copy of `anatomy` that remembers none of the answers found on it (the per_anatomy
+    facts, its cached properties): for an anatomy made to answer for other code (wraps_made)."""
+    remembered = {name for cls in type(anatomy).__mro__ for name, value in vars(cls).items()
+                  if isinstance(value, functools.cached_property)} | {"_facts"}
+    copy = object.__new__(type(anatomy))
+    copy.__dict__.update({name: value for name, value in anatomy.__dict__.items() if name not in remembered})
+    return copy

@@ -62,6 +62,11 @@ class ScriptTree:
         self.main_guard: ast.If | None = None
         self.entry: str | None = None
         _find_entry(self)
+        # Statements a plan ahead of a pending edit sees in place though they are not in the code yet
+        # (ddpify.anatomy.distributed.wraps_made), each with the statement of the code it stands beside.
+        self.stands_beside: dict[ast.stmt, ast.stmt] = {}
+
+    wraps_made = False  # does this anatomy show the pending DDP wraps made (wraps_made.with_wraps_made)?
 
     def nodes_of(self, *classes: type[ast.AST]) -> list[ast.AST]:
         """The nodes of these ast classes (exactly: ast's node classes have no subclasses), in `nodes`'

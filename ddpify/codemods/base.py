@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Collection, Sequence
 import libcst as cst
 
 from ddpify.anatomy import Anatomy
+from ddpify.anatomy.distributed.every_rank_work import PendingEdits
 from ddpify.codemods.duties import Duty
 from ddpify.codemods.options import Options
 from ddpify.codemods.report import Advice, Change, Import, Missing, Report
@@ -41,6 +42,9 @@ class Transform:
     # waiting for them: it is planned on the code before them, its edits made after theirs in the same
     # pass (Edits.merge_after), unless reads_pending_edits says its plan may differ once they are made.
     PLANS_AHEAD_OF: ClassVar[tuple[str, ...]] = ()
+    # Does its plan read the wrapper only as the analysis sees it? Then, planned ahead of a pending DDP
+    # wrap, it plans on the anatomy that shows the wrap made (ddpify.anatomy.distributed.wraps_made).
+    SEES_WRAPS_MADE: ClassVar[bool] = False
 
     def __init__(self, context: CodemodContext | None, anatomy: Anatomy, options: Options, pending: Edits | None = None) -> None:
         self.context = context  # what CodemodTest passes; a conversion reads nothing from it
@@ -61,8 +65,8 @@ class Transform:
     def plan(self) -> None:
         """Queue this transform's edits from the anatomy (called before the tree is visited)."""
 
-    def reads_pending_edits(self) -> bool:
-        """Planned ahead of the pending edits of PLANS_AHEAD_OF: might its plan differ on the code they
+    def reads_pending_edits(self, pending: PendingEdits) -> bool:
+        """Planned ahead of the `pending` edits of PLANS_AHEAD_OF: might its plan differ on the code they
         produce? Then it is planned again on that code."""
         return True
 

@@ -16,20 +16,25 @@ and log-loss, yet are planned ahead of them, on the same anatomy (Transform.PLAN
 those edits change nothing their plan reads: the pending edits are handed over as facts
 (Edits.as_pending), and every statement rank 0 judged must be judged alike once they are made
 (anatomy.distributed.every_rank_work's judged_alike_once_made: it reads no model, which the wrap
-makes a wrapper or the shard a sharded model; no edit touches it or a local function it calls,
-where a collective may be added; an edit of the statement itself is a rewrite in place, as
-log-loss's of a loss print, of an output whose calls only read), and it hoists nothing (a hoisted
-value's name must be fresh in their output too). Its edits are then made in the same pass, after
-theirs (Edits.merge_after: an edit of a statement rewritten in place lands on what the rewrite
-returned; a statement they insert splits rank 0's guards). A DDP or FSDP conversion of a plain
-script is then one stage, and with the lint of the output analysed twice
+makes a wrapper (unless its anatomy shows the wraps made, below) or the shard a sharded model; no
+edit touches it or a local function it calls, where a collective may be added; an edit of the
+statement itself is a rewrite in place, as log-loss's of a loss print, of an output whose calls only
+read), and it hoists nothing (a hoisted value's name must be fresh in their output too). Its edits
+are then made in the same pass, after theirs (Edits.merge_after: an edit of a statement rewritten in
+place lands on what the rewrite returned; a statement they insert splits rank 0's guards). A DDP or
+FSDP conversion of a plain script is then one stage, and with the lint of the output analysed twice
 (tests/test_analyses_per_convert.py). Elsewhere rank 0 waits for a second stage: a print of
-`evaluate(model, loader)` reads the model the wrap wraps (rank-0-only code must call `.module`;
-a forward of the sharded model is an all-gather) and a function the evaluation sharding makes call
-`all_reduce_sums` (so it must run on every rank first); it waits for FSDP's checkpoint,
-state-dict and parameter rewrites where they have work, and for setup's try/finally around the
-`__main__` statements it guards (Edits.can_come_after). Where `.module` access has work, that is
-planned on the wrap's output (a second stage), and rank 0 ahead of that stage's edits.
+`evaluate(model, loader)` reads the model FSDP's shard shards (a forward of the sharded model is an
+all-gather) or a DDP wrap the anatomy can't show made (below), and a function the evaluation
+sharding makes call `all_reduce_sums` (so it must run on every rank first); it waits for FSDP's
+checkpoint, state-dict and parameter rewrites where they have work, and for setup's try/finally
+around the `__main__` statements it guards (Edits.can_come_after). The wrapper itself is no reason
+to wait: `.module` access and rank 0 plan on an anatomy that shows the pending DDP wraps made
+(Transform.SEES_WRAPS_MADE, ddpify.anatomy.distributed.wraps_made), where every wrap can be shown
+(not a dict of models wrapped one by one, nor a model whose class another file defines); and rank 0
+judges only the pending edits its plan reads (SEES_EDITS_OF): `.module` access's rewrites are made
+as if after its plan. A transform planned ahead whose edits do not interfere with those pending
+joins their layer, so the layer after stays free for rank 0.
 
 Changes are reported against the lines of the user's original file: after each pass a line map
 (from a diff of the pass's input and output) carries every line back to where it came from.
@@ -48,6 +53,8 @@ from typing import Callable, Sequence
 import libcst as cst
 
 from ddpify.anatomy import Anatomy, analyze
+from ddpify.anatomy.distributed.every_rank_work import PendingEdits
+from ddpify.anatomy.distributed.wraps_made import with_wraps_made
 from ddpify.anatomy.facts import NO_FACTS, ProjectFacts
 from ddpify.codemods.base import Transform
 from ddpify.codemods.codegen import Renderer
@@ -127,9 +134,9 @@ def run_pipeline(text: str, path: str, transforms: Sequence[type[Transform]], op
     it is planned again on the code the stage produced; unless it can be planned ahead of the edits
     it reads (PLANS_AHEAD_OF, _Stage.plan_ahead), its edits made after them in the same pass. A
     transform that finds no work in the code (Transform.finds_work) is not planned at all. For
-    DDP, typically: setup, devices, DataParallel removal, the wrap, samplers, evaluation, log-loss
-    and rank 0 (planned ahead) in one stage; `.module` access, where it has work, in a second one
-    (it reads the wrap); per-node downloads, where there are any, after the rank-0 guards.
+    DDP, typically: setup, devices, DataParallel removal, the wrap, `.module` access (seeing the wrap
+    made), samplers, evaluation, log-loss and rank 0 (planned ahead) in one stage; per-node downloads,
+    where there are any, after the rank-0 guards.
     """
     conversion = _Conversion(text, path, facts, anatomy)
     stage = conversion.next_stage()
@@ -160,11 +167,23 @@ class _Stage:
         self.anatomy = anatomy
         self.transforms: list[Transform] = []
         self.edits = Edits()
+        self._wraps_made: tuple[int, Anatomy] | None = None  # (how many wraps it shows, the anatomy)
 
     def plan(self, transform_cls: type[Transform], options: Options) -> Transform:
-        transform = transform_cls(None, self.anatomy, options, self.edits)
+        transform = transform_cls(None, self._anatomy_for(transform_cls), options, self.edits)
         transform.plan()
         return transform
+
+    def _anatomy_for(self, transform_cls: type[Transform]) -> Anatomy:
+        """The stage's anatomy; for a transform that sees the wraps made (SEES_WRAPS_MADE), the one that
+        shows the pending DDP wraps made, where every wrap is listed and lines can place them."""
+        wraps = self.edits.wraps
+        if not (transform_cls.SEES_WRAPS_MADE and wraps) or self.edits.wraps_unlisted:
+            return self.anatomy
+        if self._wraps_made is None or self._wraps_made[0] != len(wraps):
+            imports = {i.local_name: i.qualified for t in self.transforms for i in t.report.imports}
+            self._wraps_made = len(wraps), with_wraps_made(self.anatomy, wraps, imports) or self.anatomy
+        return self._wraps_made[1]
 
     def plan_ahead(self, transform_cls: type[Transform], options: Options) -> Transform | None:
         """The transform planned on this stage's code though it reads edits still pending here, which it
@@ -173,17 +192,27 @@ class _Stage:
         if self.edits.then is not None or not set(self._waited_for(transform_cls)) <= set(transform_cls.PLANS_AHEAD_OF):
             return None
         transform = self.plan(transform_cls, options)
-        if transform.reads_pending_edits() or not self.edits.can_come_after(transform.edits):
+        if transform.reads_pending_edits(self._pending_read_by(transform_cls)) or transform.edits.edits_code_not_made():
+            return None
+        if not self.edits.can_come_after(transform.edits):
             return None
         return transform
 
     def add(self, transform: Transform, ahead: bool = False) -> None:
-        """Take in a transform's edits: after those pending when it was planned ahead of them."""
+        """Take in a transform's edits: after those pending when it was planned ahead of them, unless
+        they do not interfere (then the order of the two makes the same code, and the layer after
+        stays free for a transform planned ahead later)."""
         self.transforms.append(transform)
-        if ahead:
+        if ahead and self.edits.interferes_with(transform.edits, self.anatomy):
             self.edits.merge_after(transform.edits)
         else:
             self.edits.merge(transform.edits)
+
+    def _pending_read_by(self, transform_cls: type[Transform]) -> PendingEdits:
+        """What the pending edits its plan reads (SEES_EDITS_OF) touch: those of the others are made as
+        if after it, where they do not interfere (Edits.interferes_with, can_come_after)."""
+        waited = set(self._waited_for(transform_cls))
+        return Edits.pending_of([t.edits for t in self.transforms if t.NAME in waited])
 
     def pending_for(self, transform_cls: type[Transform]) -> bool:
         """Does the transform's plan read edits (or imports) this stage has not made yet?"""

@@ -21,6 +21,7 @@ import libcst as cst
 
 from ddpify.anatomy import Anatomy
 from ddpify.anatomy.distributed.every_rank_work import PendingEdits
+from ddpify.anatomy.distributed.wraps_made import PendingWrap
 from ddpify.edits.positions import Key, Span, key_of, spans_in_place
 from ddpify.edits.statements import StatementRewrite, compound_bodies, first_in_body, keep_leading_lines, one_statement_a_line
 
@@ -46,6 +47,9 @@ class Edits:
     helpers: dict[str, list[cst.BaseStatement]] = field(default_factory=dict)  # by function name, in order
     in_place: set[Key] = field(default_factory=set)  # statements rewritten into one that stands for each
     then: Edits | None = None  # the edits of transforms planned ahead of these, made after them (merge_after)
+    # the DDP wraps these insert, for plans that see them made (wraps_made); unlisted: some wrap is not among them
+    wraps: list[PendingWrap] = field(default_factory=list)
+    wraps_unlisted: bool = False
 
     def __bool__(self) -> bool:
         return any((self.before, self.after, self.rewrite, self.body_start, self.module_end, self.expr, self.grouped, self.helpers, self.then))
@@ -95,6 +99,7 @@ class Edits:
         last.module_end.extend(later.module_end)
         last.in_place |= later.in_place
         self.helper_slot = self.helper_slot or later.helper_slot
+        self._take_wraps(later)
 
     def merge_after(self, ahead: Edits) -> None:
         """Take in the edits of a transform planned ahead of these (can_come_after): made after them, as
@@ -102,6 +107,16 @@ class Edits:
         self._place_helpers(ahead.helpers)
         ahead.helpers = {}
         self.then = ahead
+        self._take_wraps(ahead)
+
+    def _take_wraps(self, other: Edits) -> None:
+        self.wraps += other.wraps
+        self.wraps_unlisted = self.wraps_unlisted or other.wraps_unlisted
+
+    def edits_code_not_made(self) -> bool:
+        """Do these edits touch statements a plan saw made ahead of their edit (wraps_made, between two lines of the code)?"""
+        lines = [key[0] for key in self.statements] + [span[0] for span, _ in self.expr]
+        return any(not isinstance(line, int) for line in lines)
 
     def as_pending(self) -> PendingEdits:
         """What these edits touch, as the judgements of a transform planned ahead of them read it."""
@@ -109,6 +124,14 @@ class Edits:
         return PendingEdits(statements=frozenset(self.statements.values()),
                             in_place=frozenset(self.statements[key] for key in self.in_place - others),
                             expression_lines=frozenset(line for span, _ in self.expr for line in range(span[0], span[2] + 1)))
+
+    @staticmethod
+    def pending_of(edits: Sequence[Edits]) -> PendingEdits:
+        """What the edits of several transforms touch, together (as_pending)."""
+        each = [e.as_pending() for e in edits]
+        return PendingEdits(statements=frozenset().union(*(p.statements for p in each)),
+                            in_place=frozenset().union(*(p.in_place for p in each)),
+                            expression_lines=frozenset().union(*(p.expression_lines for p in each)))
 
     def _place_helpers(self, helpers: dict[str, list[cst.BaseStatement]]) -> None:
         """The helper functions a later transform asks for, those not asked for yet, into the slot (where

@@ -339,9 +339,11 @@ def judged_alike_once_made(a: Anatomy, stmt: ast.stmt, pending: PendingEdits) ->
     and is_sharded_model of what it calls or hands on) be the same on the code `pending` produces?
     Conservatively: yes where the edits touch nothing in it or in a local function it calls (they may
     add a collective there: the evaluation's `all_reduce_sums`), where neither it nor a local function
-    it calls reads a model (the wrap or the shard may make it a wrapper or a sharded model), and where an edit of the statement itself is
-    a rewrite in place of an output whose every call only reads (the names it reads may change)."""
-    if a.body_contains([stmt], lambda n: isinstance(n, ast.expr) and may_become_wrapper(a, n)):
+    it calls reads a model (the wrap or the shard may make it a wrapper or a sharded model; unless `a`
+    shows the pending wraps made, ddpify.anatomy.distributed.wraps_made), and where an edit of the
+    statement itself is a rewrite in place of an output whose every call only reads (the names it
+    reads may change)."""
+    if not a.wraps_made and a.body_contains([stmt], lambda n: isinstance(n, ast.expr) and may_become_wrapper(a, n)):
         return False
     if stmt in pending.statements or _holds_rewritten_expression(stmt, pending):
         if not _only_reads_once_rewritten(a, stmt, pending):

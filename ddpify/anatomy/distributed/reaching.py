@@ -62,7 +62,7 @@ def _branches(a: Anatomy, node: ast.AST) -> Iterator[tuple[int, str]]:
     """(the `if`, "body" or "orelse") for each `if` whose branch holds `node`."""
     for parent, child in ancestors(a, node):
         if isinstance(parent, ast.If) and child is not parent.test:
-            yield id(parent), "body" if child in parent.body else "orelse"
+            yield id(parent), "body" if a.stands_beside.get(child, child) in parent.body else "orelse"
 
 
 def is_iterable_dataset(a: Anatomy, expr: ast.AST, depth: int = 0) -> bool:

@@ -40,6 +40,7 @@ class PrepareForAccelerator(WrapModel):
     NAME = "prepare"
     DUTY = wrap_duty("accelerator.prepare", "on its device", f"model = {PREPARE}(model)")
     PLACES_THE_MODEL = True
+    WRAPS_SEEN_AHEAD = False  # its calls are no DDP rebinding: the plans reading the model wait for them
 
     def plan(self) -> None:
         self._groups: dict[tuple[int, str], list[tuple[ast.stmt, str]]] = {}

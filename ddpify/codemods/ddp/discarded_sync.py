@@ -31,8 +31,8 @@ class NoSyncDiscardedGradients(Transform):
 
     def plan(self) -> None:
         for run in discarded_syncs(self.anatomy):
-            model, cleared, clearing = run.model.target.name, run.cleared_by.lineno, ast.unparse(run.cleared_by)
+            model, clearing = run.model.target.name, ast.unparse(run.cleared_by)
             why = f"{clearing} clears {model}'s gradients from this backward unused: no_sync() saves their all-reduce, one a step"
             run_under(self, run.statements, f"{model}.no_sync()", ("no_sync_discarded", model, run.statements[0].lineno), why)
             self.changed(run.statements[0].lineno, f"{model}'s forward through backward run under {model}.no_sync(): the "
-                                                   f"gradients of {model} it all-reduced are cleared at line {cleared} before any use")
+                                                   f"gradients of {model} it all-reduced are cleared by {clearing} before any use")

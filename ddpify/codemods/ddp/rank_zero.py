@@ -40,6 +40,7 @@ from ddpify.anatomy import MODULE_SCOPE, ROLE_PBAR, ROLE_WRITER, CallSite
 from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.tree import walk_body
 from ddpify.anatomy.distributed.every_rank_work import (
+    PendingEdits,
     judged_alike_once_made,
     joins_every_rank,
     values_to_compute_first,
@@ -124,6 +125,7 @@ class RankZeroDuties(Transform):
     SEES_EDITS_OF = ("setup", "device", "dataparallel", "wrap", "shard", "split", "checkpoint", "state_dict",
                      "parameters", "evaluation", "log-loss")
     PLANS_AHEAD_OF = ("setup", "device", "wrap", "shard", "evaluation", "log-loss")
+    SEES_WRAPS_MADE = True  # its wrapper judgements (forwards that join every rank, `.module` in rank-0 code)
 
     def plan(self) -> None:
         self._barriers: set[ast.stmt] = set()
@@ -163,11 +165,10 @@ class RankZeroDuties(Transform):
             self._barrier_after_reads(removal)
         self._unwrap_in_rank_zero_functions()
 
-    def reads_pending_edits(self) -> bool:
+    def reads_pending_edits(self, pending: PendingEdits) -> bool:
         """Planned ahead of the setup, wrap or shard, devices, evaluation and loss prints: its plan holds
         unless it hoists (its names must be fresh in their output too), or a statement it judged may
         need every rank, or hold a wrapper, once their edits are made (`judged_alike_once_made`)."""
-        pending = self.pending.as_pending()
         return self._hoists or not all(judged_alike_once_made(self.anatomy, stmt, pending) for stmt in self._judged)
 
     def _guard_call(self, call: CallSite, kind: str) -> bool:

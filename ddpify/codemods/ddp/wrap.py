@@ -20,6 +20,7 @@ import libcst as cst
 from ddpify.anatomy import DP_WRAPPER, ModelSite, syntax
 from ddpify.anatomy.ddp_options import buffers_need_no_broadcast, compiled_where_bound, shares_parameters, writes_gradients
 from ddpify.anatomy.distributed.names import SYNC_BATCHNORM_CONVERT
+from ddpify.anatomy.distributed.wraps_made import PendingWrap
 from ddpify.anatomy.owned_optimizers import owned_optimizers
 from ddpify.anatomy.unused_parameters import may_leave_parameters_unused
 from ddpify.anatomy.vocabulary import MODEL_CONTAINERS
@@ -83,6 +84,7 @@ class WrapModel(Transform):
     PLACES_THE_MODEL = False  # does the wrap move the model to this rank's device itself?
     WRAPS_BEFORE_COMPILE = True  # wrap a model compiled where it is bound before the compile (DDP's order)
     CAST_AFTER_WRAP_BREAKS = True  # does a dtype cast after the wrap leave gradients reduced in the old dtype (DDP's buckets)?
+    WRAPS_SEEN_AHEAD = True  # can the plans that read the wrapper see its wraps made (wraps_made), in the same stage?
 
     def plan(self) -> None:
         owned = owned_optimizers(self.anatomy)
@@ -108,12 +110,14 @@ class WrapModel(Transform):
         anchor = model.ready_at
         if model.container:
             self.insert_after(anchor, self._wrap_each(model, name))
+            self.edits.wraps_unlisted = True
             self.changed(anchor.lineno, self.wrapped_message(f"each model in {name}"))
         elif self.WRAPS_BEFORE_COMPILE and compiled_where_bound(self.anatomy, model):
-            self.insert_before(anchor, self._sync_batchnorm(model, name, anchor.lineno) + COMPILE_AFTER + self.wrapper_code(model, name))
+            code = self._sync_batchnorm(model, name, anchor.lineno) + COMPILE_AFTER + self.wrapper_code(model, name)
+            self._insert_wrap(anchor, code, before=True)
             self.changed(anchor.lineno, self.wrapped_message(name) + " before torch.compile (the PyTorch docs' order)")
         else:
-            self.insert_after(anchor, self._sync_batchnorm(model, name, anchor.lineno) + self.wrapper_code(model, name))
+            self._insert_wrap(anchor, self._sync_batchnorm(model, name, anchor.lineno) + self.wrapper_code(model, name))
             self.changed(anchor.lineno, self.wrapped_message(name))
         if self.finds_unused(model):
             self.changed(anchor.lineno, f"find_unused_parameters=True: a backward may leave some of {name}'s parameters without a "
@@ -122,6 +126,14 @@ class WrapModel(Transform):
             self.advise(model.line, f"{name} is never moved to a GPU; the DDP script will train it on CPU (gloo)")
         if self.CAST_AFTER_WRAP_BREAKS:
             self._casts_after_wrap(model, name, anchor.lineno)
+
+    def _insert_wrap(self, anchor: ast.stmt, code: str, before: bool = False) -> None:
+        """Insert the statements that wrap a model next to `anchor`, listed for the plans that see them made."""
+        (self.insert_before if before else self.insert_after)(anchor, code)
+        if self.WRAPS_SEEN_AHEAD:
+            self.edits.wraps.append(PendingWrap(anchor, code, before))
+        else:
+            self.edits.wraps_unlisted = True
 
     def _casts_after_wrap(self, model: ModelSite, name: str, wrapped_at: int) -> None:
         """A cast of the wrapped model that training follows: incomplete (no wrap can go after it)."""

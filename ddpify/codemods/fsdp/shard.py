@@ -26,6 +26,7 @@ class ShardModel(WrapModel):
 
     NAME = "shard"
     CAST_AFTER_WRAP_BREAKS = False  # fully_shard's parameters follow a later cast (model.double() in the loop verifies exactly)
+    WRAPS_SEEN_AHEAD = False  # its calls are no DDP rebinding: the plans reading the model wait for them
 
     def plan(self) -> None:
         autocasts = self.anatomy.calls_to(AUTOCAST)
