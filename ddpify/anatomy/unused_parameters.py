@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 
+from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.values import ROLE_MODEL, ModelClass
 from ddpify.anatomy.vocabulary import NOT_MODELS, PARAMETER_CONSTRUCTOR, PARAMETER_FREE_LAYERS, RANDOM_DRAWS, SUBMODULE_WALKS
@@ -23,9 +24,19 @@ BRANCHES = (ast.If, ast.IfExp, ast.Try, ast.While, ast.Break, ast.Match)
 
 def may_leave_parameters_unused(a: Anatomy, model: ModelSite) -> bool:
     """Can a backward of `model` leave parameters without a gradient (judged where the model is in sight)?"""
-    classes = _classes_of(a, model)
-    return (any(calls_submodules_on_some_paths(a, c) or submodules_never_called(a, c) for c in classes)
-            or _drops_outputs(a, model))
+    judged = _judged_models(a)
+    if model.node not in judged:
+        classes = _classes_of(a, model)
+        judged[model.node] = (any(calls_submodules_on_some_paths(a, c) or submodules_never_called(a, c) for c in classes)
+                              or _drops_outputs(a, model))
+    return judged[model.node]
+
+
+@per_anatomy
+def _judged_models(a: Anatomy) -> dict[ast.AST, bool]:
+    """may_leave_parameters_unused's answers so far, by the model's constructor call: the wrap asks for
+    its options and again for its report."""
+    return {}
 
 
 def _classes_of(a: Anatomy, model: ModelSite) -> list[ModelClass]:
