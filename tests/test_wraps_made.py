@@ -87,6 +87,33 @@ model = Net()
 model = torch.load("best.pt")
 print(evaluate(model))
 """,
+    "built in a function": """\
+def build():
+    net = Net()
+    net.to("cpu")
+    return net
+
+
+model = build()
+{train}print(model.classes)
+""",
+    "an attribute of self": """\
+class Trainer:
+    def __init__(self):
+        self.model = Net()
+        self.model.to("cpu")
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def fit(self):
+        for _ in range(2):
+            self.opt.zero_grad()
+            self.model(torch.randn(8, 4)).sum().backward()
+            self.opt.step()
+        print(self.model.classes)
+
+
+Trainer().fit()
+""",
 }
 
 
