@@ -43,6 +43,7 @@ import ast
 from dataclasses import dataclass
 from typing import Callable
 
+from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.ddp_options import BUFFER_REGISTRATION, BUILTIN_LAYERS, buffers_need_no_broadcast
 from ddpify.anatomy.distributed.wrappers import uses_no_sync
 from ddpify.anatomy.owned_optimizers import owned_optimizers
@@ -77,6 +78,7 @@ class DiscardedSync:
     cleared_by: ast.stmt  # the statement that clears them before any use
 
 
+@per_anatomy
 def discarded_syncs(a: Anatomy) -> list[DiscardedSync]:
     """Each run whose backward all-reduces a wrapped model's gradients that are cleared before any use;
     runs that would overlap (two models in the same statements) are left out. A script that trains one model

@@ -24,6 +24,7 @@ import ast
 from dataclasses import dataclass
 from typing import Callable
 
+from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy.scatter_gather import feeds_backward, model_replica_facts
 from ddpify.anatomy.script import Anatomy
 from ddpify.anatomy.sites import CallSite, ModelSite, Ref
@@ -47,6 +48,7 @@ class OwnedOptimizer:
     model: ModelSite | None = None  # the model trained past its forward (None: the class's own parameters)
 
 
+@per_anatomy
 def owned_optimizers(a: Anatomy) -> list[OwnedOptimizer]:
     """The optimizers whose gradients are averaged by hand: those a class builds over its own
     parameters and keeps, then those over a model the training step calls past its forward."""
@@ -80,6 +82,7 @@ def _optimizers_over(a: Anatomy, model: ModelSite) -> list[tuple[CallSite, ast.e
             and any(a.ref(n) == model.target for n in a.walk_through_variables(site.node) if isinstance(n, (ast.Name, ast.Attribute)))]
 
 
+@per_anatomy
 def _models_trained_past_forward(a: Anatomy) -> list[tuple[ModelSite, ast.Call]]:
     """Each trained model of a class of this file or of another file of the project, with the first call
     of one of its methods past forward whose result the training step back-propagates."""

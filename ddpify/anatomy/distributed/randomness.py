@@ -32,6 +32,7 @@ def seed_calls(a: Anatomy) -> list[CallSite]:
     return [c for c in a.calls if c.qualname in SEED_CALLS or ((s := a.callee(c.node)) and a.function_contains(s, seeds))]  # type: ignore[arg-type]
 
 
+@per_anatomy
 def draws_alike_on_every_rank(a: Anatomy) -> list[ast.Call]:
     """Draws from torch's global RNG in a training step loop's own code or in a method of this file's
     models (a VAE's or a diffusion model's noise in forward; not a Dataset's) when the script seeds

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 
+from ddpify.anatomy.cache import per_anatomy
 from ddpify.anatomy import Anatomy
 from ddpify.anatomy.distributed.names import TORCH
 from ddpify.anatomy.distributed.reaching import callers
@@ -51,6 +52,7 @@ class SeedWhereReproducibilityIsAskedFor(SeedWhereAskedFor):
         return super().finds_work(anatomy, options) and not seeded_by_rows and not seeded_for_data
 
 
+@per_anatomy
 def sharded_data_draws(a: Anatomy) -> list[ast.Call]:
     """The unseeded draws whose numbers the datasets of the training loaders (those given no sampler of their own) hold."""
     datasets = [argument(ld.call, 0, "dataset") for ld in a.train_loaders if not ld.built_elsewhere and not has_sampler_argument(ld)]
