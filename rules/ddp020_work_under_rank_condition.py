@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from ddpify.anatomy.distributed.every_rank_work import function_calls_collective, is_collective, joins_by_itself, may_run_wrapper_forward
-from ddpify.anatomy.distributed.ranks import conditions_on, is_rank_test
+from ddpify.anatomy.distributed.ranks import under_rank_test
 from ddpify.anatomy.distributed.wrappers import wrap_calls
 from ddpify.anatomy import syntax
 from ddpify.lint import Finding, Invalid, Rule
@@ -59,16 +59,10 @@ class WorkUnderRankCondition(Rule, code="DDP020", name="work-under-rank-conditio
     def check(self, a):
         for site in a.calls:
             call: ast.Call = site.node  # type: ignore[assignment]
-            why = _under_rank_test(a, call) and _hidden_work(a, call)
+            why = under_rank_test(a, call) and _hidden_work(a, call)
             if why:
                 yield Finding(site.pos, f"`{ast.unparse(call.func)}(...)` runs on some ranks only but {why}: "
                                         "the other ranks never join it and the job hangs")
-
-
-def _under_rank_test(a, call: ast.Call) -> bool:
-    """Under a rank test of its own function: a function only called from such places is reported
-    where it is called."""
-    return any(is_rank_test(a, test) for test in conditions_on(a, call))
 
 
 def _hidden_work(a, call: ast.Call) -> str | None:

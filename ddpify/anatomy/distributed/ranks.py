@@ -173,10 +173,60 @@ def rank_guard(a: Anatomy, node: ast.AST) -> ast.If | None:
     return None
 
 
+def under_rank_test(a: Anatomy, node: ast.AST) -> bool:
+    """Is one of the tests that decide whether `node` runs within its function (conditions_on's) a
+    rank test? Those around its statement are judged once per statement."""
+    child, parent = node, a.parents.get(node)
+    while parent is not None and not isinstance(child, ast.stmt):
+        if isinstance(parent, _DEFINITIONS):
+            return False
+        if isinstance(parent, ast.IfExp) and child is not parent.test and is_rank_test(a, parent.test):
+            return True
+        if isinstance(parent, ast.BoolOp) and any(is_rank_test(a, v) for v in parent.values[: parent.values.index(child)]):  # type: ignore[arg-type]
+            return True
+        child, parent = parent, a.parents.get(parent)
+    return isinstance(child, ast.stmt) and _statement_under_rank_test(a, child)
+
+
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _statement_under_rank_test(a: Anatomy, stmt: ast.stmt) -> bool:
+    judged = _statements_judged(a)
+    if stmt not in judged:
+        judged[stmt] = _rank_exit_before(a, stmt) or _block_under_rank_test(a, stmt)
+    return judged[stmt]
+
+
+@per_anatomy
+def _statements_judged(a: Anatomy) -> dict[ast.stmt, bool]:
+    """under_rank_test's answers so far for the tests around whole statements (rules and rank 0 ask
+    them of every call)."""
+    return {}
+
+
+def _rank_exit_before(a: Anatomy, stmt: ast.stmt) -> bool:
+    """Does an earlier statement of its block leave under a rank test (`if rank != 0: return`)?"""
+    block = a.block_of(stmt)
+    return any(isinstance(s, ast.If) and exits(a, s.body) and is_rank_test(a, s.test) for s in block[: block.index(stmt)])
+
+
+def _block_under_rank_test(a: Anatomy, stmt: ast.stmt) -> bool:
+    """Is the block that holds `stmt` in a branch of a rank test, or its compound statement under one?"""
+    parent = a.parents.get(stmt)
+    while parent is not None and not isinstance(parent, _DEFINITIONS):
+        if isinstance(parent, ast.If) and is_rank_test(a, parent.test):
+            return True
+        if isinstance(parent, ast.stmt):
+            return _statement_under_rank_test(a, parent)
+        parent = a.parents.get(parent)  # an except clause or a match case: its try or match
+    return False
+
+
 def rank_guarded(a: Anatomy, node: ast.AST, _seen: frozenset[str] = frozenset()) -> bool:
     """Does `node` run on some ranks only: under a rank test, after a rank exit, or in a function
     that is only ever called from such places?"""
-    if any(is_rank_test(a, test) for test in conditions_on(a, node)):
+    if under_rank_test(a, node):
         return True
     scope = enclosing_function(a, node)
     if scope == MODULE_SCOPE or scope in _seen:
