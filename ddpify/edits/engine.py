@@ -225,14 +225,22 @@ class _EditApplier(cst.CSTTransformer):
             lines = place[0].lineno, place[1].end_lineno or place[1].lineno
             if not _any_within(self.edited_lines, *lines):
                 return False
-            self.holders.append((node, _any_within(self.expr_lines, _decorators_line(place[0]), lines[1])))
-            if isinstance(node, cst.BaseCompoundStatement):
-                for suite, stmts in compound_bodies(node, place[0]):
-                    if isinstance(suite, cst.IndentedBlock):
-                        self._match_statements(suite.body, stmts)
-                    elif self.edits.touches_statements(stmts):
-                        self.spread[suite] = stmts
+            bodies = compound_bodies(node, place[0]) if isinstance(node, cst.BaseCompoundStatement) else []
+            self.holders.append((node, self._rewrites_own_expressions(_decorators_line(place[0]), lines[1], bodies)))
+            for suite, stmts in bodies:
+                if isinstance(suite, cst.IndentedBlock):
+                    self._match_statements(suite.body, stmts)
+                elif self.edits.touches_statements(stmts):
+                    self.spread[suite] = stmts
         return super().on_visit(node)
+
+    def _rewrites_own_expressions(self, first: int, last: int, bodies: list[tuple[cst.BaseSuite, Sequence[ast.stmt]]]) -> bool:
+        """Is an expression rewrite on the statement's lines outside the statements of its indented
+        bodies (which hold their own)? A compound's header is located only then."""
+        lines = self.expr_lines[bisect.bisect_left(self.expr_lines, first):bisect.bisect_right(self.expr_lines, last)]
+        blocks = [(_decorators_line(stmts[0]), stmts[-1].end_lineno or stmts[-1].lineno)
+                  for suite, stmts in bodies if isinstance(suite, cst.IndentedBlock) and stmts]
+        return any(not any(start <= line <= end for start, end in blocks) for line in lines)
 
     def leave_SimpleStatementSuite(self, original_node: cst.SimpleStatementSuite, updated_node: cst.SimpleStatementSuite) -> cst.BaseSuite:
         """A body on its header's line (`if c: a; b`) with a statement to edit: one statement a line, then edited."""
