@@ -20,7 +20,7 @@ from ddpify.anatomy.distributed.reaching import assignments
 from ddpify.anatomy.distributed.wrappers import is_wrapper, wrap_calls
 from ddpify.anatomy.vocabulary import ACCELERATOR_UNWRAP, TORCH_SAVE
 from ddpify.edits.expressions import module_of, parse_expr, remove_keyword
-from ddpify.edits.hoist import hoisted_names, hoisted_then_guarded
+from ddpify.edits.hoist import fresh_name, hoisted_names, hoisted_then_guarded
 from ddpify.edits.statements import first_in_body, guard, parse_statements
 from ddpify.lint import Edit, Fix
 from ddpify.lint.rule import FAMILY_KINDS
@@ -126,7 +126,8 @@ def rank_zero_guard_fix(a: Anatomy, stmt: ast.stmt, may_be_safe: bool, hoisted: 
     if test is None:
         return None
     text, known = test
-    names = hoisted_names(a, list(hoisted), set())
+    taken: set[str] = set()
+    names = hoisted_names(a, list(hoisted), lambda base: fresh_name(a, base, taken))
     if hoisted:
         edit = statement_edit_with(a, stmt, hoisted, lambda node, values: hoisted_then_guarded(node, list(zip(values, names)), text))
     else:

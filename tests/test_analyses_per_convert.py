@@ -15,11 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from ddpify.anatomy import Anatomy
+from ddpify.anatomy import Anatomy, analyze
+from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.module_access import DDPModuleAccess
 from ddpify.codemods.ddp.rank_zero import RankZeroDuties
+from ddpify.codemods.options import Options
 from ddpify.codemods.pipeline import Status
 from ddpify.convert import convert_source
+from ddpify.edits.engine import Edits
+from ddpify.edits.statements import parse_statements
 from ddpify.project_conversion import plan_conversion
 from test_real_shapes import guarded_by_rank_zero
 from test_wraps_made import HEAD
@@ -220,3 +224,62 @@ def test_the_plans_that_read_the_wrapper_see_the_wrap_made_in_the_same_stage(cou
     assert seen_made.changes == waited.changes and seen_made.status is Status.CONVERTED
     assert guarded_by_rank_zero(seen_made.output, 'torch.save(model.module.state_dict(), "model.pt")')
     assert guarded_by_rank_zero(seen_made.output, 'print("classes", model.module.classes)')
+
+
+# An epoch's training printed: rank 0 hoists it into a fresh variable every rank computes, then prints.
+PRINTED_TRAINING = """\
+    import torch
+    import torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    def train_epoch(model, loader, opt):
+        total = 0.0
+        for x, y in loader:
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            total += loss.item()
+        return total
+
+
+    def main():
+        data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+        loader = DataLoader(data, batch_size=8, shuffle=True)
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            print(f"epoch {epoch} loss {train_epoch(model, loader, opt):.3f}")
+
+
+    if __name__ == "__main__":
+        main()
+    """
+
+
+def test_a_rank_zero_plan_that_hoists_is_made_in_the_first_stage(counts, monkeypatch):
+    """The hoisted variable is fresh in the code the pending edits make (Transform.fresh_name), so a
+    plan that hoists needs no second stage: the same code and report as planned on their output."""
+    planned_ahead = convert_source(textwrap.dedent(PRINTED_TRAINING), "ddp")
+    assert counts["analyses"] == 2
+    monkeypatch.setattr(RankZeroDuties, "PLANS_AHEAD_OF", ())
+    assert _analyses_of(counts, PRINTED_TRAINING, "ddp") == 3
+    waited = convert_source(textwrap.dedent(PRINTED_TRAINING), "ddp")
+    assert planned_ahead.output == waited.output
+    assert planned_ahead.changes == waited.changes and planned_ahead.status is Status.CONVERTED
+    assert not guarded_by_rank_zero(planned_ahead.output, "train_epoch_result = train_epoch(model, loader, opt)")
+    assert guarded_by_rank_zero(planned_ahead.output, 'print(f"epoch {epoch} loss {train_epoch_result:.3f}")')
+
+
+def test_a_fresh_name_is_fresh_in_the_code_the_pending_edits_make():
+    """Taken: the names of the statements the pending edits insert and those they chose fresh."""
+    pending = Edits()
+    pending.before[(1, 0)] = parse_statements("evaluate_result = 0\n")
+    pending.fresh.add("loss_avg")
+    transform = Transform(None, analyze("x = 1\n"), Options(), pending)
+    assert transform.fresh_name("evaluate_result", set()) == "evaluate_result1"
+    assert transform.fresh_name("loss_avg", set()) == "loss_avg1"
+    assert transform.fresh_name("x", set()) == "x1"
+    assert transform.edits.fresh == {"evaluate_result1", "loss_avg1", "x1"}
+

@@ -14,6 +14,7 @@ from ddpify.codemods.options import Options
 from ddpify.codemods.pipeline import Status, run_pipeline
 from ddpify.convert import convert_source
 from ddpify.edits.engine import Edits
+from ddpify.edits.statements import names_bound, parse_statements
 
 
 class _NoteBeforeY(Transform):
@@ -139,3 +140,44 @@ def test_helpers_asked_for_where_no_room_was_left_are_an_error_not_dropped():
     asked = Edits(helpers={"a": []})
     with pytest.raises(ValueError, match="no room"):
         Edits().merge(asked)
+
+
+BINDING_STATEMENTS = '''\
+import os, torch.distributed as dist, a.b.c
+from m import x as y, z
+RANK = int(os.environ.get("RANK", 0))
+if torch.cuda.is_available():
+    DEV, (P, *Q) = 1, (2, 3, 4)
+elif other:
+    E: int = 3
+else:
+    F += 1
+for i, j in pairs:
+    K = 1
+while c:
+    W = 1
+with open(f) as fh, g() as (u, v):
+    pass
+try:
+    T = 1
+except E as err:
+    pass
+else:
+    TE = 1
+finally:
+    TF = 1
+def helper(q):
+    inner = 1
+class C:
+    attr = 1
+obj.attr = 1
+seq[0] = 2
+'''
+
+
+def test_names_bound_are_those_an_inserted_statement_adds_to_its_scope():
+    """What Edits.names_added reads of the statements an edit inserts: the names bound in their blocks,
+    not those local to a def or class, nor an attribute or item assigned."""
+    bound = {name for stmt in parse_statements(BINDING_STATEMENTS) for name in names_bound(stmt)}
+    assert bound == {"os", "dist", "a", "y", "z", "RANK", "DEV", "P", "Q", "E", "F", "i", "j", "K", "W", "fh", "u", "v",
+                     "T", "err", "TE", "TF", "helper", "C"}

@@ -12,6 +12,7 @@ LibCST's `CodemodTest.assertCodemod` tests it; it does not subclass one: importi
 from __future__ import annotations
 
 import ast
+import functools
 from typing import TYPE_CHECKING, Callable, ClassVar, Collection, Sequence
 
 import libcst as cst
@@ -23,6 +24,7 @@ from ddpify.codemods.options import Options
 from ddpify.codemods.report import Advice, Change, Import, Missing, Report
 from ddpify.edits.engine import Edits, GroupBuilder
 from ddpify.edits.expressions import cst_type_of
+from ddpify.edits.hoist import fresh_name
 from ddpify.edits.positions import key_of
 from ddpify.edits.statements import StatementRewrite, guard, parse_statements
 
@@ -69,6 +71,20 @@ class Transform:
         """Planned ahead of the `pending` edits of PLANS_AHEAD_OF: might its plan differ on the code they
         produce? Then it is planned again on that code."""
         return True
+
+    def fresh_name(self, base: str, taken: set[str]) -> str:
+        """`base`, or `base1`, ...: a name neither the script, `taken`, nor the pending edits use (what
+        they add counts as taken: the name must be fresh in their output too), recorded as one these
+        edits add."""
+        if self.pending:
+            taken |= self._pending_names
+        name = fresh_name(self.anatomy, base, taken)
+        self.edits.fresh.add(name)
+        return name
+
+    @functools.cached_property
+    def _pending_names(self) -> set[str]:
+        return self.pending.names_added()
 
     # ----- reporting -------------------------------------------------------------------------
     def changed(self, line: int, message: str) -> None:

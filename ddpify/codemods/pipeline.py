@@ -19,7 +19,7 @@ those edits change nothing their plan reads: the pending edits are handed over a
 makes a wrapper (unless its anatomy shows the wraps made, below) or the shard a sharded model; no
 edit touches it or a local function it calls, where a collective may be added; an edit of the
 statement itself is a rewrite in place, as log-loss's of a loss print, of an output whose calls only
-read), and it hoists nothing (a hoisted value's name must be fresh in their output too). Its edits
+read); a value it hoists goes into a name fresh in their output too (Transform.fresh_name). Its edits
 are then made in the same pass, after theirs (Edits.merge_after: an edit of a statement rewritten in
 place lands on what the rewrite returned; a statement they insert splits rank 0's guards). A DDP or
 FSDP conversion of a plain script is then one stage, and with the lint of the output analysed twice

@@ -23,7 +23,7 @@ from ddpify.anatomy import Anatomy
 from ddpify.anatomy.distributed.every_rank_work import PendingEdits
 from ddpify.anatomy.distributed.wraps_made import PendingWrap
 from ddpify.edits.positions import Key, Span, key_of, spans_in_place
-from ddpify.edits.statements import StatementRewrite, compound_bodies, first_in_body, keep_leading_lines, one_statement_a_line
+from ddpify.edits.statements import StatementRewrite, compound_bodies, first_in_body, keep_leading_lines, names_bound, one_statement_a_line
 
 GroupBuilder = Callable[[list[cst.BaseStatement]], cst.BaseStatement]
 Place = tuple[int, str, int]  # a statement's parent (its id), the parent's field holding the block, its index
@@ -50,6 +50,7 @@ class Edits:
     # the DDP wraps these insert, for plans that see them made (wraps_made); unlisted: some wrap is not among them
     wraps: list[PendingWrap] = field(default_factory=list)
     wraps_unlisted: bool = False
+    fresh: set[str] = field(default_factory=set)  # the names these edits bind that the code did not use (Transform.fresh_name)
 
     def __bool__(self) -> bool:
         return any((self.before, self.after, self.rewrite, self.body_start, self.module_end, self.expr, self.grouped, self.helpers, self.then))
@@ -98,6 +99,7 @@ class Edits:
             mine.update(theirs)  # type: ignore[attr-defined]
         last.module_end.extend(later.module_end)
         last.in_place |= later.in_place
+        last.fresh |= later.fresh
         self.helper_slot = self.helper_slot or later.helper_slot
         self._take_wraps(later)
 
@@ -175,6 +177,17 @@ class Edits:
 
     def groups_any(self, stmts: Sequence[ast.stmt]) -> bool:
         return any(key_of(stmt) in layer.grouped for layer in self.layers() for stmt in stmts)
+
+    def names_added(self) -> set[str]:
+        """The variables these edits may add to the code: those chosen fresh, and those the statements
+        and helpers they insert bind (a rewrite binds no other; what the inserted code reads is bound
+        there, by the script, or by an import)."""
+        names: set[str] = set()
+        for layer in self.layers():
+            inserted = [*layer.module_end, *(s for stmts in (*layer.before.values(), *layer.after.values(),
+                                                              *layer.body_start.values(), *layer.helpers.values()) for s in stmts)]
+            names |= layer.fresh | {name for stmt in inserted for name in names_bound(stmt)}
+        return names
 
     def layers(self) -> list[Edits]:
         """These edits, then those made after them in the same pass."""

@@ -5,7 +5,7 @@ print under a rank condition. The rank-0 transform and the rule that finds such 
 from __future__ import annotations
 
 import ast
-from typing import Sequence
+from typing import Callable, Sequence
 
 import libcst as cst
 
@@ -22,10 +22,11 @@ def fresh_name(anatomy, base: str, taken: set[str]) -> str:
     return name
 
 
-def hoisted_names(anatomy, values: Sequence[ast.expr], taken: set[str]) -> list[str]:
-    """A fresh variable for each hoisted value, after the first call in it that must run on every
-    rank: `evaluate(...)` -> `evaluate_result`, `[round(evaluate(m), 2) for m in ms]` -> `evaluate_results`."""
-    return [fresh_name(anatomy, _hoisted_name(anatomy, value), taken) for value in values]
+def hoisted_names(anatomy, values: Sequence[ast.expr], fresh: Callable[[str], str]) -> list[str]:
+    """A fresh variable for each hoisted value (`fresh` makes a name fresh), after the first call in it
+    that must run on every rank: `evaluate(...)` -> `evaluate_result`, `[round(evaluate(m), 2) for m
+    in ms]` -> `evaluate_results`."""
+    return [fresh(_hoisted_name(anatomy, value)) for value in values]
 
 
 def _hoisted_name(anatomy, value: ast.expr) -> str:

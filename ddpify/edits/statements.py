@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 import functools
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import libcst as cst
 
@@ -68,6 +68,69 @@ def one_statement_a_line(holder: cst.SimpleStatementLine | cst.SimpleStatementSu
     ]
     lines[0] = lines[0].with_changes(leading_lines=getattr(holder, "leading_lines", ()))
     return lines
+
+
+def names_bound(stmt: cst.BaseStatement) -> Iterator[str]:
+    """The names a statement binds in its scope: its assignments' targets, a def's or class's name, a
+    `for`'s target, `with ... as`, `except ... as` and imports, in its blocks too (not in a def's body)."""
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        yield stmt.name.value
+        return
+    if isinstance(stmt, cst.SimpleStatementLine):
+        for small in stmt.body:
+            yield from _small_statement_binds(small)
+        return
+    targets = [getattr(stmt, "target", None), *(item.asname for item in getattr(stmt, "items", ()) if item.asname)]
+    targets += [handler.name for handler in getattr(stmt, "handlers", ()) if handler.name]
+    for target in targets:
+        yield from _target_names(target)
+    for suite in _blocks(stmt):
+        if isinstance(suite, cst.IndentedBlock):
+            for inner in suite.body:
+                yield from names_bound(inner)
+        else:
+            for small in suite.body:
+                yield from _small_statement_binds(small)
+
+
+def _small_statement_binds(small: cst.BaseSmallStatement) -> Iterator[str]:
+    if isinstance(small, cst.Assign):
+        for target in small.targets:
+            yield from _target_names(target.target)
+    elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
+        yield from _target_names(small.target)
+    elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+        for alias in small.names:
+            bound = alias.asname.name if alias.asname else alias.name
+            yield from _target_names(bound if isinstance(bound, cst.Name) else _first_name(bound))
+
+
+def _target_names(target: cst.CSTNode | None) -> Iterator[str]:
+    """The names an assignment target binds (`a`, `a, (b, *c)`; an attribute or a subscript binds none)."""
+    if isinstance(target, cst.Name):
+        yield target.value
+    elif isinstance(target, (cst.Tuple, cst.List)):
+        for element in target.elements:
+            yield from _target_names(element.value)
+    elif isinstance(target, (cst.AsName, cst.StarredElement)):
+        yield from _target_names(target.name if isinstance(target, cst.AsName) else target.value)
+
+
+def _first_name(dotted: cst.BaseExpression) -> cst.Name:
+    """`a` of `import a.b.c`, which binds `a`."""
+    while isinstance(dotted, cst.Attribute):
+        dotted = dotted.value
+    return dotted  # type: ignore[return-value]
+
+
+def _blocks(stmt: cst.BaseStatement) -> list[cst.BaseSuite]:
+    """Every block of a compound statement: its body, handlers, cases, else and finally, and its elifs'."""
+    blocks = [getattr(stmt, "body", None), *(part.body for part in (*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())))]
+    orelse, finalbody = getattr(stmt, "orelse", None), getattr(stmt, "finalbody", None)
+    if isinstance(orelse, cst.If):
+        return [block for block in blocks if block is not None] + _blocks(orelse)
+    blocks += [part.body for part in (orelse, finalbody) if part is not None]
+    return [block for block in blocks if block is not None]
 
 
 def keep_leading_lines(old: cst.BaseStatement, new: cst.BaseStatement) -> cst.BaseStatement:

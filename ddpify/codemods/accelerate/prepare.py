@@ -29,7 +29,6 @@ from ddpify.codemods.accelerate.runtime import PREPARE
 from ddpify.codemods.ddp.wrap import WrapModel
 from ddpify.codemods.duties import data_line, wrap_duty
 from ddpify.edits.expressions import parse_expr
-from ddpify.edits.hoist import fresh_name
 
 NOT_SHARDED = "the training data is not sharded (found no training DataLoader to prepare): every process trains on all of it"
 
@@ -137,7 +136,7 @@ class PrepareForAccelerator(WrapModel):
         if loop is None or loop.loop_var is None or not isinstance(stmt, ast.For) \
                 or not any(node is loader.call for node in ast.walk(stmt.iter)):
             return False
-        name = fresh_name(self.anatomy, "train_loader", self._names_taken)
+        name = self.fresh_name("train_loader", self._names_taken)
         self.rewrite_node(loader.call, cst.Call, lambda node: cst.Name(name))
         self.insert_before(stmt, f"{name} = {PREPARE}({ast.unparse(loader.call)})\n{name}.set_epoch({loop.loop_var})\n")
         self.changed(loader.line, f"the loader built for each epoch named {name}; {name}.set_epoch({loop.loop_var}) after its prepare, "

@@ -35,7 +35,6 @@ from ddpify.codemods.ddp.runtime import (
     SUMS_CALL,
 )
 from ddpify.codemods.ddp.samplers import SamplerTransform
-from ddpify.edits.hoist import fresh_name
 
 _WHOLE = "evaluation left on the whole set on every rank (same metric as one GPU, no speed-up)"
 
@@ -94,7 +93,7 @@ class EvaluationSharding(SamplerTransform):
         for read in model_reads(self.anatomy, evaluation):
             wrapper = ast.unparse(read.model)
             if wrapper not in modules:
-                modules[wrapper] = fresh_name(self.anatomy, f"eval_{identifier(read.model)}", taken)
+                modules[wrapper] = self.fresh_name(f"eval_{identifier(read.model)}", taken)
                 self.insert_before(evaluation.loop.node, f"{modules[wrapper]} = {MODULE_CALL}({wrapper})\n")  # type: ignore[arg-type]
                 self.changed(evaluation.loop.line, f"the evaluation loop calls {modules[wrapper]}, the module inside {wrapper}'s wrapper: ranks evaluate "
                              "unequal numbers of batches, and the wrapper's forward broadcasts buffers, a collective every rank must join")
@@ -114,7 +113,7 @@ class ReducedLossPrints(Transform):
             return
         taken: set[str] = set()
         for p in prints:
-            renames = {name: fresh_name(self.anatomy, f"{name}_avg", taken) for name in p.names}
+            renames = {name: self.fresh_name(f"{name}_avg", taken) for name in p.names}
             self.insert_before(p.stmt, f"{', '.join(renames.values())} = {MEAN_CALL}({', '.join(renames)})\n")
             self.rewrite_in_place(p.stmt, lambda stmt, r=renames: stmt.visit(_Renamer(r)))  # type: ignore[misc, return-value]
             self.changed(p.stmt.lineno, f"training loss printed as its mean over ranks ({', '.join(p.names)}; one all_reduce per print, not per step)")

@@ -132,7 +132,6 @@ class RankZeroDuties(Transform):
         self._names_taken: set[str] = set()
         self._stand_in_added = False
         self._judged: list[ast.stmt] = []  # whether they need every rank, or run a wrapper
-        self._hoists = False
         self._unwrapped: set[ast.expr] = set()
         saves, removals = [], []
         for call in self.anatomy.calls:
@@ -167,9 +166,9 @@ class RankZeroDuties(Transform):
 
     def reads_pending_edits(self, pending: PendingEdits) -> bool:
         """Planned ahead of the setup, wrap or shard, devices, evaluation and loss prints: its plan holds
-        unless it hoists (its names must be fresh in their output too), or a statement it judged may
-        need every rank, or hold a wrapper, once their edits are made (`judged_alike_once_made`)."""
-        return self._hoists or not all(judged_alike_once_made(self.anatomy, stmt, pending) for stmt in self._judged)
+        unless a statement it judged may need every rank, or hold a wrapper, once their edits are made
+        (`judged_alike_once_made`). The variables it hoists into are fresh in their output too (fresh_name)."""
+        return not all(judged_alike_once_made(self.anatomy, stmt, pending) for stmt in self._judged)
 
     def _guard_call(self, call: CallSite, kind: str) -> bool:
         stmt = call.stmt
@@ -196,12 +195,11 @@ class RankZeroDuties(Transform):
     def _hoist_then_guard(self, stmt: ast.stmt, kind: str) -> bool:
         """`print(f"acc {evaluate(model):.4f}")` where the evaluation may join every rank: it runs on
         every rank into a fresh variable just before (left to right), the print on rank 0 only."""
-        self._hoists = True
         hoisted, reason = values_to_compute_first(self.anatomy, stmt)
         if reason is not None:
             self.advise(stmt.lineno, f"{kind} left on every rank: {reason}; compute on every rank and output on rank 0 by hand")
             return False
-        names = hoisted_names(self.anatomy, hoisted, self._names_taken)
+        names = hoisted_names(self.anatomy, hoisted, lambda base: self.fresh_name(base, self._names_taken))
         values: dict[ast.expr, cst.CSTNode] = {}
         for value in hoisted:
             self.rewrite_expression(value, lambda node, value=value: values.setdefault(value, node))

@@ -30,7 +30,6 @@ from ddpify.codemods.ddp.runtime import WORLD_SIZE
 from ddpify.codemods.ddp.noise import rank_seed
 from ddpify.codemods.duties import Duty, data_line
 from ddpify.edits.expressions import cst_type_of, parse_expr
-from ddpify.edits.hoist import fresh_name
 
 _TIGHT_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 _PER_GPU_NOTE = f"# ddpify: batch_size per process; global = batch_size * {WORLD_SIZE}"
@@ -53,7 +52,7 @@ class SamplerTransform(Transform):
         return name
 
     def _fresh_name(self, base: str) -> str:
-        return fresh_name(self.anatomy, base, self._names_taken)
+        return self.fresh_name(base, self._names_taken)
 
     def _with_sampler(self, node: cst.CSTNode, sampler: str, divide_batch: bool = False) -> cst.CSTNode:
         """The call with `sampler=...` where `shuffle=` was (or appended), keeping its layout."""
