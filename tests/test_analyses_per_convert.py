@@ -19,6 +19,7 @@ from ddpify.anatomy import Anatomy, analyze
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.module_access import DDPModuleAccess
 from ddpify.codemods.ddp.rank_zero import RankZeroDuties
+from ddpify.codemods.ddp.sum_loss import SumLossScaling
 from ddpify.codemods.options import Options
 from ddpify.codemods.pipeline import Status
 from ddpify.convert import convert_source
@@ -283,3 +284,50 @@ def test_a_fresh_name_is_fresh_in_the_code_the_pending_edits_make():
     assert transform.fresh_name("x", set()) == "x1"
     assert transform.edits.fresh == {"evaluate_result1", "loss_avg1", "x1"}
 
+
+# Trained on whole tensors: the ranks share the rows of each loss (ddp/rows.py), whose edits the loss
+# scaling reads (a shared loss is weighted there, sums included).
+ROWS_SHARED = ["full_batch_regression.py", "graph_node_masks.py", "hand_sliced_batches.py", "real/fullbatch_regression.py",
+               "projects/trainer_package/trainer/core.py", "projects/work_in_fstrings/engine.py",
+               "real/rebuilt_loader_project/engine.py", "real/trainer_project/trainer.py"]
+
+SUMMED_WHOLE_BATCH = """\
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    x = torch.linspace(-1, 1, 64).unsqueeze(1)
+    y = 3 * x + 1
+    model = nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(20):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y, reduction="sum")
+        loss.backward()
+        opt.step()
+    """
+
+
+@pytest.mark.parametrize("fixture", ROWS_SHARED)
+def test_the_loss_scaling_that_finds_nothing_holds_ahead_of_the_rows_each_rank_shares(counts, monkeypatch, fixture):
+    """Planned ahead of rows' edits, a loss scaling that finds nothing to scale joins their stage; the
+    same code and report as planned on rows' output."""
+    text = (FIXTURES / fixture).read_text()
+    planned_ahead = convert_source(text, "ddp")
+    assert counts["analyses"] == 2
+    assert any(change.transform == "rows" for change in planned_ahead.changes)
+    monkeypatch.setattr(SumLossScaling, "PLANS_AHEAD_OF", ())
+    waited = convert_source(text, "ddp")
+    assert counts["analyses"] == 5
+    assert (planned_ahead.output, planned_ahead.changes, planned_ahead.advice, planned_ahead.missing) == \
+           (waited.output, waited.changes, waited.advice, waited.missing)
+
+
+def test_a_summed_loss_the_ranks_share_is_scaled_by_rows_alone(counts):
+    """Ahead of rows, the scaling finds the summed loss: it waits for rows, which weighs the sum by
+    WORLD_SIZE itself, and then finds nothing more to scale."""
+    result = convert_source(textwrap.dedent(SUMMED_WHOLE_BATCH), "ddp")
+    assert counts["analyses"] == 3
+    assert result.status is Status.CONVERTED, result.missing
+    assert any(change.transform == "rows" and "its sum by WORLD_SIZE" in change.message for change in result.changes)
+    assert "    loss.backward()" in result.output and "(loss * WORLD_SIZE)" not in result.output

@@ -13,6 +13,7 @@ import ast
 
 import libcst as cst
 
+from ddpify.anatomy.distributed.every_rank_work import PendingEdits
 from ddpify.anatomy.full_batch import backward_loss
 from ddpify.anatomy.losses import loss_terms, sums_over_batch, token_mean
 from ddpify.codemods.base import Transform
@@ -27,6 +28,7 @@ class SumLossScaling(Transform):
 
     NAME = "sum_loss"
     SEES_EDITS_OF = ("rows",)  # a loss whose rows the ranks share (rows.py) is weighted there, sums included
+    PLANS_AHEAD_OF = ("rows",)
     WORLD_SIZE = WORLD_SIZE  # how the script spells the number of processes
 
     def plan(self) -> None:
@@ -35,6 +37,14 @@ class SumLossScaling(Transform):
             if isinstance(call.func, ast.Attribute) and call.func.attr == "backward":
                 self._plan_backward(site.line, backward_loss(self.anatomy, call.func.value))
         keep_pairs_per_rank(self, self.WORLD_SIZE)
+
+    def reads_pending_edits(self, pending: PendingEdits) -> bool:
+        """Planned ahead of the rows each rank shares: a plan that found nothing holds. Those edits make
+        each loss of a backward a share of its rows (`loss_of_rank_rows(...)`, weighted there, sums
+        included), run its forward on `rows_of_rank(...)`, and add seeds and helpers: they take away what
+        this plan looks for (a summed term, a token mean, a reduction chosen at run time, a term pairing
+        rows), never add it. A plan that found some is made again on their output."""
+        return bool(self.edits or self.report.changes or self.report.advice or self.report.missing)
 
     def _plan_backward(self, line: int, loss: ast.expr) -> None:
         tokens = token_mean(self.anatomy, loss)
