@@ -10,7 +10,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from ddpify.codemods.width import fit, width_limit
+from ddpify.codemods.width import fit, fit_to_width, width_limit
 from ddpify.convert import convert_source
 
 FIXTURES = sorted((Path(__file__).resolve().parents[1] / "fixtures").glob("*.py"))
@@ -151,3 +151,30 @@ def test_converted_fixtures_stay_within_their_width(target):
         ast.parse(output)
         wide = [line for line in output.splitlines() if len(line) > limit]
         assert not wide, f"{path.name} --to {target}: {wide}"
+
+
+DECORATED_ONE_LINER = """\
+@torch.no_grad()
+def evaluate(model, loader): return sum(model(x).argmax(1).eq(y).sum().item() for x, y in loader) / len(loader.dataset)
+if ready: print("a header and its body on one line, too wide once converted", flush=True)
+"""
+
+
+def test_statements_are_laid_out_from_the_module_or_from_their_own_lines():
+    """A wide line's statement is the module's CST node (the body of `if ready:` spread below it); a
+    decorated one-line def, whose node starts at its decorator, is parsed from its own lines."""
+    out, origins = fit_to_width(cst.parse_module(DECORATED_ONE_LINER), DECORATED_ONE_LINER, [1, 2, 3], 79,
+                                ast.parse(DECORATED_ONE_LINER))
+    assert out == textwrap.dedent("""\
+        @torch.no_grad()
+        def evaluate(model, loader):
+            return sum(model(x).argmax(1).eq(y).sum().item() for x, y in loader) / len(
+                loader.dataset,
+            )
+        if ready:
+            print(
+                "a header and its body on one line, too wide once converted",
+                flush=True,
+            )
+        """)
+    assert origins == [1, 2, 2, 2, 2, 3, 3, 3, 3, 3]

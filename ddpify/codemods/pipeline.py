@@ -265,7 +265,7 @@ class _Conversion:
         """Lay out again the statements whose lines the conversion made wider than the file's own
         (ddpify.codemods.width; `tree` is the code's); the last step: the CST module is not kept in step with the text."""
         limit = width_limit(self.output.source)
-        self.code, self.origin = fit_to_width(self.code, self.origin, limit, self.module.default_indent, tree)
+        self.code, self.origin = fit_to_width(self.module, self.code, self.origin, limit, tree)
 
     def _now(self, module: cst.Module, code: str) -> None:
         """The code is now `module`'s, whose text is `code`: carry the line map over to it."""

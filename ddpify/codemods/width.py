@@ -28,8 +28,8 @@ import libcst as cst
 from libcst.metadata import CodeRange
 
 from ddpify.codemods.codegen import code_of
-from ddpify.edits.positions import positions_of
-from ddpify.edits.statements import one_statement_a_line
+from ddpify.edits.positions import decorators_line, positions_of
+from ddpify.edits.statements import compound_bodies, one_statement_a_line
 
 PEP8_WIDTH = 79
 _SUPPRESSION = re.compile(r"#\s*(?:ddpify:\s*ignore|noqa)\b", re.IGNORECASE)  # what lint reads on the line it reports
@@ -41,40 +41,43 @@ def width_limit(original: str) -> int:
     return max([PEP8_WIDTH, *(len(line) for line in original.splitlines())])
 
 
-def fit_to_width(code: str, origins: list[int], limit: int, step: str, tree: ast.Module | None = None) -> tuple[str, list[int]]:
-    """`code` with each statement that has a line wider than `limit` laid out again (a lone comment
-    line re-flowed), and `origins` (the original line of each line) carried along; `step` is the
-    file's indent, `tree` the code's parse where the caller has it. Each statement is re-parsed and
-    rendered on its own, so the rest of the text is neither rendered nor diffed again."""
+def fit_to_width(module: cst.Module, code: str, origins: list[int], limit: int, tree: ast.Module) -> tuple[str, list[int]]:
+    """`code` (`module`'s text, `tree` its parse) with each statement that has a line wider than `limit`
+    laid out again (a lone comment line re-flowed), and `origins` (the original line of each line)
+    carried along. Each statement is taken from `module` and rendered on its own, so the rest of the
+    text is neither rendered nor diffed again."""
     lines = code.splitlines(keepends=True)
     wide = [number for number, line in enumerate(lines, 1) if len(line.rstrip("\r\n")) > limit]
     if not wide:
         return code, origins
     origins = list(origins)
-    for first, last in reversed(_spans(tree or ast.parse(code), lines, wide)):
-        new = _fitted_lines(lines[first - 1:last], limit, step)
+    held: dict[ast.stmt, _Held] = {}
+    _pair_statements(module.body, tree.body, wide, held)
+    for first, last, stmt in reversed(_spans(tree, lines, wide)):
+        new = _fitted_lines(lines[first - 1:last], limit, module.default_indent, _statement_on(held.get(stmt), first, last))  # type: ignore[arg-type]
         if new is not None:
             lines[first - 1:last] = new
             origins[first - 1:last] = [origins[min(first - 1 + i, last - 1)] for i in range(len(new))]
     return "".join(lines), origins
 
 
-def _spans(tree: ast.Module, lines: list[str], wide: list[int]) -> list[tuple[int, int]]:
-    """The (first, last) lines to lay out again for the wide lines, in order and apart: the simple
-    statement that spans one (or a compound whose body is on its header line), the one-line header
-    of a `with`/`if`/`for`/`while`, or a comment line between statements."""
+def _spans(tree: ast.Module, lines: list[str], wide: list[int]) -> list[tuple[int, int, ast.stmt | None]]:
+    """The (first, last) lines to lay out again for the wide lines, in order and apart, with the
+    statement they are of: the simple statement that spans one (or a compound whose body is on its
+    header line), the one-line header of a `with`/`if`/`for`/`while`, or a comment line between
+    statements (None)."""
     innermost: dict[int, ast.stmt] = {}  # wide line -> the statement that starts last among those spanning it
     for stmt in _statements_over(tree.body, wide):
         for line in wide[bisect.bisect_left(wide, stmt.lineno):bisect.bisect_right(wide, stmt.end_lineno or stmt.lineno)]:
             innermost[line] = stmt
-    spans: set[tuple[int, int]] = set()
+    spans: dict[tuple[int, int], ast.stmt | None] = {}
     for line in wide:
         inner = innermost.get(line)
         if inner is not None and (not isinstance(inner, _COMPOUND) or inner.end_lineno == inner.lineno or _header_alone(inner, line)):
-            spans.add((inner.lineno, line if isinstance(inner, _COMPOUND) else inner.end_lineno or inner.lineno))
+            spans[inner.lineno, line if isinstance(inner, _COMPOUND) else inner.end_lineno or inner.lineno] = inner
         elif lines[line - 1].lstrip().startswith("#") and (inner is None or inner.lineno != line):
-            spans.add((line, line))
-    ordered = sorted(spans)
+            spans[line, line] = None
+    ordered = [(first, last, spans[first, last]) for first, last in sorted(spans)]
     return [span for index, span in enumerate(ordered) if index == 0 or span[0] > ordered[index - 1][1]]
 
 
@@ -106,9 +109,47 @@ _COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, 
              ast.AsyncFunctionDef, ast.ClassDef, ast.Match, *((ast.TryStar,) if hasattr(ast, "TryStar") else ()))
 
 
-def _fitted_lines(lines: list[str], limit: int, step: str) -> list[str] | None:
-    """The lines of one statement (or comment line) laid out again at their indentation; None when
-    they can't be taken out on their own (a blank line or a string line left of the indentation)."""
+_Held = tuple[cst.BaseStatement, int, int]  # the CST statement that holds an ast statement, and its first and last lines
+
+
+def _pair_statements(statements: Sequence[cst.BaseStatement], stmts: Sequence[ast.stmt], wide: list[int], held: dict[ast.stmt, _Held]) -> None:
+    """Pair each ast statement that spans a wide line with the CST statement holding it (a line `a; b`
+    holds both; a compound, the statements of a body on its header line), block by block."""
+    index = 0
+    for node in statements:
+        size = len(node.body) if isinstance(node, cst.SimpleStatementLine) else 1
+        own, index = stmts[index:index + size], index + size
+        first, last = decorators_line(own[0]), own[-1].end_lineno or own[-1].lineno
+        if bisect.bisect_left(wide, first) == bisect.bisect_right(wide, last):
+            continue
+        for stmt in own:
+            held[stmt] = node, first, last
+        if isinstance(node, cst.BaseCompoundStatement):
+            for suite, inner in compound_bodies(node, own[0]):
+                if isinstance(suite, cst.IndentedBlock):
+                    _pair_statements(suite.body, inner, wide, held)
+                else:
+                    held.update((stmt, (node, first, last)) for stmt in inner)
+
+
+def _statement_on(held: _Held | None, first: int, last: int) -> tuple[cst.BaseStatement, bool] | None:
+    """The CST statement on lines `first` to `last`, and whether it stands in for a compound's header
+    alone (its body a `pass`, dropped after); None where it spans other lines."""
+    if held is None or held[1] != first:
+        return None
+    node, _, end = held
+    if end == last:
+        return node, False
+    if isinstance(node, _HEADERS) and isinstance(node.body, cst.IndentedBlock):
+        alone = node.body.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])], footer=())
+        return node.with_changes(body=alone, **({"orelse": None} if hasattr(node, "orelse") else {})), True
+    return None
+
+
+def _fitted_lines(lines: list[str], limit: int, step: str, statement: tuple[cst.BaseStatement, bool] | None) -> list[str] | None:
+    """The lines of one statement (or comment line) laid out again at their indentation (`statement`:
+    its CST node where the code's module holds it, else it is parsed from the lines); None when they
+    can't be taken out on their own (a blank line or a string line left of the indentation)."""
     first = lines[0]
     indent = first[: len(first) - len(first.lstrip())]
     if any(not line.strip() or not line.startswith(indent) for line in lines):
@@ -117,10 +158,14 @@ def _fitted_lines(lines: list[str], limit: int, step: str) -> list[str] | None:
     if first.lstrip().startswith("#"):
         comment = cst.EmptyLine(comment=cst.Comment(first.strip()))
         return [f"{indent}{line.comment.value}{newline}" for line in _reflowed(comment, len(indent), limit)]  # type: ignore[union-attr]
-    text = "".join(line[len(indent):] for line in lines)
-    module, stand_in = _parsed(text), False
-    if module is None and len(lines) == 1:  # a compound's header alone: parsed with a stand-in body, dropped after
-        module, stand_in = _parsed(f"{text}{step}pass{newline}"), True
+    if statement is not None:
+        node, stand_in = statement
+        module: cst.Module | None = cst.Module(body=[node.with_changes(leading_lines=())], default_newline=newline)
+    else:
+        text = "".join(line[len(indent):] for line in lines)
+        module, stand_in = _parsed(text), False
+        if module is None and len(lines) == 1:  # a compound's header alone: parsed with a stand-in body, dropped after
+            module, stand_in = _parsed(f"{text}{step}pass{newline}"), True
     if module is None:
         return None
     fitted = fit(module.body[0], len(indent), limit, step)

@@ -22,7 +22,7 @@ import libcst as cst
 from ddpify.anatomy import Anatomy
 from ddpify.anatomy.distributed.every_rank_work import PendingEdits
 from ddpify.anatomy.distributed.wraps_made import PendingWrap
-from ddpify.edits.positions import Key, Span, key_of, spans_in_place
+from ddpify.edits.positions import Key, Span, decorators_line, key_of, spans_in_place
 from ddpify.edits.statements import StatementRewrite, compound_bodies, first_in_body, keep_leading_lines, names_bound, one_statement_a_line
 
 GroupBuilder = Callable[[list[cst.BaseStatement]], cst.BaseStatement]
@@ -239,7 +239,7 @@ class _EditApplier(cst.CSTTransformer):
             if not _any_within(self.edited_lines, *lines):
                 return False
             bodies = compound_bodies(node, place[0]) if isinstance(node, cst.BaseCompoundStatement) else []
-            self.holders.append((node, self._rewrites_own_expressions(_decorators_line(place[0]), lines[1], bodies)))
+            self.holders.append((node, self._rewrites_own_expressions(decorators_line(place[0]), lines[1], bodies)))
             for suite, stmts in bodies:
                 if isinstance(suite, cst.IndentedBlock):
                     self._match_statements(suite.body, stmts)
@@ -251,7 +251,7 @@ class _EditApplier(cst.CSTTransformer):
         """Is an expression rewrite on the statement's lines outside the statements of its indented
         bodies (which hold their own)? A compound's header is located only then."""
         lines = self.expr_lines[bisect.bisect_left(self.expr_lines, first):bisect.bisect_right(self.expr_lines, last)]
-        blocks = [(_decorators_line(stmts[0]), stmts[-1].end_lineno or stmts[-1].lineno)
+        blocks = [(decorators_line(stmts[0]), stmts[-1].end_lineno or stmts[-1].lineno)
                   for suite, stmts in bodies if isinstance(suite, cst.IndentedBlock) and stmts]
         return any(not any(start <= line <= end for start, end in blocks) for line in lines)
 
@@ -387,11 +387,6 @@ def _any_within(lines: list[int], first: int, last: int) -> bool:
     """Does the sorted `lines` hold a line from `first` to `last`?"""
     index = bisect.bisect_left(lines, first)
     return index < len(lines) and lines[index] <= last
-
-
-def _decorators_line(stmt: ast.stmt) -> int:
-    """The first line of a statement and its decorators (ast starts a decorated def at `def`)."""
-    return min([stmt.lineno, *(decorator.lineno for decorator in getattr(stmt, "decorator_list", ()))])
 
 
 def _place(anatomy: Anatomy, stmt: ast.stmt) -> Place:

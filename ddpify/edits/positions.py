@@ -31,6 +31,11 @@ def key_of(node: ast.AST | Pos) -> Key:
     return node.lineno, node.col_offset
 
 
+def decorators_line(stmt: ast.stmt) -> int:
+    """The first line of a statement and its decorators (ast starts a decorated def at `def`)."""
+    return min([stmt.lineno, *(decorator.lineno for decorator in getattr(stmt, "decorator_list", ()))])
+
+
 def spans_in_place(stmt: cst.BaseStatement, first_line: int, indents: Sequence[str | None], module: cst.Module) -> dict[cst.CSTNode, Span]:
     """The spans in the file of the nodes of a statement of a block (of a compound one, outside an
     indented body that ends it), whose first line is `first_line`: read in a module of just that
