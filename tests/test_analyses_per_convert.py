@@ -18,6 +18,8 @@ import pytest
 from ddpify.anatomy import Anatomy, analyze
 from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.module_access import DDPModuleAccess
+from ddpify.codemods.ddp.batch_draws import BatchesOfEachRank
+from ddpify.codemods.ddp.noise import NoiseOfEachRank
 from ddpify.codemods.ddp.rank_zero import RankZeroDuties
 from ddpify.codemods.ddp.sum_loss import SumLossScaling
 from ddpify.codemods.options import Options
@@ -331,3 +333,22 @@ def test_a_summed_loss_the_ranks_share_is_scaled_by_rows_alone(counts):
     assert result.status is Status.CONVERTED, result.missing
     assert any(change.transform == "rows" and "its sum by WORLD_SIZE" in change.message for change in result.changes)
     assert "    loss.backward()" in result.output and "(loss * WORLD_SIZE)" not in result.output
+
+
+@pytest.mark.parametrize(("fixture", "transform"), [
+    ("real/pair_sampling_unseeded_random.py", NoiseOfEachRank),
+    ("real/dcgan_toy.py", NoiseOfEachRank), ("real/char_lm_nanogpt.py", BatchesOfEachRank),
+])
+def test_the_reseed_after_the_wrap_is_planned_where_the_wraps_are_seen_made(counts, monkeypatch, fixture, transform):
+    """Each rank's own noise or batches start after the last wrap: planned ahead of it, on the anatomy
+    that shows the wraps made, in a stage fewer, with the code and report of planning on its output."""
+    text = (FIXTURES / fixture).read_text()
+    planned_ahead = convert_source(text, "ddp")
+    ahead = counts["analyses"]
+    assert any(change.transform == transform.NAME for change in planned_ahead.changes)
+    monkeypatch.setattr(transform, "PLANS_AHEAD_OF", ())
+    counts["analyses"] = 0
+    waited = convert_source(text, "ddp")
+    assert counts["analyses"] == ahead + 1
+    assert (planned_ahead.output, planned_ahead.changes, planned_ahead.advice, planned_ahead.missing) == \
+           (waited.output, waited.changes, waited.advice, waited.missing)

@@ -210,3 +210,16 @@ def _chain(first: StatementRewrite, second: StatementRewrite, stmt: cst.BaseStat
     for s in first(stmt):
         out.extend(second(s))
     return out
+
+
+class PlannedOnTheWrapsMade(Transform):
+    """A transform whose plan reads the wrap's edits as the anatomy showing the pending DDP wraps made
+    sees them (ddpify.anatomy.distributed.wraps_made): planned ahead of the wrap, its plan holds where
+    every wrap could be shown; elsewhere it is planned again on the wrap's output."""
+
+    SEES_EDITS_OF = ("wrap",)
+    PLANS_AHEAD_OF = ("wrap",)
+    SEES_WRAPS_MADE = True
+
+    def reads_pending_edits(self, pending: PendingEdits) -> bool:
+        return not self.anatomy.wraps_made

@@ -16,22 +16,18 @@ from typing import Callable, Iterator
 import libcst as cst
 
 from ddpify.anatomy import ROLE_MODEL, ROLE_WRITER, Anatomy
-from ddpify.anatomy.distributed.every_rank_work import PendingEdits
 from ddpify.anatomy.distributed.wrappers import is_wrapper, may_become_wrapper
 from ddpify.anatomy.vocabulary import INNER_MODEL_CALLS, TRACES, TRACING_WRITER_METHODS, reads_through_module
-from ddpify.codemods.base import Transform
+from ddpify.codemods.base import PlannedOnTheWrapsMade
 from ddpify.codemods.options import Options
 from ddpify.edits.expressions import module_of
 
 
-class ModuleAccess(Transform):
+class ModuleAccess(PlannedOnTheWrapsMade):
     """Custom methods/attributes and state_dict() of a wrapped model go through `.module`; subclasses
-    name the wrapper's qualified name."""
+    name the wrapper's qualified name. It reads the wrapper the wrap makes."""
 
     NAME = "module"
-    SEES_EDITS_OF = ("wrap",)  # the wrapper it reaches through ...
-    PLANS_AHEAD_OF = ("wrap",)  # ... which it sees made where the wraps can be shown (SEES_WRAPS_MADE)
-    SEES_WRAPS_MADE = True
     WRAPPER = ""
 
     @classmethod
@@ -55,10 +51,6 @@ class ModuleAccess(Transform):
                 self._index_module(node)
             else:
                 self._insert_module(node)
-
-    def reads_pending_edits(self, pending: PendingEdits) -> bool:
-        """Planned ahead of the wrap: its plan is the one on the wrap's output where it saw the wraps made."""
-        return not self.anatomy.wraps_made
 
     def _on_wrapper(self, expr: ast.AST) -> bool:
         """Does `expr` hold the wrapper where it is read (judged as the lint rules judge it), or a

@@ -29,7 +29,8 @@ all-gather) or a DDP wrap the anatomy can't show made (below), and a function th
 sharding makes call `all_reduce_sums` (so it must run on every rank first); it waits for FSDP's
 checkpoint, state-dict and parameter rewrites where they have work, and for setup's try/finally
 around the `__main__` statements it guards (Edits.can_come_after). The wrapper itself is no reason
-to wait: `.module` access and rank 0 plan on an anatomy that shows the pending DDP wraps made
+to wait: `.module` access, rank 0 and the reseeds of each rank's noise and batches (which go where
+training starts after the last wrap) plan on an anatomy that shows the pending DDP wraps made
 (Transform.SEES_WRAPS_MADE, ddpify.anatomy.distributed.wraps_made), where every wrap can be shown
 (not a dict of models wrapped one by one, nor a model whose class another file defines); and rank 0
 judges only the pending edits its plan reads (SEES_EDITS_OF): `.module` access's rewrites are made

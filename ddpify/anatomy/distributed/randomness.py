@@ -69,8 +69,8 @@ def training_start(a: Anatomy, loops: set[ast.AST]) -> ast.stmt | None:
     if not loops or not wraps:
         return None
     wrap = max(wraps, key=lambda stmt: stmt.lineno)
-    block = a.block_of(wrap)
-    later = block[block.index(wrap) + 1:] if wrap in block else []
+    block = a.block_of(a.stands_beside.get(wrap, wrap))  # a wrap not made yet (wraps_made) stands in its anchor's block
+    later = [stmt for stmt in block if (stmt.lineno, stmt.col_offset) > (wrap.lineno, wrap.col_offset)]
     return next((stmt for stmt in later if a.body_contains([stmt], lambda n: n in loops)), None)
 
 

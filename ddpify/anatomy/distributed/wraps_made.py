@@ -1,7 +1,8 @@
 """The anatomy as pending DDP wraps will leave the code, for plans made in the same stage as the wrap.
 
 `.module` access and rank 0's duties read the wrapper: which reads of a model hold it once the wrap
-rebinds the model (`is_wrapper`, `wrapper_or_plain`), and whose forward then joins every rank. A
+rebinds the model (`is_wrapper`, `wrapper_or_plain`), and whose forward then joins every rank; the
+reseeds of each rank's noise and batches read where training starts after the last wrap. A
 wrap only inserts statements (the SyncBatchNorm conversion, `model = DDP(model, ...)`) right after
 the statement where its model is ready, or right before a `torch.compile` of it. `with_wraps_made`
 is the anatomy of the code as it is, with those statements standing where the edits will put them:

@@ -24,7 +24,7 @@ from ddpify.anatomy.distributed.randomness import (
     batches_each_rank_draws, loops_around_backward, repeatable_at, seeded_alike, training_start,
 )
 from ddpify.anatomy.syntax import argument
-from ddpify.codemods.base import Transform
+from ddpify.codemods.base import PlannedOnTheWrapsMade
 from ddpify.codemods.ddp.noise import noise_reseed, rank_seed, reseeded
 from ddpify.codemods.ddp.runtime import RANK, WORLD_SIZE
 from ddpify.codemods.ddp.samplers import DistributedSamplers, advise_learning_rate, divided_by_world_size
@@ -36,11 +36,10 @@ _WHY = ("# ddpify: each rank draws its own batches from here on (the DDP wrap ha
 _COUNT_ARGUMENTS = {"randint": "size", "multinomial": "num_samples"}
 
 
-class BatchesOfEachRank(Transform):
+class BatchesOfEachRank(PlannedOnTheWrapsMade):
     """Each rank draws its own batches at random offsets: the seed made again with the rank."""
 
     NAME = "draws"
-    SEES_EDITS_OF = ("wrap",)  # the wraps it reseeds after
     DUTY = DistributedSamplers.DUTY  # the same duty: each rank trains on data of its own
 
     @classmethod

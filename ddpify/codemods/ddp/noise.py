@@ -26,7 +26,7 @@ from ddpify.anatomy.distributed.names import NUMPY, PYTHON_DRAWS, TORCH
 from ddpify.anatomy.distributed.randomness import INITIAL_SEED, draws_alike_on_every_rank, repeatable_at, seed_calls, training_start
 from ddpify.anatomy.distributed.seeding import Seed, numpy_draws, seeds, unseeded_draws
 from ddpify.anatomy.syntax import enclosing_function
-from ddpify.codemods.base import Transform
+from ddpify.codemods.base import PlannedOnTheWrapsMade, Transform
 from ddpify.codemods.ddp.runtime import RANK
 from ddpify.codemods.options import Options
 
@@ -34,11 +34,10 @@ _WHY = ("# ddpify: each rank draws its own noise from here on (the DDP wrap has\
         "# broadcast rank 0's weights, so the models stay identical).\n")
 
 
-class NoiseOfEachRank(Transform):
+class NoiseOfEachRank(PlannedOnTheWrapsMade):
     """Seed each rank apart once the models are wrapped, where every rank would draw the same noise."""
 
     NAME = "noise"
-    SEES_EDITS_OF = ("wrap",)  # the wraps it reseeds after
 
     @classmethod
     def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
