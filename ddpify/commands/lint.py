@@ -100,7 +100,7 @@ def _lint_stdin(name: str, options: Options) -> tuple[list[FileReport], list[str
     """Lint the script on stdin as `name`: its report, errors, and the source after fixes."""
     if name.endswith(NOTEBOOK_SUFFIX):
         return [], [f"{name}: notebooks cannot be read from stdin"], None
-    text = click.get_text_stream("stdin").read()
+    text = click.open_file("-").read()  # stdin, as text (click.get_text_stream is deprecated in Click 8.5)
     report, fixed = lint_text(text, name, options)
     return [report], [], fixed
 
