@@ -85,6 +85,12 @@ compare only figures taken back to back):
     At 3ee58cf against 2ab28f6 (the same way, twice; `.module` access and rank 0 planned in the wrap's
     stage on an anatomy that shows the wrap made, anatomy/distributed/wraps_made.py):
       before --to ddp : 4.16, 3.92 s, 5.7x, 6.0x     after: 3.80, 3.55 s, 5.3x, 5.5x
+
+    At c0745e1 against 1df1c48 (the same way, three times; fewer extra stages, 28 -> 17: a hoist
+    named fresh in the pending edits' output, the loss scaling and the reseeds planned ahead; compound
+    headers located only where rewritten; wide statements taken from the module, not parsed again;
+    a rank test judged once per statement; docs/performance.md):
+      before --to ddp : 3.46, 3.48, 3.49 s, 5.2x-5.3x     after: 3.24, 3.24, 3.28 s, 4.7x-4.9x
 """
 
 from __future__ import annotations
