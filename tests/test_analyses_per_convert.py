@@ -23,7 +23,7 @@ from ddpify.codemods.ddp.noise import NoiseOfEachRank
 from ddpify.codemods.ddp.rank_zero import RankZeroDuties
 from ddpify.codemods.ddp.sum_loss import SumLossScaling
 from ddpify.codemods.options import Options
-from ddpify.codemods.pipeline import Status
+from ddpify.codemods.pipeline import ConversionResult, Status
 from ddpify.convert import convert_source
 from ddpify.edits.engine import Edits
 from ddpify.edits.statements import parse_statements
@@ -118,6 +118,21 @@ PRINTED_EVALUATION = """\
     """
 
 
+def planned_both_ways(counts, monkeypatch, text: str, transform: type) -> tuple[ConversionResult, int, ConversionResult, int]:
+    """`text` (dedented) converted --to ddp with `transform` planned ahead of the edits it reads, then
+    waiting for them: each result, with the analyses it took."""
+    counts["analyses"] = 0
+    ahead = convert_source(textwrap.dedent(text), "ddp")
+    ahead_analyses, counts["analyses"] = counts["analyses"], 0
+    monkeypatch.setattr(transform, "PLANS_AHEAD_OF", ())
+    return ahead, ahead_analyses, convert_source(textwrap.dedent(text), "ddp"), counts["analyses"]
+
+
+def reported(result: ConversionResult) -> tuple:
+    """What a conversion gives the user: its code and its changes, advice and missing items."""
+    return result.output, result.changes, result.advice, result.missing
+
+
 def _analyses_of(counts, text: str, target: str, **options) -> int:
     counts["analyses"] = 0
     convert_source(textwrap.dedent(text), target, **options)
@@ -159,16 +174,51 @@ NEIGHBOURING_PRINTS = """\
     """
 
 
-def test_rank_zero_guards_a_print_log_loss_rewrites_in_the_same_pass_as_if_after_it(counts, monkeypatch):
-    planned_ahead = convert_source(textwrap.dedent(NEIGHBOURING_PRINTS), "ddp")
-    assert counts["analyses"] == 2
-    monkeypatch.setattr(RankZeroDuties, "PLANS_AHEAD_OF", ())
-    assert _analyses_of(counts, NEIGHBOURING_PRINTS, "ddp") == 3
-    waited = convert_source(textwrap.dedent(NEIGHBOURING_PRINTS), "ddp")
-    assert planned_ahead.output == waited.output
-    assert planned_ahead.changes == waited.changes and planned_ahead.status is Status.CONVERTED
-    assert not guarded_by_rank_zero(planned_ahead.output, "loss_avg = mean_over_ranks(loss)")
-    assert guarded_by_rank_zero(planned_ahead.output, 'print(f"loss {loss_avg.item():.4f}")')
+# An epoch's training printed: rank 0 hoists it into a fresh variable every rank computes, then prints.
+PRINTED_TRAINING = """\
+    import torch
+    import torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    def train_epoch(model, loader, opt):
+        total = 0.0
+        for x, y in loader:
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            total += loss.item()
+        return total
+
+
+    def main():
+        data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+        loader = DataLoader(data, batch_size=8, shuffle=True)
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            print(f"epoch {epoch} loss {train_epoch(model, loader, opt):.3f}")
+
+
+    if __name__ == "__main__":
+        main()
+    """
+
+
+@pytest.mark.parametrize(("text", "every_rank", "rank_zero"), [
+    (NEIGHBOURING_PRINTS, "loss_avg = mean_over_ranks(loss)", 'print(f"loss {loss_avg.item():.4f}")'),
+    (PRINTED_TRAINING, "train_epoch_result = train_epoch(model, loader, opt)", 'print(f"epoch {epoch} loss {train_epoch_result:.3f}")'),
+], ids=["prints beside a loss print", "a printed epoch hoisted"])
+def test_rank_zero_planned_ahead_makes_the_code_and_report_of_planning_it_after(counts, monkeypatch, text, every_rank, rank_zero):
+    """In the first stage: its guards land in the same pass as log-loss's rewrite of a print beside
+    them, each under its own `if`; a value it hoists goes into a name fresh in the code the pending
+    edits make too (Transform.fresh_name)."""
+    planned_ahead, ahead, waited, waiting = planned_both_ways(counts, monkeypatch, text, RankZeroDuties)
+    assert (ahead, waiting) == (2, 3)
+    assert reported(planned_ahead) == reported(waited) and planned_ahead.status is Status.CONVERTED
+    assert not guarded_by_rank_zero(planned_ahead.output, every_rank)
+    assert guarded_by_rank_zero(planned_ahead.output, rank_zero)
 
 
 def test_the_rank_zero_plan_sees_the_reductions_the_evaluation_sharding_adds():
@@ -229,52 +279,6 @@ def test_the_plans_that_read_the_wrapper_see_the_wrap_made_in_the_same_stage(cou
     assert guarded_by_rank_zero(seen_made.output, 'print("classes", model.module.classes)')
 
 
-# An epoch's training printed: rank 0 hoists it into a fresh variable every rank computes, then prints.
-PRINTED_TRAINING = """\
-    import torch
-    import torch.nn as nn
-    from torch.utils.data import DataLoader, TensorDataset
-
-
-    def train_epoch(model, loader, opt):
-        total = 0.0
-        for x, y in loader:
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            total += loss.item()
-        return total
-
-
-    def main():
-        data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
-        loader = DataLoader(data, batch_size=8, shuffle=True)
-        model = nn.Linear(4, 2)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for epoch in range(2):
-            print(f"epoch {epoch} loss {train_epoch(model, loader, opt):.3f}")
-
-
-    if __name__ == "__main__":
-        main()
-    """
-
-
-def test_a_rank_zero_plan_that_hoists_is_made_in_the_first_stage(counts, monkeypatch):
-    """The hoisted variable is fresh in the code the pending edits make (Transform.fresh_name), so a
-    plan that hoists needs no second stage: the same code and report as planned on their output."""
-    planned_ahead = convert_source(textwrap.dedent(PRINTED_TRAINING), "ddp")
-    assert counts["analyses"] == 2
-    monkeypatch.setattr(RankZeroDuties, "PLANS_AHEAD_OF", ())
-    assert _analyses_of(counts, PRINTED_TRAINING, "ddp") == 3
-    waited = convert_source(textwrap.dedent(PRINTED_TRAINING), "ddp")
-    assert planned_ahead.output == waited.output
-    assert planned_ahead.changes == waited.changes and planned_ahead.status is Status.CONVERTED
-    assert not guarded_by_rank_zero(planned_ahead.output, "train_epoch_result = train_epoch(model, loader, opt)")
-    assert guarded_by_rank_zero(planned_ahead.output, 'print(f"epoch {epoch} loss {train_epoch_result:.3f}")')
-
-
 def test_a_fresh_name_is_fresh_in_the_code_the_pending_edits_make():
     """Taken: the names of the statements the pending edits insert and those they chose fresh."""
     pending = Edits()
@@ -315,14 +319,10 @@ def test_the_loss_scaling_that_finds_nothing_holds_ahead_of_the_rows_each_rank_s
     """Planned ahead of rows' edits, a loss scaling that finds nothing to scale joins their stage; the
     same code and report as planned on rows' output."""
     text = (FIXTURES / fixture).read_text()
-    planned_ahead = convert_source(text, "ddp")
-    assert counts["analyses"] == 2
+    planned_ahead, ahead, waited, waiting = planned_both_ways(counts, monkeypatch, text, SumLossScaling)
+    assert (ahead, waiting) == (2, 3)
     assert any(change.transform == "rows" for change in planned_ahead.changes)
-    monkeypatch.setattr(SumLossScaling, "PLANS_AHEAD_OF", ())
-    waited = convert_source(text, "ddp")
-    assert counts["analyses"] == 5
-    assert (planned_ahead.output, planned_ahead.changes, planned_ahead.advice, planned_ahead.missing) == \
-           (waited.output, waited.changes, waited.advice, waited.missing)
+    assert reported(planned_ahead) == reported(waited)
 
 
 def test_a_summed_loss_the_ranks_share_is_scaled_by_rows_alone(counts):
@@ -342,13 +342,7 @@ def test_a_summed_loss_the_ranks_share_is_scaled_by_rows_alone(counts):
 def test_the_reseed_after_the_wrap_is_planned_where_the_wraps_are_seen_made(counts, monkeypatch, fixture, transform):
     """Each rank's own noise or batches start after the last wrap: planned ahead of it, on the anatomy
     that shows the wraps made, in a stage fewer, with the code and report of planning on its output."""
-    text = (FIXTURES / fixture).read_text()
-    planned_ahead = convert_source(text, "ddp")
-    ahead = counts["analyses"]
+    planned_ahead, ahead, waited, waiting = planned_both_ways(counts, monkeypatch, (FIXTURES / fixture).read_text(), transform)
+    assert waiting == ahead + 1
     assert any(change.transform == transform.NAME for change in planned_ahead.changes)
-    monkeypatch.setattr(transform, "PLANS_AHEAD_OF", ())
-    counts["analyses"] = 0
-    waited = convert_source(text, "ddp")
-    assert counts["analyses"] == ahead + 1
-    assert (planned_ahead.output, planned_ahead.changes, planned_ahead.advice, planned_ahead.missing) == \
-           (waited.output, waited.changes, waited.advice, waited.missing)
+    assert reported(planned_ahead) == reported(waited)
