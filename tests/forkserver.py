@@ -51,6 +51,12 @@ import torch.utils.data  # noqa: F401
 import accelerate  # noqa: F401  (the test extra installs it: scripts converted --to accelerate import it)
 
 from ddpify.verify import launcher, runner
+# what `python -m ddpify convert|lint|verify` imports, so that its forked runs don't import it each time
+import ddpify.cli  # noqa: F401
+import ddpify.commands.convert  # noqa: F401
+import ddpify.commands.lint  # noqa: F401
+import ddpify.commands.verify  # noqa: F401
+from ddpify.lint.registry import all_rules
 from ddpify.verify.launcher import ForkedRun, rank_environment
 from ddpify.verify.rendezvous import serve_store
 
@@ -283,6 +289,7 @@ if __name__ == "__main__":
     # Every object imported so far (torch's) leaves the collector's view: a forked process's first full
     # collection would otherwise walk them all, copying every page it touches
     # (a 2-rank launch of fixtures/basic_main.py converted to DDP: 0.64 CPU-s without this, 0.21 with it).
+    all_rules()  # the rules' modules
     gc.freeze()
     leave_exit_finalizers_to_the_server()
     serve(int(sys.argv[1]))
