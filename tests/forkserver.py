@@ -47,6 +47,7 @@ import torch.distributed  # noqa: F401
 import torch.distributed.checkpoint.state_dict  # noqa: F401  (what `convert --to fsdp` saves with)
 import torch.nn.parallel  # noqa: F401
 import torch.utils.data  # noqa: F401
+import torch.utils.tensorboard  # noqa: F401  (0.24 CPU-s a process: the fixtures that log import it; no thread)
 
 import accelerate  # noqa: F401  (the test extra installs it: scripts converted --to accelerate import it)
 
