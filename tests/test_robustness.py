@@ -15,10 +15,11 @@ import os
 import re
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import run_ddpify
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
@@ -27,12 +28,9 @@ TIMEOUT = 300
 
 
 def ddpify(*args, cwd: Path, timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
-    """Run `python -m ddpify ARGS` in `cwd` as a user would (own process, so nothing leaks)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run(
-        [sys.executable, "-m", "ddpify", *map(str, args)],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
-    )
+    """Run `python -m ddpify ARGS` in `cwd` as a user would, in a process of its own (forked from the
+    tests' fork server unless DDPIFY_TEST_FORK=0), so nothing leaks."""
+    return run_ddpify(list(map(str, args)), cwd, {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}, timeout)
 
 
 def no_traceback(result: subprocess.CompletedProcess) -> None:
