@@ -25,6 +25,7 @@ agent's pid, then its exit code.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import gc
 import json
 import os
@@ -63,6 +64,8 @@ from ddpify.verify.rendezvous import serve_store
 
 POLL_S = 0.01
 FAILURE_GRACE_S = 2.0
+MADV_COLLAPSE = 25  # Linux 6.1+: back a range with transparent huge pages now
+HUGE_PAGE = 2 << 20
 
 
 def run_as_main(argv: list[str], module: str | None = None) -> int:
@@ -276,6 +279,35 @@ def leave_exit_finalizers_to_the_server() -> None:
         finalizer.atexit = False
 
 
+def back_with_huge_pages() -> None:
+    """Collapse the server's anonymous memory (~250 MB once torch is imported) into 2 MB pages.
+
+    A fork copies one page-table entry per 4 KB page and an exit tears them down again: on this machine
+    15 ms of system time a process, 3 ms once the memory is in huge pages (~1,600 processes a suite). A
+    child that writes still copies only 4 KB: the kernel splits a shared huge page at its first write.
+    Where the kernel lacks MADV_COLLAPSE or has transparent huge pages off, madvise fails: nothing changes.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for start, end in _anonymous_regions():
+        madvise(start, end - start, MADV_COLLAPSE)
+
+
+def _anonymous_regions():
+    """(start, end) of each writable private anonymous mapping (the heap too), trimmed to whole huge pages."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if fields[1] != "rw-p" or fields[5:] not in ([], ["[heap]"]):
+                continue
+            low, high = (int(bound, 16) for bound in fields[0].split("-"))
+            start, end = -(-low // HUGE_PAGE) * HUGE_PAGE, high // HUGE_PAGE * HUGE_PAGE
+            if end > start:
+                yield start, end
+
+
 def serve(control: int) -> None:
     """Answer launch requests until stdin closes."""
     for line in sys.stdin:
@@ -293,4 +325,5 @@ if __name__ == "__main__":
     all_rules()  # the rules' modules
     gc.freeze()
     leave_exit_finalizers_to_the_server()
+    back_with_huge_pages()
     serve(int(sys.argv[1]))

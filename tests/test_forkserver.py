@@ -4,6 +4,7 @@ rank variables, per-rank logs)."""
 
 from __future__ import annotations
 
+import platform
 import sys
 from pathlib import Path
 
@@ -140,3 +141,27 @@ def test_a_forked_verify_hands_the_callers_environment_to_the_scripts_it_runs(mo
     monkeypatch.setattr(helpers, "FORK_LAUNCHES", True)
     run = helpers.run_ddpify(["verify", "train.py", "--to", "ddp"], tmp_path, {"PROBE_EXTRA": "seen"}, timeout=180)
     assert run.returncode == 0, helpers.failure_report(run)
+
+
+def huge_pages_unavailable() -> str | None:
+    """Why this kernel cannot back the server with huge pages (MADV_COLLAPSE: Linux 6.1+), or None."""
+    try:
+        enabled = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return "no transparent huge pages here"
+    release = tuple(int(part) for part in platform.release().split(".")[:2] if part.isdigit())
+    if "[never]" in enabled or release < (6, 1):
+        return f"transparent huge pages: {enabled.strip()}, kernel {platform.release()}"
+    return None
+
+
+def test_the_servers_memory_is_in_huge_pages_so_forks_stay_cheap(tmp_path):
+    """Most of the server's anonymous memory (torch's ~250 MB) is in 2 MB pages: a fork copies and an
+    exit tears down a page-table entry for every 4 KB page otherwise (forkserver.back_with_huge_pages)."""
+    if reason := huge_pages_unavailable():
+        pytest.skip(reason)
+    (tmp_path / "nothing.py").write_text("")
+    run_script(helpers.python_argv(tmp_path / "nothing.py"), tmp_path)
+    rollup = Path(f"/proc/{helpers.FORK_SERVER._process.pid}/smaps_rollup").read_text()
+    kilobytes = {line.split(":")[0]: int(line.split()[1]) for line in rollup.splitlines()[1:]}
+    assert kilobytes["AnonHugePages"] > kilobytes["Anonymous"] / 2, rollup
