@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
 from ddpify.anatomy.vocabulary import RANDOM_DRAWS  # noqa: E402
+from ddpify.verify.aligned_draws import seed_torch  # noqa: E402
 from ddpify.verify.alignment import RECUT_FLAG, AlignedBatchSampler, LoaderCensus, align_training_loaders, is_training_loader  # noqa: E402
 from ddpify.verify.compare import Record, judge  # noqa: E402
 from ddpify.verify.dataparallel import simulate_data_parallel  # noqa: E402
@@ -285,6 +287,16 @@ def test_draws_the_ranks_repeat_but_the_reference_does_not_are_statistical_and_s
     result = judge(make_plan(), drawing([1, 1, 1], STEPS, ["whole"]), [drawing([1, 1, 1], STEPS, ["half"])] * 2)
     assert result["mode"] == "statistical"
     assert any("the 2 ranks' draws repeat each other" in note for note in result["notes"])
+
+
+def test_seeding_a_sample_seeds_the_cpu_generator_without_queueing_seeds_for_absent_devices(monkeypatch):
+    """seed_torch draws as torch.manual_seed does on the CPU. It formats no stack: torch.manual_seed does,
+    three times, while CUDA has not started (1-2 ms a call, once per sample of every batch)."""
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    monkeypatch.setattr(traceback, "format_stack", lambda *args: pytest.fail("a stack was formatted"))
+    seed_torch(7)
+    assert torch.equal(torch.rand(3), expected)
 
 
 def test_ranks_with_one_loss_alike_but_another_apart_do_not_train_on_the_same_data():

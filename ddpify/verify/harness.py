@@ -39,7 +39,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from ddpify.anatomy.distributed.names import NUMPY_NON_DRAWS
 from ddpify.anatomy.vocabulary import MODEL_WRAPPERS, RANDOM_DRAWS
-from ddpify.verify.aligned_draws import TrainingBatch, batch_shaped_draw, watch_training_batches
+from ddpify.verify.aligned_draws import TrainingBatch, batch_shaped_draw, seed_torch, watch_training_batches
 from ddpify.verify.alignment import PassClock, align_training_loaders, clock_passes_at_start
 from ddpify.verify.dataparallel import simulate_data_parallel
 from ddpify.verify.plan import CANDIDATE, PACKAGE_ROOT, PAIRS_FLAG, REFERENCE, WRAPPER_FLAG, Plan, Run, ScriptBatch
@@ -159,7 +159,7 @@ def _random_states() -> tuple:
 
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
-    torch.manual_seed(seed)
+    seed_torch(seed)
     numpy = sys.modules.get("numpy")
     if numpy:
         numpy.random.seed(seed)
