@@ -58,6 +58,7 @@ import ddpify.cli  # noqa: F401
 import ddpify.commands.convert  # noqa: F401
 import ddpify.commands.lint  # noqa: F401
 import ddpify.commands.verify  # noqa: F401
+import ddpify.project_conversion  # noqa: F401  (what convert and verify import when they run: the accelerate codemods)
 from ddpify.lint.registry import all_rules
 from ddpify.verify.launcher import ForkedRun, rank_environment
 from ddpify.verify.rendezvous import serve_store
