@@ -143,9 +143,10 @@ def signalled(plan: Plan, runs: list) -> dict[tuple[str, int], int]:
 
 
 def failure_message(plan: Plan, killed: dict[tuple[str, int], int]) -> tuple[str | None, list[dict]]:
-    """Why the pair could not run (the first failure: a traceback, or a death by a signal from the `killed`,
-    with its log's last words; else every process that never finished), or None; and where each hung
-    process sat (see hang_report)."""
+    """Why the pair could not run (the reference's failure, else the candidates' first: a traceback, or a
+    death by a signal from the `killed`, with its log's last words; else every process that never finished),
+    or None; and where each hung process sat (see hang_report). The reference runs apart from the ranks: its
+    failure is the original script's own, whichever process happened to fail first."""
     failures = []
     silent, hangs = [], []
     for role, rank, label in processes(plan):
@@ -153,12 +154,12 @@ def failure_message(plan: Plan, killed: dict[tuple[str, int], int]) -> tuple[str
         if os.path.exists(error):
             hint = failure_hint(exception_line_in(error)) if plan.dp_simulated and role == CANDIDATE else None
             because = f" ({hint})" if hint else ""
-            failures.append((os.path.getmtime(error), f"{label} failed: {exception_line_in(error)}{because}"))
+            failures.append(((role != REFERENCE, os.path.getmtime(error)), f"{label} failed: {exception_line_in(error)}{because}"))
         elif not os.path.exists(stack := plan.file("stack", role, rank)):  # opened before the script starts
             silent.append(f"{label} had not started the script {plan.timeout:g} s after launch (a slow start on a busy "
                           f"machine: raise --timeout)")
         elif (role, rank) in killed or fatal_error_in(stack):  # its log and dump were last written as it died
-            failures.append((os.path.getmtime(stack), death(plan, role, rank, label, killed.get((role, rank)))))
+            failures.append(((role != REFERENCE, os.path.getmtime(stack)), death(plan, role, rank, label, killed.get((role, rank)))))
         elif not os.path.exists(plan.file("record", role, rank)):
             stuck = stuck_in(stack, (plan.run(role).import_dir, plan.run(role).workdir))
             if stuck:
