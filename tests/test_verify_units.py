@@ -299,6 +299,49 @@ def test_seeding_a_sample_seeds_the_cpu_generator_without_queueing_seeds_for_abs
     assert torch.equal(torch.rand(3), expected)
 
 
+def test_a_samples_draws_follow_its_index_and_a_batch_leaves_the_global_generators_as_it_found_them(monkeypatch):
+    """seed_each_sample: the same index draws the same numbers in any batch; after a batch (before its
+    collate_fn) Python's, torch's and NumPy's global states are those it began with; a drawing dataset is flagged."""
+    import random
+
+    import numpy as np
+    from torch.utils.data._utils.fetch import _MapDatasetFetcher
+
+    from ddpify.verify.harness import seed_each_sample
+
+    monkeypatch.setattr(_MapDatasetFetcher, "fetch", _MapDatasetFetcher.fetch)  # put back after the test
+    monkeypatch.setattr(DataLoader, "__iter__", DataLoader.__iter__)
+    recorder = Notes()
+    seed_each_sample(recorder)
+
+    class Noisy(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, index):
+            return torch.rand(1) + random.random() + float(np.random.rand())
+
+    def states():
+        return torch.get_rng_state(), random.getstate(), np.random.get_state()[1].tolist()
+
+    seen = {}
+
+    def collate(items):
+        seen["states"] = states()
+        return torch.cat(items)
+
+    def fetch(indices):
+        return _MapDatasetFetcher(Noisy(), True, collate, False).fetch(indices)
+
+    before = states()
+    whole = fetch([0, 1, 2, 3])
+    assert seen["states"][1:] == before[1:] and torch.equal(seen["states"][0], before[0])
+    after = states()
+    assert after[1:] == before[1:] and torch.equal(after[0], before[0])
+    assert torch.equal(torch.cat([fetch([0, 1]), fetch([2, 3])]), whole)
+    assert "sample_randomness" in recorder.flags
+
+
 def test_ranks_with_one_loss_alike_but_another_apart_do_not_train_on_the_same_data():
     """A GAN: the generator's loss on noise every rank draws alike, the discriminator's on each rank's real batch."""
     ranks = [drawing([1, 1, 1], STEPS, ["n"], [[real, 1.0]] * 3) for real in (0.5, 0.7)]
