@@ -132,7 +132,7 @@ def test_forked_ranks_get_the_variables_torchruns_workers_get(tmp_path):
                {name: forked[name] for name in added if "RANK" in name or "SIZE" in name}
 
 
-HANG_TIMEOUTS_S = (10, 20, 40)  # torchrun's agent imports torch before it starts the ranks: longer when busy
+HANG_TIMEOUTS_S = (6, 20, 40)  # torchrun's agent imports torch before it starts the ranks: longer when busy
 
 
 def test_a_hung_rank_is_reported_with_its_stack(tmp_path):
