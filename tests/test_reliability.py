@@ -199,15 +199,15 @@ def test_a_launcher_past_its_timeout_is_reported_and_killed_with_its_group(tmp_p
 
     from ddpify.verify import runner
 
-    monkeypatch.setattr(runner, "LAUNCHER_SLACK_S", 1.0)
+    monkeypatch.setattr(runner, "LAUNCHER_SLACK_S", 0.5)
     pid_file = tmp_path / "rank.pid"
     launcher = subprocess.Popen([sys.executable, "-c", STUCK_LAUNCHER, str(pid_file)], stdin=subprocess.PIPE,
                                 text=True, start_new_session=True)
-    plan = SimpleNamespace(save=lambda: "plan.json", timeout=2, result_path=str(tmp_path / "result.json"), outdir=str(tmp_path))
+    plan = SimpleNamespace(save=lambda: "plan.json", timeout=1, result_path=str(tmp_path / "result.json"), outdir=str(tmp_path))
     result = runner.run_plan(launcher, plan)
     rank = int(pid_file.read_text())
     try:
-        assert result["verdict"] == "error" and "did not finish within 3 s" in result["message"], result
+        assert result["verdict"] == "error" and "did not finish within 1.5 s" in result["message"], result
         runner.kill_group(launcher)
         assert launcher.returncode == -signal.SIGKILL
         time.sleep(0.5)  # the orphaned rank is reaped by init
