@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence, Union
 
+if __name__ != "helpers":  # a second copy of this module would start a second fork server in the same process
+    raise ImportError(f"import tests/helpers.py as `helpers`, not as `{__name__}` (see test_gpu.py's import)")
+
 StrPath = Union[str, "os.PathLike[str]"]
 
 #: how much of stderr/stdout to quote in failure messages

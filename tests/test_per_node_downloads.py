@@ -20,7 +20,12 @@ import pytest
 from ddpify.anatomy import analyze
 from ddpify.anatomy.distributed.launch import download_unit, downloads
 from ddpify.convert import convert_source
-from tests.helpers import run_script
+
+try:
+    from helpers import run_script
+except ImportError:  # e.g. pytest --import-mode=importlib
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from helpers import run_script
 
 FETCH_IN_A_FUNCTION = """
     import os
