@@ -1,0 +1,34 @@
+"""How the test processes themselves end (nothing here changes what a test checks).
+
+Measured at the end of a full `python -m pytest -n auto` run on 2 cores: after the last test, each
+worker spent ~1.5 s in pytest's five final garbage collections over its whole heap (libcst trees,
+torch) and ~2 s more finalizing its interpreter, while the controller waited for both.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+import sys
+
+
+def pytest_configure(config) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker
+        atexit.register(_leave_without_finalizing)  # registered before the tests' own: runs after them
+
+
+def pytest_unconfigure(config) -> None:
+    """One full collection (finalizers that raise are still reported), then freeze what survives, so that
+    pytest's next collections (five in all) look only at objects made since."""
+    gc.collect()
+    gc.freeze()
+
+
+def _leave_without_finalizing() -> None:
+    """The last step of an xdist worker's exit, after every other atexit handler (the fork server's close
+    included): results are reported and output flushed, so tearing down its objects one by one changes
+    nothing but the time the controller waits."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
