@@ -7,6 +7,7 @@ script runs); keep its signature stable.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import re
@@ -264,6 +265,16 @@ def failure_report(result: subprocess.CompletedProcess) -> str:
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES_DIR = REPO_ROOT / "fixtures"
+
+
+@functools.cache
+def converted_file(path: Path, target: str):
+    """`convert_source` of the file at `path` (named by its path), once per test process: several test files
+    check the same conversions (lint clean, width, no added waits). A test that changes the converter
+    (monkeypatch) calls convert_source itself."""
+    from ddpify.convert import convert_source
+
+    return convert_source(path.read_text(encoding="utf-8"), target, path=str(path))
 
 
 def one_line(code: str) -> str:

@@ -17,6 +17,7 @@ projects') and fixtures/real/ converted with --to ddp, fixtures/fsdp/ with --to 
 from __future__ import annotations
 
 import ast
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -25,7 +26,12 @@ import pytest
 from ddpify.anatomy import analyze
 from ddpify.anatomy.distributed.names import COLLECTIVES
 from ddpify.anatomy.distributed.ranks import mentions_rank
-from ddpify.convert import convert_source
+
+try:
+    from helpers import converted_file
+except ImportError:  # e.g. pytest --import-mode=importlib
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from helpers import converted_file
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 EXPECTED = FIXTURES / "expected"
@@ -130,7 +136,7 @@ def test_snapshot_adds_no_wait_to_a_per_batch_loop(name: str, original: Path, co
 
 @pytest.mark.parametrize("name, fixture, target", converted_fixtures())
 def test_conversion_adds_no_wait_to_a_per_batch_loop(name: str, fixture: Path, target: str) -> None:
-    result = convert_source(fixture.read_text(), target, path=str(fixture))
+    result = converted_file(fixture, target)
     if result.missing:
         pytest.skip(f"incomplete conversion: {result.missing[0].what}")
     check(name, fixture.read_text(), result.output)
