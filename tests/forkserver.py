@@ -18,8 +18,9 @@ every launch a real process.
 `ddpify verify` starts (`python -m ddpify.verify.launcher`, which imports torch) is forked from
 them instead of started as a new interpreter: the same code, session, log and plan pipe.
 
-Protocol: one JSON request per line on stdin; replies on the descriptor named in argv[1]: the
-agent's pid, then its exit code.
+Protocol: one JSON request per line on stdin, each with an "id"; replies on the descriptor named in
+argv[1], each naming its request's id: the agent's pid, then its exit code. Launches may overlap
+(tests/test_verify.py starts three verifies at once).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import threading
 import time
 import traceback
 import runpy
+import select
 import subprocess
 import types
 import weakref
@@ -208,13 +210,16 @@ def _wait_ranks(ranks: list[ForkedRun]) -> list[int]:
         time.sleep(POLL_S)
 
 
-def start_agent(request: dict, control: int) -> int:
+def start_agent(request: dict, server_fds: tuple[int, ...]) -> int:
     """Fork the agent of one launch; in the server, its pid (the agent never returns)."""
     pid = fork()
     if pid:
         return pid
     try:
-        os.close(control)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in server_fds:
+            os.close(fd)
         os.setsid()
         os.chdir(request["cwd"])
         redirect(0, os.devnull, os.O_RDONLY)
@@ -310,12 +315,40 @@ def _anonymous_regions():
 
 
 def serve(control: int) -> None:
-    """Answer launch requests until stdin closes."""
-    for line in sys.stdin:
-        pid = start_agent(json.loads(line), control)
-        os.write(control, (json.dumps({"pid": pid}) + "\n").encode())
-        _, status = os.waitpid(pid, 0)
-        os.write(control, (json.dumps({"returncode": os.waitstatus_to_exitcode(status)}) + "\n").encode())
+    """Answer launch requests until stdin closes, several at a time: an agent's end is noticed through
+    SIGCHLD, whose wakeup byte ends the wait for the next request."""
+    wake, wakeup = os.pipe()
+    os.set_blocking(wakeup, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler of its own, so that the signal writes the byte
+    signal.set_wakeup_fd(wakeup)
+    agents: dict[int, int] = {}  # pid -> request id
+    pending = b""
+    while True:
+        ready = select.select([0, wake], [], [])[0]
+        if wake in ready:
+            os.read(wake, 4096)
+        report_ended(agents, control)
+        if 0 in ready:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:
+                return
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                request = json.loads(line)
+                pid = start_agent(request, (control, wake, wakeup))
+                agents[pid] = request["id"]
+                reply(control, {"id": request["id"], "pid": pid})
+
+
+def report_ended(agents: dict[int, int], control: int) -> None:
+    for pid in list(agents):
+        ended, status = os.waitpid(pid, os.WNOHANG)
+        if ended:
+            reply(control, {"id": agents.pop(pid), "returncode": os.waitstatus_to_exitcode(status)})
+
+
+def reply(control: int, message: dict) -> None:
+    os.write(control, (json.dumps(message) + "\n").encode())  # one write under PIPE_BUF: whole
 
 
 if __name__ == "__main__":

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import atexit
 import functools
+import itertools
 import json
 import os
+import queue
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -165,73 +166,90 @@ def _torchrun_options(args: list[str]) -> tuple[dict[str, str] | None, list[str]
 
 
 class ForkServer:
-    """The test process's one fork server (started on first use): runs launches one at a time."""
+    """The test process's one fork server (started on first use). Launches from several threads overlap:
+    each request carries an id, and a thread hands every reply to the inbox of the launch it names."""
 
     SCRIPT = Path(__file__).resolve().parent / "forkserver.py"
 
     def __init__(self) -> None:
         self._process: subprocess.Popen | None = None
-        self._replies = -1
-        self._pending = b""
-        self._lock = threading.Lock()
+        self._inboxes: dict[int, queue.SimpleQueue] = {}  # the running server's launches
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # starting the server and writing a request
 
     def run(self, args: list[str], launch: dict, cwd: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-        with self._lock, tempfile.TemporaryDirectory(prefix="ddpify-fork-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="ddpify-fork-") as tmp:
             out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
             request = {**launch, "cwd": cwd, "env": env, "stdout": out, "stderr": err}
             returncode = self._launch(request, timeout, args, cwd, out, err)
             return subprocess.CompletedProcess(args, returncode, _read(out), _read(err))
 
     def _launch(self, request: dict, timeout: float, args: list[str], cwd: str, out: str, err: str) -> int:
-        self._send(request)
-        pid = self._reply(30)["pid"]
+        request_id, inbox = self._send(request)
         try:
-            reply = self._reply(timeout)
-        except TimeoutError:
-            _kill_group(pid)
-            self._reply(30)
-            raise AssertionError(f"timed out after {timeout}s: {' '.join(args)} (cwd={cwd})\n"
-                                 f"--- stdout tail ---\n{_tail(_read(out))}\n--- stderr tail ---\n{_tail(_read(err))}") from None
-        except BaseException:
-            _kill_group(pid)
-            self.close()
-            raise
+            pid = _reply(inbox, 30)["pid"]
+            try:
+                reply = _reply(inbox, timeout)
+            except TimeoutError:
+                _kill_group(pid)
+                _reply(inbox, 30)
+                raise AssertionError(f"timed out after {timeout}s: {' '.join(args)} (cwd={cwd})\n"
+                                     f"--- stdout tail ---\n{_tail(_read(out))}\n--- stderr tail ---\n{_tail(_read(err))}") from None
+            except BaseException:
+                _kill_group(pid)
+                self.close()
+                raise
+        finally:
+            self._inboxes.pop(request_id, None)
         _kill_group(pid)  # stray workers the script left in its group
         return reply["returncode"]
 
-    def _send(self, request: dict) -> None:
-        if self._process is None or self._process.poll() is not None:
-            self._start()
-        assert self._process is not None and self._process.stdin is not None
-        self._process.stdin.write((json.dumps(request) + "\n").encode())
-        self._process.stdin.flush()
+    def _send(self, request: dict) -> tuple[int, queue.SimpleQueue]:
+        with self._lock:
+            if self._process is None or self._process.poll() is not None:
+                self._start()
+            assert self._process is not None and self._process.stdin is not None
+            request_id, inbox = next(self._ids), queue.SimpleQueue()
+            self._inboxes[request_id] = inbox
+            self._process.stdin.write((json.dumps({**request, "id": request_id}) + "\n").encode())
+            self._process.stdin.flush()
+            return request_id, inbox
 
     def _start(self) -> None:
         read, write = os.pipe()
         self._process = subprocess.Popen([sys.executable, str(self.SCRIPT), str(write)], stdin=subprocess.PIPE,
                                          pass_fds=(write,), env=child_environment(), start_new_session=True)
         os.close(write)
-        self._replies, self._pending = read, b""
-
-    def _reply(self, timeout: float) -> dict:
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._pending:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self._replies], [], [], left)[0]:
-                raise TimeoutError
-            chunk = os.read(self._replies, 4096)
-            if not chunk:
-                raise RuntimeError("the test fork server died")
-            self._pending += chunk
-        line, self._pending = self._pending.split(b"\n", 1)
-        return json.loads(line)
+        self._inboxes = {}
+        threading.Thread(target=_deliver, args=(read, self._inboxes), daemon=True).start()
 
     def close(self) -> None:
         if self._process is not None:
             _kill_group(self._process.pid)
             self._process.wait()
-            os.close(self._replies)
             self._process = None
+
+
+def _deliver(replies: int, inboxes: dict[int, queue.SimpleQueue]) -> None:
+    """Hand each of a server's replies to its launch; when the server is gone, tell the launches still waiting."""
+    with os.fdopen(replies, "rb") as stream:
+        for line in stream:
+            reply = json.loads(line)
+            inbox = inboxes.get(reply["id"])
+            if inbox is not None:
+                inbox.put(reply)
+    for inbox in list(inboxes.values()):
+        inbox.put(None)
+
+
+def _reply(inbox: queue.SimpleQueue, timeout: float) -> dict:
+    try:
+        reply = inbox.get(timeout=timeout)
+    except queue.Empty:
+        raise TimeoutError from None
+    if reply is None:
+        raise RuntimeError("the test fork server died")
+    return reply
 
 
 def _read(path: str) -> str:

@@ -9,6 +9,7 @@ import mmap
 import os
 import platform
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,27 @@ def test_a_run_past_its_timeout_is_killed_with_its_group(monkeypatch, tmp_path):
     after = tmp_path / "after.py"
     after.write_text("print('next')\n")
     assert run_script([sys.executable, str(after)], tmp_path).stdout == "next\n"  # the server still serves
+
+
+MEET = """import os, sys, time
+me, other = sys.argv[1:]
+open(me, "w").close()
+deadline = time.monotonic() + 20
+while not os.path.exists(other) and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("met" if os.path.exists(other) else "alone")
+"""
+
+
+def test_launches_from_two_threads_run_at_the_same_time(monkeypatch, tmp_path):
+    """Each script waits for the other's file: launched one after the other, the first would wait alone."""
+    script = tmp_path / "meet.py"
+    script.write_text(MEET)
+    monkeypatch.setattr(helpers, "FORK_LAUNCHES", True)
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda names: run_script([sys.executable, str(script), *names], tmp_path, timeout=60),
+                             [("a", "b"), ("b", "a")]))
+    assert [(run.returncode, run.stdout) for run in runs] == [(0, "met\n")] * 2, [run.stderr for run in runs]
 
 
 DRAWS = """import os, random, numpy, torch
