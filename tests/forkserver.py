@@ -43,7 +43,12 @@ import types
 import weakref
 from typing import NoReturn
 
-import numpy.random  # (the test extra's tensorboard requires NumPy)
+# Python's collector thresholds while torch & co. import (their growing heap walked less often), restored
+# before the first fork so that every launch collects as a fresh interpreter does
+INTERPRETER_GC_THRESHOLDS = gc.get_threshold()
+gc.set_threshold(10_000, 20, 100)
+
+import numpy.random  # noqa: E402  (the test extra's tensorboard requires NumPy)
 import torch
 import torch._dynamo  # noqa: F401  (every optimizer's construction imports it)
 import torch.distributed  # noqa: F401
@@ -358,6 +363,7 @@ if __name__ == "__main__":
     # (a 2-rank launch of fixtures/basic_main.py converted to DDP: 0.64 CPU-s without this, 0.21 with it).
     all_rules()  # the rules' modules
     gc.freeze()
+    gc.set_threshold(*INTERPRETER_GC_THRESHOLDS)
     leave_exit_finalizers_to_the_server()
     back_with_huge_pages()
     serve(int(sys.argv[1]))

@@ -23,6 +23,7 @@ def test_thresholds_raised_while_converting_and_restored_after(monkeypatch):
     before = gc.get_threshold()
     convert_source(SCRIPT, "ddp")
     assert seen and seen[0] == tuple(max(now, wanted) for now, wanted in zip(before, CONVERSION_GC_THRESHOLDS))
+    assert seen[0] != before  # raised, from these thresholds (tests/conftest.py keeps the test process's below)
     assert gc.get_threshold() == before
 
 

@@ -1,5 +1,5 @@
 """The fork server launches scripts as a real interpreter and real torchrun would: each probe runs
-both ways and must report the same (argv, working directory, sys.path[0], environment, exit code,
+both ways and must report the same (argv, working directory, sys.path[0], environment, collector thresholds, exit code,
 rank variables, per-rank logs)."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from helpers import run_script  # noqa: E402
 
 HUGE_PAGE = 2 << 20
 PROBE = """\
-import json, os, sys
-report = {"argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0], "name": __name__,
+import gc, json, os, sys
+report = {"argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0], "name": __name__, "gc": gc.get_threshold(),
           "extra": os.environ.get("PROBE_EXTRA"), "file": __file__,
           "ranks": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}}
 print(json.dumps(report))
