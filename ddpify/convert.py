@@ -7,15 +7,14 @@ item, so a conversion that ends "converted" always lints clean.
 from __future__ import annotations
 
 import ast
-import gc
 import os
-import threading
 
 from ddpify.anatomy import Anatomy, ScriptKind, analyze
 from ddpify.anatomy.facts import NO_FACTS, ProjectFacts
 from ddpify.codemods.options import Options
 from ddpify.codemods.pipeline import ConversionResult, run_pipeline
 from ddpify.codemods.report import Missing
+from ddpify.collector import FEWER_COLLECTIONS
 
 TARGETS = ("ddp", "dp", "fsdp", "accelerate")
 NO_TRAINING = "no training found"
@@ -37,7 +36,7 @@ def convert_source(text: str, target: str, *, path: str = "<string>", batch_size
     """
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
-    with _FEWER_COLLECTIONS:
+    with FEWER_COLLECTIONS:  # a conversion's trees live as long as its stage
         anatomy = anatomy or analyze(text, path, facts=facts)
         reason = _nothing_to_do(anatomy, target, facts)
         if reason:
@@ -76,38 +75,6 @@ def lint_leftovers(result: ConversionResult, tree: ast.Module, path: str) -> lis
                                      f"fix it by hand (`ddpify rule {finding.code}` explains how)"))
     return leftovers
 
-
-
-class _FewerCollections:
-    """While a conversion runs (in any thread), the garbage collector's thresholds are at least
-    CONVERSION_GC_THRESHOLDS: its young generation waits for 20,000 new objects instead of Python's
-    700, and its older ones for more young passes. A conversion allocates millions of tree nodes that
-    live as long as its stage, and at Python's thresholds the collector walked them again and again
-    (9-18% of a conversion's CPU time on the bench corpus), while the cycles a conversion leaves are
-    few (at most ~11,000 objects per file of the corpus). Young cycles are still collected; the
-    thresholds as they were come back when the last conversion ends."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._running = 0
-        self._saved = gc.get_threshold()
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._running == 0:
-                self._saved = gc.get_threshold()
-                gc.set_threshold(*(max(now, wanted) for now, wanted in zip(self._saved, CONVERSION_GC_THRESHOLDS)))
-            self._running += 1
-
-    def __exit__(self, *_exc) -> None:
-        with self._lock:
-            self._running -= 1
-            if self._running == 0:
-                gc.set_threshold(*self._saved)
-
-
-CONVERSION_GC_THRESHOLDS = (20_000, 50, 1_000)  # young objects; young passes per middle pass; middle passes per full one
-_FEWER_COLLECTIONS = _FewerCollections()
 
 def _nothing_to_do(anatomy: Anatomy, target: str, facts: ProjectFacts) -> str:
     kind = anatomy.kind

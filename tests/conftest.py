@@ -17,7 +17,7 @@ import gc
 import os
 import sys
 
-TEST_PROCESS_GC_THRESHOLDS = (10_000, 20, 100)  # below ddpify.convert.CONVERSION_GC_THRESHOLDS in each generation
+TEST_PROCESS_GC_THRESHOLDS = (10_000, 20, 100)  # below ddpify.collector's in each generation
 gc.set_threshold(*TEST_PROCESS_GC_THRESHOLDS)
 
 

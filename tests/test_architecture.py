@@ -22,7 +22,8 @@ PACKAGES = {"ddpify": "ddpify", "ddpify.rules": "rules"}  # dotted name -> its f
 # share the edit toolkit below them and never reach into each other). A part is folders (ending
 # in "/", with everything in them) and files.
 LAYERS: list[dict[str, tuple[str, ...]]] = [
-    {"foundations": ("ddpify/__init__.py", "ddpify/exit_codes.py", "ddpify/sources.py", "ddpify/python_files.py", "ddpify/notebooks.py")},
+    {"foundations": ("ddpify/__init__.py", "ddpify/exit_codes.py", "ddpify/sources.py", "ddpify/python_files.py", "ddpify/notebooks.py",
+                     "ddpify/collector.py")},
     {"analysis": ("ddpify/anatomy/",)},
     {"edit toolkit": ("ddpify/edits/",)},
     {"lint": ("ddpify/lint/", "rules/"), "transforms": ("ddpify/codemods/",)},

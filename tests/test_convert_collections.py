@@ -4,7 +4,8 @@ import gc
 
 import pytest
 
-from ddpify.convert import CONVERSION_GC_THRESHOLDS, convert_source
+from ddpify.collector import FEWER_COLLECTIONS_THRESHOLDS
+from ddpify.convert import convert_source
 
 SCRIPT = """import torch
 model = torch.nn.Linear(2, 1)
@@ -22,7 +23,7 @@ def test_thresholds_raised_while_converting_and_restored_after(monkeypatch):
     monkeypatch.setattr("ddpify.convert.run_pipeline", _spying_pipeline(seen, real))
     before = gc.get_threshold()
     convert_source(SCRIPT, "ddp")
-    assert seen and seen[0] == tuple(max(now, wanted) for now, wanted in zip(before, CONVERSION_GC_THRESHOLDS))
+    assert seen and seen[0] == tuple(max(now, wanted) for now, wanted in zip(before, FEWER_COLLECTIONS_THRESHOLDS))
     assert seen[0] != before  # raised, from these thresholds (tests/conftest.py keeps the test process's below)
     assert gc.get_threshold() == before
 

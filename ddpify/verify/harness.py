@@ -12,7 +12,7 @@ two GPUs (see dataparallel), and arms a faulthandler dump for hangs. After `plan
 the script ends, it writes its record (see recorder) and leaves at once with os._exit, so no
 rank blocks in teardown.
 
-Imports torch and the standard library only: no libcst, no ddpify command code.
+Imports torch and the standard library only (with ddpify's own small modules): no libcst, no ddpify command code.
 """
 
 from __future__ import annotations
@@ -31,11 +31,14 @@ import time
 import traceback
 import weakref
 
-import torch
-import torch.nn.functional as F
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from ddpify.collector import FEWER_COLLECTIONS
+
+with FEWER_COLLECTIONS:  # a torchrun worker imports torch here; the script runs at the thresholds it started with
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from ddpify.anatomy.distributed.names import NUMPY_NON_DRAWS
 from ddpify.anatomy.vocabulary import MODEL_WRAPPERS, RANDOM_DRAWS

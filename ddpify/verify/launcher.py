@@ -28,11 +28,15 @@ import sys
 import time
 from dataclasses import replace
 
+from ddpify.collector import FEWER_COLLECTIONS
+
 # Imported once here and shared by every forked run: what DDP scripts load, and
 # torch._dynamo, which every optimizer's construction imports (seconds of CPU each).
-import torch._dynamo  # noqa: F401
-import torch.distributed  # noqa: F401
-import torch.nn.parallel  # noqa: F401
+# The forks come later, at the thresholds this process started with.
+with FEWER_COLLECTIONS:
+    import torch._dynamo  # noqa: F401
+    import torch.distributed  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
 
 from ddpify.verify import harness
 from ddpify.verify.alignment import RECUT_FLAG
