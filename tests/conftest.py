@@ -1,4 +1,5 @@
-"""How the test processes themselves collect garbage and end (nothing here changes what a test checks).
+"""Where the test processes keep temporary files, how they collect garbage and how they end (nothing here
+changes what a test checks).
 
 The collector waits for 10,000 new objects instead of 700 (and runs its older generations less often):
 importing the test modules (torch, libcst, mcp) made it walk the growing heap again and again
@@ -16,9 +17,34 @@ import atexit
 import gc
 import os
 import sys
+import tempfile
 
 TEST_PROCESS_GC_THRESHOLDS = (10_000, 20, 100)  # below ddpify.collector's in each generation
 gc.set_threshold(*TEST_PROCESS_GC_THRESHOLDS)
+RAM_FOLDER = "/dev/shm"
+RAM_FOLDER_ROOM_BYTES = 4 << 30  # the suite's files peak well below this (it leaves ~1 MB)
+
+
+def temporary_files_in_ram() -> None:
+    """The suite's temporary files (tmp_path, verify's workspaces, the fork server's output files) on a RAM
+    filesystem where one has room and TMPDIR names nothing else. The suite creates and deletes tens of
+    thousands of files; on this machine's ext4 each new inode's search past recently deleted ones cost
+    ~3 % of the run's CPU (`perf`). README's command here: 3 m 12 s and 338 CPU-s twice, against 3 m 28 s-3 m 40 s and
+    368-391 CPU-s with the files on disk."""
+    if os.environ.get("TMPDIR") or not os.path.isdir(RAM_FOLDER):
+        return
+    room = os.statvfs(RAM_FOLDER)
+    if room.f_bavail * room.f_frsize < RAM_FOLDER_ROOM_BYTES:
+        return
+    folder = os.path.join(RAM_FOLDER, f"ddpify-tests-{os.getuid()}")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    if os.stat(folder).st_uid != os.getuid():  # someone else's: not a place for ours
+        return
+    os.environ["TMPDIR"] = folder  # the workers and every process the tests start inherit it
+    tempfile.tempdir = None  # tempfile reads TMPDIR again
+
+
+temporary_files_in_ram()
 
 
 def pytest_configure(config) -> None:
