@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -252,9 +253,7 @@ def test_concurrent_verifies_each_rendezvous_on_their_own_port():
         [result["message"] for _, result in outcomes]
 
 
-# The ranks the launcher forks start at once (it imported torch); torchrun's import it first, slower on a busy machine.
-@pytest.mark.parametrize("launcher, hang_s", [("fork", 6), ("torchrun", 15)])
-def test_rank0_only_barrier_is_reported_as_a_hang_without_orphans(launcher, hang_s):
+def rank0_alone_in_a_barrier_is_reported_without_orphans(launcher: str, hang_s: int) -> None:
     started = time.monotonic()
     completed = run_verify("train.py", "--to", "ddp", "--against", "ddp_rank0_barrier.py", "--timeout", str(hang_s),
                            "--launcher", launcher, "--json", timeout=90, real=True)  # real processes: orphans show
@@ -269,7 +268,7 @@ def test_rank0_only_barrier_is_reported_as_a_hang_without_orphans(launcher, hang
     shutil.rmtree(workspace)
 
 
-def test_an_all_reduce_one_rank_never_joins_is_reported_with_each_ranks_stack():
+def an_all_reduce_one_rank_never_joins_is_reported_with_each_ranks_stack() -> None:
     """Rank 0 waits in an all_reduce, rank 1 for the checkpoint rank 0 would save after it."""
     completed = run_verify("train.py", "--to", "ddp", "--against", "ddp_rank0_all_reduce.py", "--timeout", "5")
     shutil.rmtree(re.search(r"logs kept in (\S+)", completed.stdout)[1])
@@ -284,6 +283,23 @@ def test_an_all_reduce_one_rank_never_joins_is_reported_with_each_ranks_stack():
     rank1_polls = ["exists"] if "waiting in exists" in lines[-1] else []  # sampled in either line of its polling loop
     assert functions == ["all_reduce", "main", "<module>", *rank1_polls, "main", "<module>"], stacks
     assert "rank 1 hung here (innermost first):" in stacks
+
+
+# The ranks the launcher forks start at once (it imported torch); torchrun's import it first, slower on a busy machine.
+HANG_REPORTS = {
+    "rank 0 alone in a barrier, forked ranks": lambda: rank0_alone_in_a_barrier_is_reported_without_orphans("fork", 6),
+    "rank 0 alone in a barrier, torchrun": lambda: rank0_alone_in_a_barrier_is_reported_without_orphans("torchrun", 15),
+    "an all_reduce rank 1 never joins": an_all_reduce_one_rank_never_joins_is_reported_with_each_ranks_stack,
+}
+
+
+def test_hangs_are_reported_where_they_happen_and_leave_no_process_behind():
+    """Three hang reports side by side: each waits out its verify's timeout, so together they take about the
+    longest one's time (15 s) instead of the sum (26 s). Every report is checked; the failures are named."""
+    with ThreadPoolExecutor(len(HANG_REPORTS)) as pool:
+        runs = {name: pool.submit(check) for name, check in HANG_REPORTS.items()}
+    failed = {name: run.exception() for name, run in runs.items() if run.exception() is not None}
+    assert not failed, "\n\n".join(f"--- {name}:\n" + "".join(traceback.format_exception(error)) for name, error in failed.items())
 
 
 def test_a_rank_that_gloo_aborts_on_a_collective_mismatch_is_named_with_its_line_and_last_words():
