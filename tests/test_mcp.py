@@ -17,10 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from anyio.from_thread import start_blocking_portal
 from click.testing import CliRunner
-from mcp import Client
-from mcp.client.stdio import StdioServerParameters
 
 from ddpify import __version__
 from ddpify.cli import cli
@@ -66,6 +63,9 @@ def workspace(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def portal():
+    # the SDK is imported by the tests that use it, not at collection, which every worker makes (mcp: 0.5 CPU-s)
+    from anyio.from_thread import start_blocking_portal
+
     with start_blocking_portal() as portal:
         yield portal
 
@@ -73,6 +73,9 @@ def portal():
 @contextmanager
 def connected(portal, command: str, args: list[str], cwd: Path, read_timeout: float = CALL_TIMEOUT_S):
     """A client of the server started by `command args` in `cwd`, initialized (the handshake agent clients use)."""
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
     params = StdioServerParameters(command=command, args=args, cwd=cwd, env=ENV)
     with portal.wrap_async_context_manager(Client(params, mode="legacy", read_timeout_seconds=read_timeout)) as client:
         yield client
