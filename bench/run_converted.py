@@ -53,6 +53,7 @@ from ddpify.verify.reaper import LAUNCH_VARIABLE, kill_launch  # noqa: E402
 
 FIXTURES = ROOT / "fixtures"
 RANK_PREFIX = re.compile(r"^\[rank(\d+)\]: ?")
+ROOT_CAUSE = re.compile(r"^\s*rank\s*: (\d+).*?^\s*exitcode\s*: (-?\d+)[^\n(]*(?:\(pid: \d+\))?\s*(\(SIG\w+\))?", re.M | re.S)
 MAIN_BLOCK = re.compile(r"^if __name__ == [\"']__main__[\"']", re.M)
 TARGETS = ("ddp", "fsdp", "dp")
 ON_REQUEST = ("accelerate",)  # run with --targets only (tests/test_accelerate.py runs the top-level fixtures)
@@ -250,7 +251,18 @@ def crash(stderr: str) -> str:
     failed = re.search(r"^\s*rank\s*: (\d+)", stderr, re.M)
     rank = failed[1] if failed and failed[1] in ranks else first or ""
     error = exception_line("\n".join(ranks.get(rank, ranks.get("", []))))
+    if "ChildFailedError" in error:  # the agent's own traceback: the rank left none (a signal, a bare exit code)
+        return root_cause(stderr) or error
     return f"rank {rank}: {error}" if rank else error
+
+
+def root_cause(stderr: str) -> str:
+    """How torchrun's root-cause block says the first failed rank ended: `rank 1: exit code -6 (SIGABRT)`."""
+    found = ROOT_CAUSE.search(stderr)
+    if not found:
+        return ""
+    rank, code, signal = found.groups()
+    return f"rank {rank}: exit code {code}" + (f" {signal}" if signal else "") + ", no traceback"
 
 
 def hung_ranks(stacks: Path, ranks: list[str], script: Path) -> str:

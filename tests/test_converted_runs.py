@@ -202,6 +202,28 @@ def _cwd(pid: str) -> str | None:
         return None
 
 
+TORCHRUN_ABORTED_RANK = """about to die
+E1126 21:10:51.077000 1742 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) local_rank: 1
+Traceback (most recent call last):
+  File "torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=====================================================
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 1747)  (SIGABRT)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 1747
+=====================================================
+"""
+
+
+def test_a_rank_that_left_no_traceback_is_reported_by_how_it_ended():
+    """A rank killed by a signal (a C++ abort at interpreter exit) prints no traceback: torchrun's root cause says how it ended."""
+    assert bench.crash(TORCHRUN_ABORTED_RANK) == "rank 1: exit code -6 (SIGABRT), no traceback"
+
+
 def test_plain_python_runs_report_the_exception_line(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text("raise ValueError('first line\\nsecond line')\n")
