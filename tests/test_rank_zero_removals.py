@@ -54,18 +54,26 @@ KEEPS_THE_BEST_CHECKPOINT = textwrap.dedent("""\
     model.load_state_dict(torch.load(f"{best_epoch}.pkl"))
     print("best epoch", best_epoch)
     """)
-# Makes the race certain: each rank lists the files, then waits before it acts, so that every rank
-# lists them before any removes one (they left the barrier after the last save together).
+# Makes the race certain: each rank lists the files, then waits until every rank has listed them (or 5 s
+# have passed: a rank that never lists does not hang the test) before it acts, so that no rank removes a
+# file before the others have listed it. (A fixed 0.5 s sleep a listing did the same at 3.5 s a run.)
 LIST_THEN_WAIT = textwrap.dedent("""\
     import glob
+    import os
     import time
 
     _listed = glob.glob
+    _listings = 0
 
 
     def _list_then_wait(pattern):
+        global _listings
         files = _listed(pattern)
-        time.sleep(0.5)
+        _listings += 1
+        open(f".listed-{_listings}-rank-{os.environ['RANK']}", "w").close()
+        deadline = time.monotonic() + 5
+        while len(_listed(f".listed-{_listings}-rank-*")) < int(os.environ["WORLD_SIZE"]) and time.monotonic() < deadline:
+            time.sleep(0.002)
         return files
 
 
