@@ -20,7 +20,7 @@ from helpers import run_ddpify  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBPROCESS_TIMEOUT_S = 300
-STEPS = 30
+STEPS = 15
 PARAMETERS = 1_002_001  # Linear(1000, 1000) and Linear(1000, 1)
 MODEL_BYTES = PARAMETERS * 4  # float32
 
@@ -92,12 +92,12 @@ def kept_run(tmp_path_factory):
         peaks[pid].append(int(kb) * 1024)
     workspace = next(note for note in result["notes"] if note.startswith("logs kept in ")).removeprefix("logs kept in ")
     yield result, peaks, workspace
-    shutil.rmtree(workspace)  # 180 step files of 4 MB
+    shutil.rmtree(workspace)  # 90 step files of 4 MB
 
 
 def test_the_recording_processes_peak_memory_does_not_grow_with_the_steps(kept_run):
     """From the 5th step to the last, the reference's and rank 0's peak memory grows by less than 4 copies of the
-    model, the allocator's slack (it grew by 12 bytes a parameter a step, 25 x 12 MB here, when every step was kept)."""
+    model, the allocator's slack (it grew by 12 bytes a parameter a step, 10 x 12 MB here, when every step was kept)."""
     result, peaks, _ = kept_run
     assert result["verdict"] == "equivalent", result["message"]
     assert len(result["steps"]) == STEPS
@@ -108,10 +108,10 @@ def test_the_recording_processes_peak_memory_does_not_grow_with_the_steps(kept_r
 
 
 def test_the_comparison_reads_one_step_of_each_side_at_a_time(kept_run):
-    """Judging the kept records (the reference's and 2 ranks', 30 steps of a million parameters each) raises
+    """Judging the kept records (the reference's and 2 ranks', 15 steps of a million parameters each) raises
     this process's peak memory by some float64 copies of one step (each side's, the initial parameters, the
-    differences) and the allocator's slack: under 32 float32 models (65 to 105 MB seen), not the 3 x 30 x 12 MB
-    of every step (1.1 GB when every step was loaded). Measured on a second judge: the first also pays for what
+    differences) and the allocator's slack: under 32 float32 models (65 to 105 MB seen), not the 3 x 15 x 12 MB
+    of every step (540 MB when every step was loaded). Measured on a second judge: the first also pays for what
     this process allocates once."""
     from ddpify.verify.launcher import result_of
     from ddpify.verify.plan import Plan
