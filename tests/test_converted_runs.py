@@ -132,28 +132,27 @@ def test_forked_ranks_get_the_variables_torchruns_workers_get(tmp_path):
                {name: forked[name] for name in added if "RANK" in name or "SIZE" in name}
 
 
-HANG_TIMEOUTS_S = (6, 20, 40)  # torchrun's agent imports torch before it starts the ranks: longer when busy
-
-
-def test_a_hung_rank_is_reported_with_its_stack(tmp_path):
+def a_hung_rank_is_reported_with_its_stack(folder: Path, timeouts_s: tuple[int, ...]) -> None:
     """A launch that outlives its timeout names each rank's stuck line; nothing of it is left running.
+    (Run beside verify's hang reports by tests/test_hang_reports.py: each waits out a timeout.)
 
     The ranks dump their stacks a second after they start (not at bench.DUMP_AT of the timeout), so the
-    timeout need only cover torchrun's start-up; a launch that ended before a rank had dumped or exited
-    is tried again with a longer one."""
-    script = tmp_path / "hang.py"
+    timeout need only cover torchrun's start-up (its agent imports torch before it starts the ranks:
+    longer on a busy machine); a launch that ended before a rank had dumped or exited is tried again with
+    the next of `timeouts_s`."""
+    script = folder / "hang.py"
     script.write_text("import os, time\nif os.environ['RANK'] == '1':\n    time.sleep(600)\n")
-    assert hang_report(script) == "rank 0: finished; rank 1: at hang.py:3 in <module> `time.sleep(600)`"
-    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _cwd(pid) == str(tmp_path)]
+    assert hang_report(script, timeouts_s) == "rank 0: finished; rank 1: at hang.py:3 in <module> `time.sleep(600)`"
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _cwd(pid) == str(folder)]
 
 
-def hang_report(script: Path) -> str:
+def hang_report(script: Path, timeouts_s: tuple[int, ...]) -> str:
     """Where each rank of `script` under the real torchrun was when its launch timed out (the first
     launch whose every rank had dumped or exited by then, else the last)."""
     bootstrap = script.parent / "bootstrap"
     bootstrap.mkdir()
     (bootstrap / "sitecustomize.py").write_text(bench.BOOTSTRAP)
-    for attempt, timeout in enumerate(HANG_TIMEOUTS_S):
+    for attempt, timeout in enumerate(timeouts_s):
         stacks = script.parent / f"stacks-{attempt}"
         stacks.mkdir()
         env = {**bench.environment(bootstrap, stacks, timeout), bench.DUMP_AFTER_VARIABLE: "1"}
