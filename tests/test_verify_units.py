@@ -18,7 +18,7 @@ from ddpify.verify.aligned_draws import seed_torch  # noqa: E402
 from ddpify.verify.alignment import RECUT_FLAG, AlignedBatchSampler, LoaderCensus, align_training_loaders, is_training_loader  # noqa: E402
 from ddpify.verify.compare import Record, judge  # noqa: E402
 from ddpify.verify.dataparallel import simulate_data_parallel  # noqa: E402
-from ddpify.verify.diagnose import exception_line, exception_line_in, raise_location, stuck_at, stuck_in  # noqa: E402
+from ddpify.verify.diagnose import SLOW_START, exception_line, exception_line_in, raise_location, stuck_at, stuck_in  # noqa: E402
 from ddpify.verify.plan import WRAPPER_FLAG, Plan, Run  # noqa: E402
 from ddpify.verify.rank_batchnorm import SPLIT_FLAG, UNSPLIT_FLAG, normalize_batchnorm_per_rank  # noqa: E402
 from ddpify.verify.report import render  # noqa: E402
@@ -515,6 +515,37 @@ def test_a_hang_is_reduced_to_the_call_it_waits_in_and_the_scripts_frames(tmp_pa
     assert str(stuck) == "at ddp.py:34 in train, waiting in barrier (torch/distributed/distributed_c10d.py:4811)"
     assert str(stuck_in(str(dump), ("/elsewhere",))) == "waiting in barrier (torch/distributed/distributed_c10d.py:4811)"
     assert stuck_in(str(tmp_path / "missing.txt"), ("/work",)) is None
+
+
+def cut_import_dump(script_frames: str) -> str:
+    """A dump taken inside a deep import, cut by faulthandler 100 frames in, with `script_frames` left in."""
+    importing = ('  File "/site-packages/torch/distributed/tensor/_ops/_pointwise_ops.py", line 119 in _register_single_dim_pointwise\n'
+                 '  File "/site-packages/torch/distributed/tensor/_ops/_pointwise_ops.py", line 140 in <module>\n')
+    loading = '  File "<frozen importlib._bootstrap>", line 241 in _call_with_frames_removed\n' * (98 - script_frames.count("\n"))
+    return f"Timeout (0:00:08)!\nThread 0x01 (most recent call first):\n{importing}{loading}{script_frames}  ...\n"
+
+
+def test_a_process_inside_a_library_import_is_still_starting_up():
+    """An import at the deadline (the DDP wrap's first import of torch._dynamo takes seconds) is a slow start,
+    named by the module it loads, even where the dump, cut 100 frames in, lost the script's frames."""
+    from ddpify.verify.launcher import still_importing
+
+    cut = stuck_at(cut_import_dump(""), ("/work",))
+    assert (cut.script, cut.importing) == ((), "torch/distributed/tensor/_ops/_pointwise_ops.py")
+    assert still_importing("rank 1", cut, 8) == ("rank 1 was still importing torch/distributed/tensor/_ops/_pointwise_ops.py "
+                                                 "8 s after launch, deeper than its stack dump reaches " + SLOW_START)
+    wrapping = stuck_at(cut_import_dump('  File "/work/ddp.py", line 28 in main\n'), ("/work",))
+    assert wrapping.importing == "torch/distributed/tensor/_ops/_pointwise_ops.py"
+    assert still_importing("rank 0", wrapping, 8).endswith("8 s after launch, for ddp.py:28 in main " + SLOW_START)
+    assert stuck_at(DUMP, ("/work",)).importing is None  # waits in a barrier: a hang
+
+
+def test_the_scripts_own_module_hanging_as_it_is_imported_is_a_hang():
+    dump = ('Thread 0x01 (most recent call first):\n  File "/site-packages/torch/distributed/distributed_c10d.py", line 9 in barrier\n'
+            '  File "/work/data.py", line 3 in <module>\n  File "<frozen importlib._bootstrap>", line 241 in _call_with_frames_removed\n'
+            '  File "/work/train.py", line 1 in <module>\n')
+    stuck = stuck_at(dump, ("/work",))
+    assert (str(stuck), stuck.importing) == ("at data.py:3 in <module>, waiting in barrier (torch/distributed/distributed_c10d.py:9)", None)
 
 
 def test_a_hang_at_a_line_the_converter_wrote_names_that_change(tmp_path):

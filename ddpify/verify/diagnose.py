@@ -5,6 +5,7 @@ Imports the standard library only.
 
 from __future__ import annotations
 
+import itertools
 import linecache
 import os
 import re
@@ -14,6 +15,7 @@ _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+),? in (?P<func>
 _THREAD = re.compile(r"^(Current thread|Thread) ")
 _TRACEBACK = "Traceback (most recent call last):"
 _FATAL = re.compile(r"^Fatal Python error: (.+)$", re.M)
+SLOW_START = "(a slow start on a busy machine: raise --timeout)"  # how a run still starting at its deadline is reported
 _LIBRARY_DIRS = ("site-packages", "dist-packages")
 
 
@@ -55,6 +57,7 @@ class Stuck:
 
     waits_in: Frame | None
     script: tuple[Frame, ...]
+    importing: str | None = None  # the module an import is loading there: the process is still starting up
 
     def __str__(self) -> str:
         where = f"at {self.script[0]}" if self.script else ""
@@ -79,10 +82,20 @@ def _threads(dump: str) -> list[list[Frame]]:
     return threads
 
 
+def _module_loading(frames: list[Frame], code: tuple[str, ...]) -> str | None:
+    """The module (`torch/distributed/tensor/_ops/_pointwise_ops.py`) whose top level a thread runs inside an
+    import, inside the script's innermost frame (a dump cut short, 100 frames deep in an import, has none of them)."""
+    inner = list(itertools.takewhile(lambda frame: not is_script_code(frame.file, code), frames))
+    if not any(frame.file.startswith("<frozen importlib") for frame in inner):
+        return None
+    return next((_short(frame.file) for frame in inner if frame.function == "<module>"), None)
+
+
 def is_script_code(file: str, directories: tuple[str, ...]) -> bool:
-    """Is `file` the user's code: inside one of `directories` and not an installed package?"""
+    """Is `file` the user's code: inside one of `directories` and not an installed package? (Frames name real
+    files by absolute paths; `<frozen runpy>` is no file, wherever this process runs.)"""
     real = os.path.realpath(file)
-    return not any(part in real.split(os.sep) for part in _LIBRARY_DIRS) and any(
+    return os.path.isabs(file) and not any(part in real.split(os.sep) for part in _LIBRARY_DIRS) and any(
         real == directory or real.startswith(directory + os.sep) for directory in map(os.path.realpath, directories))
 
 
@@ -95,7 +108,7 @@ def stuck_at(dump: str, code: tuple[str, ...]) -> Stuck | None:
     frames = next((frames for frames in threads if any(is_script_code(f.file, code) for f in frames)), threads[-1])
     script = tuple(frame for frame in frames if is_script_code(frame.file, code))
     innermost = frames[0]
-    return Stuck(None if is_script_code(innermost.file, code) else innermost, script)
+    return Stuck(None if is_script_code(innermost.file, code) else innermost, script, _module_loading(frames, code))
 
 
 def fatal_error_in(stack_path: str) -> str | None:

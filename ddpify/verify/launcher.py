@@ -42,7 +42,7 @@ from ddpify.verify import harness
 from ddpify.verify.alignment import RECUT_FLAG
 from ddpify.verify.compare import Record, judge
 from ddpify.verify.dataparallel import failure_hint
-from ddpify.verify.diagnose import Stuck, exception_line_in, fatal_error_in, raise_location, stuck_in
+from ddpify.verify.diagnose import SLOW_START, Stuck, exception_line_in, fatal_error_in, raise_location, stuck_in
 from ddpify.verify.plan import CANDIDATE, REFERENCE, Plan
 from ddpify.verify.rendezvous import AGENT_STORE_VARIABLE, client_environment, serve_store
 from ddpify.verify.result import error_result
@@ -160,13 +160,14 @@ def failure_message(plan: Plan, killed: dict[tuple[str, int], int]) -> tuple[str
             because = f" ({hint})" if hint else ""
             failures.append(((role != REFERENCE, os.path.getmtime(error)), f"{label} failed: {exception_line_in(error)}{because}"))
         elif not os.path.exists(stack := plan.file("stack", role, rank)):  # opened before the script starts
-            silent.append(f"{label} had not started the script {plan.timeout:g} s after launch (a slow start on a busy "
-                          f"machine: raise --timeout)")
+            silent.append(f"{label} had not started the script {plan.timeout:g} s after launch {SLOW_START}")
         elif (role, rank) in killed or fatal_error_in(stack):  # its log and dump were last written as it died
             failures.append(((role != REFERENCE, os.path.getmtime(stack)), death(plan, role, rank, label, killed.get((role, rank)))))
         elif not os.path.exists(plan.file("record", role, rank)):
             stuck = stuck_in(stack, (plan.run(role).import_dir, plan.run(role).workdir))
-            if stuck:
+            if stuck and stuck.importing:
+                silent.append(still_importing(label, stuck, plan.timeout))
+            elif stuck:
                 hangs.append(hang_report(plan, label, stuck))
                 silent.append(f"{label} hung for {plan.timeout:g} s {hangs[-1]['summary']}")
             else:
@@ -174,6 +175,12 @@ def failure_message(plan: Plan, killed: dict[tuple[str, int], int]) -> tuple[str
     if failures:
         return recut_failure(plan) or min(failures)[1], []
     return "; ".join(silent) or None, hangs
+
+
+def still_importing(label: str, stuck: Stuck, timeout: float) -> str:
+    """A process that was loading a library at the deadline: one starting slowly, not one that hung."""
+    where = f"for {stuck.script[0]}" if stuck.script else "deeper than its stack dump reaches"
+    return f"{label} was still importing {stuck.importing} {timeout:g} s after launch, {where} {SLOW_START}"
 
 
 def death(plan: Plan, role: str, rank: int, label: str, signal_number: int | None) -> str:
