@@ -7,7 +7,8 @@ import ast
 from ddpify.anatomy.distributed.ranks import is_rank_test, rank_guarded, runs_on_every_rank
 from ddpify.anatomy.distributed.reaching import callers
 from ddpify.anatomy import syntax
-from ddpify.anatomy.output import FILE_REMOVED, FILE_WRITTEN, output_kind
+from ddpify.anatomy.distributed.launch import download_of, one_rank_goes_first
+from ddpify.anatomy.output import FILE_OUTPUT, FILE_REMOVED, output_kind
 from ddpify.anatomy.vocabulary import OPEN_CALLS, TORCH_SAVE, opens_for_writing
 from ddpify.lint import Finding, Invalid, Rule
 from ddpify.rules._cases import ACCELERATE_HEAD, ON_MAIN_PROCESS, guarded_case
@@ -22,6 +23,12 @@ class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="
     called from such places. A write in a function of the script's own that some calls run on rank
     0 only is reported at its other calls, the ones to guard (naming the write's line). Writes to a path that contains the rank
     (`f"ckpt_{rank}.pt"`) are per-rank on purpose and not reported.
+
+    A download's own writes (`with urlopen(url) as r, open(path, "wb") as f:`, an archive extracted, with
+    the `if` that skips them where the files exist) are a node's duty, not rank 0's: they are reported
+    when every rank downloads at once, and not when one rank of each node goes first while the others
+    wait (`if local_rank != 0: dist.barrier()` right before the download, as `ddpify convert --to ddp`
+    writes). Under `if rank == 0:` alone, a node with a disk of its own would find no files.
 
     Hugging Face Accelerate scripts are checked too: there `accelerator.save(obj, path)`,
     `accelerator.save_model(model, dir)`, `accelerator.save_state(dir)` and
@@ -51,18 +58,26 @@ class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="
     Unsafe: wraps the statement (a `torch.save(...)` statement or a whole `with open(...)` block) in
     `if <rank-0 test>:`, reusing the script's own rank-0 test when the function already has one,
     else `accelerator.is_main_process` in an Accelerate script, else `dist.get_rank() == 0`. Other ranks that read the file afterwards now need a barrier,
-    which the fix does not add.
+    which the fix does not add. A download has no fix: `ddpify convert --to ddp` puts the barriers around it.
     """
 
     message = "every rank writes this file at once; the writes race — write on rank 0 only"
+    download_message = ("every rank downloads into the same files at once; the writes race — download on each node's local "
+                        "rank 0 first, its other ranks waiting at a barrier (rank 0 alone would leave the other nodes without the files)")
     removal_message = "every rank removes (or moves) this file at once; all but the first find it gone — do it on rank 0 only"
     applies_to = DDP_AND_ACCELERATE
 
     def check(self, a):
-        reported: set[ast.Call] = set()
+        reported: set[ast.AST] = set()
         for site in a.calls:
             call: ast.Call = site.node  # type: ignore[assignment]
             if not _writes_file(a, site) or _per_rank_file(a, _path(a, site)) or not runs_on_every_rank(a, call):
+                continue
+            download = download_of(a, call)
+            if download is not None:  # a node's duty: one rank of each node first, not rank 0 alone
+                if download not in reported and not one_rank_goes_first(a, download):
+                    reported.add(download)
+                    yield Finding(site.pos, self.download_message)
                 continue
             unguarded = _unguarded_calls_of_a_guarded_function(a, site)
             if not unguarded:
@@ -88,7 +103,7 @@ def _fix_call(a, call: ast.Call):
 
 
 def _writes_file(a, site) -> bool:
-    return output_kind(a, site.node) in (TORCH_SAVE, FILE_WRITTEN, FILE_REMOVED) or opens_for_writing(a, site.node)
+    return output_kind(a, site.node) in FILE_OUTPUT or opens_for_writing(a, site.node)
 
 
 def _removes_file(a, site) -> bool:
@@ -123,7 +138,13 @@ rank = dist.get_rank()
 model = torch.nn.Linear(4, 1)
 """
 
+_DOWNLOAD = "import os\nimport urllib.request\n" + _HEAD + "url = 'https://example.org/rows.txt'\n"
+_FETCH = "if not os.path.exists('rows.txt'):\n    with urllib.request.urlopen(url) as r, open('rows.txt', 'wb') as f:\n        f.write(r.read())\n"
+
 SaveOnEveryRank.VALID = (
+    # a download: each node's local rank 0 first, the node's other ranks waiting (what --to ddp writes)
+    _DOWNLOAD + "local_rank = int(os.environ['LOCAL_RANK'])\nif local_rank != 0:\n    dist.barrier()\n" + _FETCH
+    + "if local_rank == 0:\n    dist.barrier()\n",
     _HEAD + "if rank == 0:\n    torch.save(model.state_dict(), 'model.pt')\ndist.barrier()\n",
     _HEAD + "torch.save(model.state_dict(), f'model_rank{rank}.pt')\n",
     _HEAD + """
@@ -149,6 +170,8 @@ if dist.get_rank() == 0:
     "import os\n" + _HEAD + "if rank == 0:\n    os.remove('epoch_1.pt')\nos.remove(f'scratch_{rank}.pt')\n",
 )
 SaveOnEveryRank.INVALID = (
+    # every rank downloads at once (reported once, without a fix: rank 0 alone would leave the other nodes without it)
+    Invalid(_DOWNLOAD + _FETCH, line=11),
     guarded_case(_HEAD, "torch.save(model.state_dict(), 'model.pt')\n"),
     guarded_case(ACCELERATE_HEAD, "torch.save(accelerator.unwrap_model(model).state_dict(), 'model.pt')\n", test=ON_MAIN_PROCESS),
     guarded_case(ACCELERATE_HEAD, "accelerator.unwrap_model(model).save_pretrained('out')\n", test=ON_MAIN_PROCESS),

@@ -13,6 +13,7 @@ import io
 import sys
 import tarfile
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,31 @@ def test_on_two_ranks_one_rank_downloads_and_both_read_the_files(tmp_path: Path,
     assert done.returncode == 0, done.stderr[-3000:]
     fetches = (tmp_path / "data" / "fetches.log").read_text().split()
     assert len(fetches) == 1, f"{len(fetches)} ranks downloaded"
+
+
+@pytest.mark.parametrize("target", ["ddp", "accelerate"])
+@pytest.mark.parametrize("source", [FETCH_IN_A_FUNCTION, FETCH_AT_MODULE_LEVEL], ids=["function", "module"])
+def test_on_two_nodes_with_disks_of_their_own_each_node_downloads_once(tmp_path: Path, source: str, target: str):
+    """Two nodes of two ranks, each node in a folder of its own (its local disk): the second node's local
+    rank 0 must download for its node too, whole. (A download's writes put under `if RANK == 0:` leave it
+    a half-made download there: it crashed reading the archive rank 0 alone would have fetched; under
+    Accelerate, with no barrier, the first node's second process did too.)"""
+    from ddpify.verify.rendezvous import client_environment, serve_store  # imports torch
+
+    url = _archive(tmp_path / "served.tgz")
+    script = convert_source(textwrap.dedent(source), target).output
+    nodes = [tmp_path / f"node{node}" for node in range(2)]
+    for disk in nodes:
+        disk.mkdir()
+        (disk / "train.py").write_text(script)
+    store = serve_store(4)
+    ranks = [{"RANK": str(rank), "LOCAL_RANK": str(rank % 2), "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+              "GROUP_RANK": str(rank // 2), **client_environment(store)} for rank in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        runs = list(pool.map(lambda env: run_script([sys.executable, "train.py", url], nodes[int(env["GROUP_RANK"])],
+                                                    env_extra=env, timeout=60), ranks))
+    assert [run.returncode for run in runs] == [0] * 4, "\n".join(run.stderr[-2000:] for run in runs)
+    assert [len((disk / "data" / "fetches.log").read_text().split()) for disk in nodes] == [1, 1]
 
 
 def test_the_barriers_go_around_the_if_that_checks_for_the_files():

@@ -56,6 +56,7 @@ WANDB_CALL = "wandb"
 WRITER_CALL = "tensorboard/wandb"
 FILE_WRITTEN = "file written"
 FILE_REMOVED = "file removed"  # or moved: every rank at once, all but the first find it gone
+FILE_OUTPUT = frozenset({TORCH_SAVE, FILE_WRITTEN, FILE_REMOVED})  # the kinds that change files
 # The kinds of objects rank 0 alone keeps (`rank_zero_object`).
 WRITER = "writer"
 PROGRESS_BAR = "progress bar"

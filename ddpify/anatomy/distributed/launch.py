@@ -12,6 +12,8 @@ from ddpify.anatomy.distributed.names import (
     ARCHIVE_OPENERS, DIST, DOWNLOADERS, EXISTENCE_CHECKS, EXTRACTIONS, PATH_EXISTENCE_METHODS, TRANSFER_OPENERS,
     URL_READS, WRITE_MODES,
 )
+from ddpify.anatomy.distributed.every_rank_work import is_collective
+from ddpify.anatomy.distributed.ranks import is_rank_test
 from ddpify.anatomy.distributed.reaching import MAX_DEPTH, reaching_values
 from ddpify.anatomy.sites import CallSite
 from ddpify.anatomy.syntax import argument, constant, keyword, method_name
@@ -23,6 +25,37 @@ def downloads(a: Anatomy) -> list[CallSite]:
     """Calls that fetch data onto the node's disk: `MNIST(root, download=True)`, `load_dataset(...)`,
     `tar.extractall()`, and `requests.get(url)` in a statement that writes what it reads to a file."""
     return [c for c in a.calls if _stores_files(c) or (c.qualname in URL_READS and _writes_files(a, download_unit(a, c.stmt)))]
+
+
+@per_anatomy
+def _download_units(a: Anatomy) -> frozenset[ast.stmt]:
+    """Where the script's downloads run. Their file writes store the download: a node's duty, done once per
+    node by its local rank 0, not rank 0's output (on another node's own disk, files rank 0 alone wrote are missing)."""
+    return frozenset(download_unit(a, c.stmt) for c in downloads(a))
+
+
+def download_of(a: Anatomy, node: ast.AST) -> ast.stmt | None:
+    """The download unit (`download_unit`) `node` is part of, if any."""
+    units = _download_units(a)
+    return next((stmt for stmt in (node, *a.enclosing(node, ast.stmt)) if stmt in units), None) if units else None
+
+
+def one_rank_goes_first(a: Anatomy, unit: ast.stmt) -> bool:
+    """Does `unit` come right after `if <rank test>: dist.barrier()` (or `accelerator.wait_for_everyone()`), so
+    that one rank of each node runs it while the others wait (how PerNodeDownloads sequences a download, or a
+    script by hand)?"""
+    before = _statement_before(a, unit)
+    return (isinstance(before, ast.If) and is_rank_test(a, before.test)
+            and any(is_collective(a, node) for stmt in before.body for node in ast.walk(stmt)))
+
+
+def _statement_before(a: Anatomy, stmt: ast.stmt) -> ast.stmt | None:
+    parent = a.parents.get(stmt)
+    for body in (getattr(parent, field, None) for field in ("body", "orelse", "finalbody")):
+        if isinstance(body, list) and stmt in body:
+            index = body.index(stmt)
+            return body[index - 1] if index else None
+    return None
 
 
 def _stores_files(c: CallSite) -> bool:

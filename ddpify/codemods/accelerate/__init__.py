@@ -5,7 +5,8 @@ device it picks, `accelerator.prepare` for the trained models, their optimizers 
 loaders, `accelerator.backward`, `accelerator.unwrap_model` for a prepared model's own methods and
 state, evaluation rows gathered with `gather_for_metrics`, accumulation under `accelerator.accumulate`
 where exact, and the DDP target's judgements (rank-0 output, summed losses, the same random_split on
-every process, data no loader deals made each process's own) written with the Accelerator's calls.
+every process, data no loader deals made each process's own, downloads once per machine) written with the
+Accelerator's calls.
 """
 
 from ddpify.codemods.accelerate.backward import AcceleratorBackward
@@ -14,6 +15,7 @@ from ddpify.codemods.accelerate.evaluation import AcceleratorEvaluation
 from ddpify.codemods.accelerate.gradients import AcceleratorNoSync, AcceleratorSumLoss
 from ddpify.codemods.accelerate.library import ModuleWithoutAccelerator
 from ddpify.codemods.accelerate.module_access import UnwrapModelAccess
+from ddpify.codemods.accelerate.per_node import AcceleratorPerNode
 from ddpify.codemods.accelerate.own_data import AcceleratorBatchDraws, AcceleratorEnvironments, AcceleratorOwnedOptimizers
 from ddpify.codemods.accelerate.prepare import PrepareForAccelerator
 from ddpify.codemods.accelerate.rank_zero import AcceleratorRankZero
@@ -25,6 +27,7 @@ from ddpify.codemods.ddp.wrap import RemoveDataParallel
 ACCELERATE_TRANSFORMS = (
     AcceleratorSetup, AcceleratorDevice, RemoveDataParallel, PrepareForAccelerator, AcceleratorOwnedOptimizers, UnwrapModelAccess, SameSplitOnEveryRank,
     AcceleratorRows, AcceleratorBatchDraws, AcceleratorEnvironments, AcceleratorEvaluation, AcceleratorRankZero, AcceleratorNoSync, AcceleratorSumLoss, AcceleratorBackward,
+    AcceleratorPerNode,
 )
 # A module the entry imports: no Accelerator of its own (ddpify.codemods.accelerate.library).
 ACCELERATE_LIBRARY_TRANSFORMS = tuple(t for t in ACCELERATE_TRANSFORMS if t is not AcceleratorSetup) + (ModuleWithoutAccelerator,)

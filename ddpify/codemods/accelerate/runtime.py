@@ -7,7 +7,8 @@ from ddpify.anatomy.distributed.accelerate import BROADCASTS
 
 ACCELERATOR = "accelerator"
 ON_MAIN_PROCESS = f"{ACCELERATOR}.is_main_process"
-OFF_MAIN_PROCESS = f"not {ACCELERATOR}.is_local_main_process"  # a progress bar's disable=: one per machine
+LOCAL_MAIN_PROCESS = f"{ACCELERATOR}.is_local_main_process"  # one per machine
+OFF_MAIN_PROCESS = f"not {LOCAL_MAIN_PROCESS}"  # a progress bar's disable=: one per machine
 DEVICE = f"{ACCELERATOR}.device"
 WORLD_SIZE = f"{ACCELERATOR}.num_processes"
 PROCESS_INDEX = f"{ACCELERATOR}.process_index"

@@ -19,8 +19,6 @@ from ddpify.codemods.base import Transform
 from ddpify.codemods.ddp.runtime import LOCAL_RANK, SETUP_CALL
 from ddpify.codemods.options import Options
 
-WAIT = f"if {LOCAL_RANK} != 0:\n    dist.barrier()  # local rank 0 downloads first, once per node\n"
-RELEASE = f"if {LOCAL_RANK} == 0:\n    dist.barrier()  # the node's other ranks now find the files\n"
 
 
 class PerNodeDownloads(Transform):
@@ -28,6 +26,10 @@ class PerNodeDownloads(Transform):
 
     NAME = "per-node"
     SEES_EDITS_OF = ("setup", "rank0")  # the setup call before, rank-0 guards around
+    # What goes around the download, and the call that joins the process group (module-level code runs after it).
+    WAIT = f"if {LOCAL_RANK} != 0:\n    dist.barrier()  # local rank 0 downloads first, once per node\n"
+    RELEASE = f"if {LOCAL_RANK} == 0:\n    dist.barrier()  # the node's other ranks now find the files\n"
+    JOINS_GROUP = SETUP_CALL.strip().rstrip("()")
 
     @classmethod
     def finds_work(cls, anatomy: Anatomy, options: Options) -> bool:
@@ -43,13 +45,12 @@ class PerNodeDownloads(Transform):
             if not self._group_joined_before(stmt):
                 self.advise(call.line, "download on every rank before the process group exists: run it once per node (local rank 0) by hand")
                 continue
-            self.insert_before(stmt, WAIT)
-            self.insert_after(stmt, RELEASE)
+            self.insert_before(stmt, self.WAIT)
+            self.insert_after(stmt, self.RELEASE)
             self.changed(call.line, "download on local rank 0 first (once per node); the node's other ranks wait, then reuse it")
 
     def _group_joined_before(self, stmt: ast.stmt) -> bool:
         """Code in functions runs after the __main__ block joins; module-level code after a setup call."""
         if self.anatomy.scope_of.get(stmt, MODULE_SCOPE) != MODULE_SCOPE:
             return True
-        setup = SETUP_CALL.strip().rstrip("()")
-        return any(c.qualname == setup and c.scope == MODULE_SCOPE and c.line < stmt.lineno for c in self.anatomy.calls)
+        return any(c.qualname == self.JOINS_GROUP and c.scope == MODULE_SCOPE and c.line < stmt.lineno for c in self.anatomy.calls)

@@ -46,9 +46,10 @@ from ddpify.anatomy.distributed.every_rank_work import (
     values_to_compute_first,
     wrappers_run,
 )
+from ddpify.anatomy.distributed.launch import download_of
 from ddpify.anatomy.distributed.ranks import only_called_from, rank_guarded, runs_on_every_rank
 from ddpify.anatomy.output import (
-    FILE_REMOVED, PROGRESS_BAR, WRITER, disabled_off_rank_zero, output_kind, output_statements, rank_zero_object, writes_file_in_block,
+    FILE_OUTPUT, FILE_REMOVED, PROGRESS_BAR, WRITER, disabled_off_rank_zero, output_kind, output_statements, rank_zero_object, writes_file_in_block,
 )
 from ddpify.anatomy.distributed.reaching import calls_running, reaching_values
 from ddpify.anatomy.distributed.wrappers import wrapper_or_plain
@@ -136,6 +137,8 @@ class RankZeroDuties(Transform):
         saves, removals = [], []
         for call in self.anatomy.calls:
             kind, keeper = output_kind(self.anatomy, call.node), rank_zero_object(self.anatomy, call.node)
+            if kind in FILE_OUTPUT and self._per_node(call.node):
+                continue
             if kind and self._guard_call(call, kind) and kind in (TORCH_SAVE, FILE_REMOVED):
                 (saves if kind == TORCH_SAVE else removals).append(call)
             elif keeper == PROGRESS_BAR:
@@ -149,6 +152,8 @@ class RankZeroDuties(Transform):
             elif call.qualname in DIRECTORY_CREATORS:
                 self._tolerate_existing_directory(call)
         for stmt in self.anatomy.nodes_of(ast.With, ast.AsyncWith, ast.Assign, ast.Expr):
+            if self._per_node(stmt):
+                continue
             if self._writes_file_in_block(stmt):
                 if self._needs_every_rank(stmt):
                     self._open_on_rank_zero_only(stmt)
@@ -207,6 +212,10 @@ class RankZeroDuties(Transform):
         self._unwrap_for_rank_zero(stmt, keep=hoisted)
         self.changed(stmt.lineno, f"{kind} on rank 0 only, after computing {', '.join(names)} on every rank (work every rank must run)")
         return True
+
+    def _per_node(self, node: ast.AST) -> bool:
+        """Is `node` part of a download, whose writes PerNodeDownloads runs once per node?"""
+        return download_of(self.anatomy, node) is not None
 
     def _guarded_here(self, stmt: ast.stmt) -> bool:
         return self._writes_file_in_block(stmt) and not self._needs_every_rank(stmt)
