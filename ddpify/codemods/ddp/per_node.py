@@ -20,7 +20,6 @@ from ddpify.codemods.ddp.runtime import LOCAL_RANK, SETUP_CALL
 from ddpify.codemods.options import Options
 
 
-
 class PerNodeDownloads(Transform):
     """Downloads run on each node's local rank 0 first; the node's other ranks wait for them."""
 
