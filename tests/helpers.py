@@ -7,7 +7,6 @@ script runs); keep its signature stable.
 from __future__ import annotations
 
 import atexit
-import functools
 import itertools
 import json
 import os
@@ -285,14 +284,25 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES_DIR = REPO_ROOT / "fixtures"
 
 
-@functools.cache
+_CONVERSIONS: dict[tuple[Path, str], object] = {}  # converted_file's, by (path, target)
+
+
 def converted_file(path: Path, target: str):
     """`convert_source` of the file at `path` (named by its path), once per test process: several test files
     check the same conversions (lint clean, width, no added waits). A test that changes the converter
     (monkeypatch) calls convert_source itself."""
-    from ddpify.convert import convert_source
+    key = (Path(path), target)
+    if key not in _CONVERSIONS:
+        from ddpify.convert import convert_source
 
-    return convert_source(path.read_text(encoding="utf-8"), target, path=str(path))
+        _CONVERSIONS[key] = convert_source(Path(path).read_text(encoding="utf-8"), target, path=str(path))
+    return _CONVERSIONS[key]
+
+
+def keep_conversion(path: Path, target: str, result) -> None:
+    """Hand converted_file a conversion of the file at `path` that a test made itself, the converter's output
+    unchanged (tests/test_codegen.py converts every fixture checking each stage's render: ~5 CPU-s a run less)."""
+    _CONVERSIONS.setdefault((Path(path), target), result)
 
 
 def one_line(code: str) -> str:

@@ -10,6 +10,7 @@ import pytest
 import ddpify.codemods.pipeline as pipeline
 from ddpify.codemods.codegen import Renderer, code_of
 from ddpify.convert import convert_source
+from helpers import keep_conversion
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SCRIPTS = sorted([*FIXTURES.glob("*.py"), *FIXTURES.glob("real/*.py")])
@@ -55,6 +56,8 @@ class _CheckedRenderer(Renderer):
 
 @pytest.mark.parametrize("target", ["ddp", "fsdp"])
 def test_every_stage_of_every_fixture_conversion_renders_as_libcst_writes_it(monkeypatch, target):
+    """Each stage's render checked against LibCST's: the conversions are the converter's own, kept for the
+    tests that read the same fixtures' conversions (tests/helpers.py: converted_file)."""
     monkeypatch.setattr(pipeline, "Renderer", _CheckedRenderer)
     for script in SCRIPTS:
-        convert_source(script.read_text(), target, path=str(script))
+        keep_conversion(script, target, convert_source(script.read_text(), target, path=str(script)))
