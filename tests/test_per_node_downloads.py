@@ -98,6 +98,66 @@ FETCH_AT_MODULE_LEVEL = """
 """
 
 
+# FETCH_IN_A_FUNCTION as a project: the download in a module the entry imports (converted with the entry)
+FETCH_IN_AN_IMPORTED_MODULE = {
+    "downloads.py": """
+        import os
+        import sys
+        import tarfile
+        import time
+        import urllib.request
+
+
+        def fetch(root):
+            if not os.path.isfile(os.path.join(root, "rows.txt")):
+                with open(os.path.join(root, "fetches.log"), "a") as log:
+                    log.write(f"{os.getpid()}\\n")
+                time.sleep(1)  # a slow network: a rank that checks meanwhile finds no files either
+                with urllib.request.urlopen(sys.argv[1]) as response, open(os.path.join(root, "rows.tgz"), "wb") as out:
+                    out.write(response.read())
+                with tarfile.open(os.path.join(root, "rows.tgz")) as archive:
+                    archive.extractall(root)
+    """,
+    "train.py": """
+        import os
+
+        import torch
+
+        from downloads import fetch
+
+
+        def main():
+            os.makedirs("data", exist_ok=True)
+            fetch("data")
+            rows = torch.tensor([[float(v) for v in line.split()] for line in open("data/rows.txt")])
+            model = torch.nn.Linear(2, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for step in range(2):
+                optimizer.zero_grad()
+                loss = (model(rows[:, :2]) - rows[:, 2:]).pow(2).mean()
+                loss.backward()
+                optimizer.step()
+            print("rows", len(rows))
+
+
+        if __name__ == "__main__":
+            main()
+    """,
+}
+
+
+def converted_project(folder: Path, sources: dict[str, str], target: str) -> dict[str, str]:
+    """The files of a project (its entry train.py) as `convert` leaves them, converted in `folder`."""
+    from ddpify.project_conversion import convert_entry
+
+    folder.mkdir()
+    for name, source in sources.items():
+        (folder / name).write_text(textwrap.dedent(source))
+    conversion = convert_entry(folder / "train.py", target, {})
+    assert not conversion.entry_incomplete and not [job.error for job in conversion.jobs if job.error]
+    return {job.path.name: job.result.output for job in conversion.jobs}  # type: ignore[union-attr]
+
+
 def _archive(path: Path) -> str:
     """A .tgz holding rows.txt (8 rows of x1 x2 y); its file:// URL."""
     text = "".join(f"{i} {i + 1} {2 * i}\n" for i in range(8)).encode()
@@ -120,8 +180,9 @@ def test_on_two_ranks_one_rank_downloads_and_both_read_the_files(tmp_path: Path,
 
 
 @pytest.mark.parametrize("target", ["ddp", "accelerate"])
-@pytest.mark.parametrize("source", [FETCH_IN_A_FUNCTION, FETCH_AT_MODULE_LEVEL], ids=["function", "module"])
-def test_on_two_nodes_with_disks_of_their_own_each_node_downloads_once(tmp_path: Path, source: str, target: str):
+@pytest.mark.parametrize("sources", [{"train.py": FETCH_IN_A_FUNCTION}, {"train.py": FETCH_AT_MODULE_LEVEL}, FETCH_IN_AN_IMPORTED_MODULE],
+                         ids=["function", "module", "imported-module"])
+def test_on_two_nodes_with_disks_of_their_own_each_node_downloads_once(tmp_path: Path, sources: dict[str, str], target: str):
     """Two nodes of two ranks, each node in a folder of its own (its local disk): the second node's local
     rank 0 must download for its node too, whole. (A download's writes put under `if RANK == 0:` leave it
     a half-made download there: it crashed reading the archive rank 0 alone would have fetched; under
@@ -129,11 +190,12 @@ def test_on_two_nodes_with_disks_of_their_own_each_node_downloads_once(tmp_path:
     from ddpify.verify.rendezvous import client_environment, serve_store  # imports torch
 
     url = _archive(tmp_path / "served.tgz")
-    script = convert_source(textwrap.dedent(source), target).output
+    files = converted_project(tmp_path / "project", sources, target)
     nodes = [tmp_path / f"node{node}" for node in range(2)]
     for disk in nodes:
         disk.mkdir()
-        (disk / "train.py").write_text(script)
+        for name, text in files.items():
+            (disk / name).write_text(text)
     store = serve_store(4)
     ranks = [{"RANK": str(rank), "LOCAL_RANK": str(rank % 2), "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
               "GROUP_RANK": str(rank // 2), **client_environment(store)} for rank in range(4)]
