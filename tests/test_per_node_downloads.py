@@ -28,15 +28,14 @@ except ImportError:  # e.g. pytest --import-mode=importlib
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from helpers import run_script
 
-FETCH_IN_A_FUNCTION = """
+FETCH_IMPORTS = """
     import os
     import sys
     import tarfile
     import time
     import urllib.request
-
-    import torch
-
+"""
+FETCH = """
 
     def fetch(root):
         if not os.path.isfile(os.path.join(root, "rows.txt")):
@@ -47,7 +46,8 @@ FETCH_IN_A_FUNCTION = """
                 out.write(response.read())
             with tarfile.open(os.path.join(root, "rows.tgz")) as archive:
                 archive.extractall(root)
-
+"""
+MAIN = """
 
     def main():
         os.makedirs("data", exist_ok=True)
@@ -66,6 +66,12 @@ FETCH_IN_A_FUNCTION = """
     if __name__ == "__main__":
         main()
 """
+FETCH_IN_A_FUNCTION = FETCH_IMPORTS + "\n    import torch\n" + FETCH + MAIN
+# the same as a project: the download in a module the entry imports (converted with the entry)
+FETCH_IN_AN_IMPORTED_MODULE = {
+    "downloads.py": FETCH_IMPORTS + FETCH,
+    "train.py": "\n    import os\n\n    import torch\n\n    from downloads import fetch\n" + MAIN,
+}
 
 FETCH_AT_MODULE_LEVEL = """
     import os
@@ -96,54 +102,6 @@ FETCH_AT_MODULE_LEVEL = """
             optimizer.step()
         print("rows", len(rows))
 """
-
-
-# FETCH_IN_A_FUNCTION as a project: the download in a module the entry imports (converted with the entry)
-FETCH_IN_AN_IMPORTED_MODULE = {
-    "downloads.py": """
-        import os
-        import sys
-        import tarfile
-        import time
-        import urllib.request
-
-
-        def fetch(root):
-            if not os.path.isfile(os.path.join(root, "rows.txt")):
-                with open(os.path.join(root, "fetches.log"), "a") as log:
-                    log.write(f"{os.getpid()}\\n")
-                time.sleep(1)  # a slow network: a rank that checks meanwhile finds no files either
-                with urllib.request.urlopen(sys.argv[1]) as response, open(os.path.join(root, "rows.tgz"), "wb") as out:
-                    out.write(response.read())
-                with tarfile.open(os.path.join(root, "rows.tgz")) as archive:
-                    archive.extractall(root)
-    """,
-    "train.py": """
-        import os
-
-        import torch
-
-        from downloads import fetch
-
-
-        def main():
-            os.makedirs("data", exist_ok=True)
-            fetch("data")
-            rows = torch.tensor([[float(v) for v in line.split()] for line in open("data/rows.txt")])
-            model = torch.nn.Linear(2, 1)
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-            for step in range(2):
-                optimizer.zero_grad()
-                loss = (model(rows[:, :2]) - rows[:, 2:]).pow(2).mean()
-                loss.backward()
-                optimizer.step()
-            print("rows", len(rows))
-
-
-        if __name__ == "__main__":
-            main()
-    """,
-}
 
 
 def converted_project(folder: Path, sources: dict[str, str], target: str) -> dict[str, str]:
