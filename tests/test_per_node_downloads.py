@@ -41,7 +41,7 @@ FETCH = """
         if not os.path.isfile(os.path.join(root, "rows.txt")):
             with open(os.path.join(root, "fetches.log"), "a") as log:
                 log.write(f"{os.getpid()}\\n")
-            time.sleep(1)  # a slow network: a rank that checks meanwhile finds no files either
+            time.sleep(0.3)  # a slow network: a rank that checks meanwhile finds no files either
             with urllib.request.urlopen(sys.argv[1]) as response, open(os.path.join(root, "rows.tgz"), "wb") as out:
                 out.write(response.read())
             with tarfile.open(os.path.join(root, "rows.tgz")) as archive:
@@ -89,7 +89,7 @@ FETCH_AT_MODULE_LEVEL = """
         else:
             with open("data/fetches.log", "a") as log:
                 log.write(f"{os.getpid()}\\n")
-            time.sleep(1)  # a slow network: a rank that checks meanwhile finds no files either
+            time.sleep(0.3)  # a slow network: a rank that checks meanwhile finds no files either
             urllib.request.urlretrieve(sys.argv[1], "data/rows.tgz")
             shutil.unpack_archive("data/rows.tgz", "data")
         rows = torch.tensor([[float(v) for v in line.split()] for line in open("data/rows.txt")])
