@@ -22,7 +22,7 @@ TRANSFORMER = ROOT / "fixtures" / "fsdp" / "tiny_transformer.py"
 TIMEOUT_S = 180
 
 sys.path.insert(0, str(ROOT / "tests"))
-from helpers import one_line, run_ddpify, run_script  # noqa: E402
+from helpers import converted_file, one_line, run_ddpify, run_script  # noqa: E402
 
 
 def fsdp(code: str):
@@ -173,7 +173,7 @@ def test_values_read_from_the_sharded_parameters_are_missing_not_a_crash():
 
 @pytest.mark.parametrize("script", FIXTURES, ids=lambda p: p.stem)
 def test_fsdp_output_lints_clean_and_converts_once(script):
-    result = convert_source(script.read_text(), "fsdp", path=str(script))
+    result = converted_file(script, "fsdp")
     assert result.changed
     findings, errors = check_text(result.output, f"{script.stem}_fsdp.py", RuleSet(r for r in all_rules() if r.default_enabled))
     assert not errors and not findings, [f"{d.code} line {d.pos.line}: {d.message}" for d in findings] + errors
