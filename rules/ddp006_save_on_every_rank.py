@@ -26,9 +26,11 @@ class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="
 
     A download's own writes (`with urlopen(url) as r, open(path, "wb") as f:`, an archive extracted, with
     the `if` that skips them where the files exist) are a node's duty, not rank 0's: they are reported
-    when every rank downloads at once, and not when one rank of each node goes first while the others
-    wait (`if local_rank != 0: dist.barrier()` right before the download, as `ddpify convert --to ddp`
-    writes). Under `if rank == 0:` alone, a node with a disk of its own would find no files.
+    when every rank downloads at once, and not when one rank goes first while the others wait (`if
+    local_rank != 0: dist.barrier()` right before the download). `ddpify convert --to ddp` lets rank 0
+    go first, then each other node's local rank 0, then the rest: one download on a shared filesystem,
+    one per node where each has a disk of its own. Under `if rank == 0:` alone, a node with a disk of
+    its own would find no files.
 
     Hugging Face Accelerate scripts are checked too: there `accelerator.save(obj, path)`,
     `accelerator.save_model(model, dir)`, `accelerator.save_state(dir)` and
@@ -62,8 +64,9 @@ class SaveOnEveryRank(Rule, code="DDP006", name="save-on-every-rank", severity="
     """
 
     message = "every rank writes this file at once; the writes race — write on rank 0 only"
-    download_message = ("every rank downloads into the same files at once; the writes race — download on each node's local "
-                        "rank 0 first, its other ranks waiting at a barrier (rank 0 alone would leave the other nodes without the files)")
+    download_message = ("every rank downloads into the same files at once; the writes race — download on rank 0 first, then on "
+                        "each other node's local rank 0, the other ranks waiting at barriers (rank 0 alone would leave a node "
+                        "with a disk of its own without the files)")
     removal_message = "every rank removes (or moves) this file at once; all but the first find it gone — do it on rank 0 only"
     applies_to = DDP_AND_ACCELERATE
 
@@ -142,9 +145,12 @@ _DOWNLOAD = "import os\nimport urllib.request\n" + _HEAD + "url = 'https://examp
 _FETCH = "if not os.path.exists('rows.txt'):\n    with urllib.request.urlopen(url) as r, open('rows.txt', 'wb') as f:\n        f.write(r.read())\n"
 
 SaveOnEveryRank.VALID = (
-    # a download: each node's local rank 0 first, the node's other ranks waiting (what --to ddp writes)
+    # a download: each node's local rank 0 first, the node's other ranks waiting
     _DOWNLOAD + "local_rank = int(os.environ['LOCAL_RANK'])\nif local_rank != 0:\n    dist.barrier()\n" + _FETCH
     + "if local_rank == 0:\n    dist.barrier()\n",
+    # rank 0 first, then each other node's local rank 0, then the rest (what --to ddp writes)
+    _DOWNLOAD + "local_rank = int(os.environ['LOCAL_RANK'])\nif rank != 0:\n    dist.barrier()\nif local_rank != 0:\n"
+    "    dist.barrier()\n" + _FETCH + "if rank == 0:\n    dist.barrier()\nif local_rank == 0:\n    dist.barrier()\n",
     _HEAD + "if rank == 0:\n    torch.save(model.state_dict(), 'model.pt')\ndist.barrier()\n",
     _HEAD + "torch.save(model.state_dict(), f'model_rank{rank}.pt')\n",
     _HEAD + """

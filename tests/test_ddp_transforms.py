@@ -1607,7 +1607,7 @@ class TestWholeConversions:
         assert result.output == source
 
 
-def test_a_download_runs_on_each_nodes_local_rank_zero_first():
+def test_a_download_runs_on_rank_zero_first_then_on_each_nodes_local_rank_zero():
     out = convert_source(textwrap.dedent("""
         import torch
         from torchvision import datasets
@@ -1626,8 +1626,10 @@ def test_a_download_runs_on_each_nodes_local_rank_zero_first():
     """), "ddp").output
     lines = [line.strip() for line in out.splitlines()]
     at = lines.index('train = datasets.MNIST("data", train=True, download=True)')
-    assert lines[at - 2:at] == ["if LOCAL_RANK != 0:", "dist.barrier()  # local rank 0 downloads first, once per node"]
-    assert lines[at + 1:at + 3] == ["if LOCAL_RANK == 0:", "dist.barrier()  # the node's other ranks now find the files"]
+    assert lines[at - 4:at] == ["if RANK != 0:", "dist.barrier()  # rank 0 downloads first",
+                                "if LOCAL_RANK != 0:", "dist.barrier()  # then each node's local rank 0 (its own disk)"]
+    assert lines[at + 1:at + 5] == ["if RANK == 0:", "dist.barrier()  # other nodes find the files on a shared disk",
+                                    "if LOCAL_RANK == 0:", "dist.barrier()  # the node's other ranks now find the files"]
 
 
 @pytest.mark.parametrize(("code", "expected"), [

@@ -137,20 +137,22 @@ def test_on_two_ranks_one_rank_downloads_and_both_read_the_files(tmp_path: Path,
     assert len(fetches) == 1, f"{len(fetches)} ranks downloaded"
 
 
+@pytest.mark.parametrize("disks", ["own", "shared"])
 @pytest.mark.parametrize("target", ["ddp", "accelerate"])
 @pytest.mark.parametrize("sources", [{"train.py": FETCH_IN_A_FUNCTION}, {"train.py": FETCH_AT_MODULE_LEVEL}, FETCH_IN_AN_IMPORTED_MODULE],
                          ids=["function", "module", "imported-module"])
-def test_on_two_nodes_with_disks_of_their_own_each_node_downloads_once(tmp_path: Path, sources: dict[str, str], target: str):
-    """Two nodes of two ranks, each node in a folder of its own (its local disk): the second node's local
-    rank 0 must download for its node too, whole. (A download's writes put under `if RANK == 0:` leave it
-    a half-made download there: it crashed reading the archive rank 0 alone would have fetched; under
-    Accelerate, with no barrier, the first node's second process did too.)"""
+def test_on_two_nodes_the_files_are_downloaded_once_on_each_disk(tmp_path: Path, sources: dict[str, str], target: str, disks: str):
+    """Two nodes of two ranks, each node in a folder of its own (its local disk), or both in one (a shared
+    filesystem). Each disk gets one whole download: a node with a disk of its own downloads for itself (a
+    download's writes put under `if RANK == 0:` left it a half-made download, and it crashed reading the
+    archive; under Accelerate, with no barrier, the first node's second process did too), and nodes sharing
+    a disk must not download into the same files at once (each node's local rank 0 did, side by side)."""
     from ddpify.verify.rendezvous import client_environment, serve_store  # imports torch
 
     url = _archive(tmp_path / "served.tgz")
     files = converted_project(tmp_path / "project", sources, target)
-    nodes = [tmp_path / f"node{node}" for node in range(2)]
-    for disk in nodes:
+    nodes = [tmp_path / f"node{node}" for node in range(2)] if disks == "own" else [tmp_path / "shared"] * 2
+    for disk in set(nodes):
         disk.mkdir()
         for name, text in files.items():
             (disk / name).write_text(text)
@@ -161,15 +163,16 @@ def test_on_two_nodes_with_disks_of_their_own_each_node_downloads_once(tmp_path:
         runs = list(pool.map(lambda env: run_script([sys.executable, "train.py", url], nodes[int(env["GROUP_RANK"])],
                                                     env_extra=env, timeout=60), ranks))
     assert [run.returncode for run in runs] == [0] * 4, "\n".join(run.stderr[-2000:] for run in runs)
-    assert [len((disk / "data" / "fetches.log").read_text().split()) for disk in nodes] == [1, 1]
+    assert {disk.name: len((disk / "data" / "fetches.log").read_text().split()) for disk in nodes} == {disk.name: 1 for disk in nodes}
 
 
 def test_the_barriers_go_around_the_if_that_checks_for_the_files():
     """Inside the `if`, a barrier would be met only by the ranks that found no files."""
     lines = convert_source(textwrap.dedent(FETCH_IN_A_FUNCTION), "ddp").output.splitlines()
     test = lines.index('    if not os.path.isfile(os.path.join(root, "rows.txt")):')
-    assert lines[test - 2:test] == ["    if LOCAL_RANK != 0:", "        dist.barrier()  # local rank 0 downloads first, once per node"]
-    assert sum("dist.barrier()" in line for line in lines) == 2
+    assert lines[test - 4:test] == ["    if RANK != 0:", "        dist.barrier()  # rank 0 downloads first",
+                                    "    if LOCAL_RANK != 0:", "        dist.barrier()  # then each node's local rank 0 (its own disk)"]
+    assert sum("dist.barrier()" in line for line in lines) == 4
 
 
 @pytest.mark.parametrize(("code", "expected"), [

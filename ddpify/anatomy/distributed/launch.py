@@ -29,8 +29,8 @@ def downloads(a: Anatomy) -> list[CallSite]:
 
 @per_anatomy
 def _download_units(a: Anatomy) -> frozenset[ast.stmt]:
-    """Where the script's downloads run. Their file writes store the download: a node's duty, done once per
-    node by its local rank 0, not rank 0's output (on another node's own disk, files rank 0 alone wrote are missing)."""
+    """Where the script's downloads run. Their file writes store the download: a duty of each disk, done once
+    on each, not rank 0's output (on another node's own disk, files rank 0 alone wrote are missing)."""
     return frozenset(download_unit(a, c.stmt) for c in downloads(a))
 
 

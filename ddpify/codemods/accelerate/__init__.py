@@ -5,7 +5,7 @@ device it picks, `accelerator.prepare` for the trained models, their optimizers 
 loaders, `accelerator.backward`, `accelerator.unwrap_model` for a prepared model's own methods and
 state, evaluation rows gathered with `gather_for_metrics`, accumulation under `accelerator.accumulate`
 where exact, and the DDP target's judgements (rank-0 output, summed losses, the same random_split on
-every process, data no loader deals made each process's own, downloads once per machine) written with the
+every process, data no loader deals made each process's own, downloads once per disk) written with the
 Accelerator's calls.
 """
 

@@ -214,7 +214,7 @@ class RankZeroDuties(Transform):
         return True
 
     def _per_node(self, node: ast.AST) -> bool:
-        """Is `node` part of a download, whose writes PerNodeDownloads runs once per node?"""
+        """Is `node` part of a download, whose writes PerNodeDownloads runs once per disk?"""
         return download_of(self.anatomy, node) is not None
 
     def _guarded_here(self, stmt: ast.stmt) -> bool:
