@@ -75,7 +75,7 @@ def _opens_for_writing(c: CallSite) -> bool:
 
 
 def download_unit(a: Anatomy, stmt: ast.stmt) -> ast.stmt:
-    """The statement that runs once per node around a download in `stmt`: with the `with` blocks that
+    """The statement that runs on one rank at a time around a download in `stmt`: with the `with` blocks that
     stream it (`with requests.get(url) as r:`) and the `if`s that skip it when its files exist."""
     parent = a.parents.get(stmt)
     while (_streams_a_download(a, parent) or (isinstance(parent, ast.If) and _checks_existence(a, parent.test))) and not _holds_training(a, parent):

@@ -45,7 +45,7 @@ class PerNodeDownloads(Transform):
                 continue
             done.add(stmt)
             if not self._group_joined_before(stmt):
-                self.advise(call.line, "download on every rank before the process group exists: run it once per node (local rank 0) by hand")
+                self.advise(call.line, "download on every rank before the process group exists: run it on rank 0 first, then on each node's local rank 0, by hand")
                 continue
             self.insert_before(stmt, self.WAIT)
             self.insert_after(stmt, self.RELEASE)
