@@ -41,6 +41,7 @@ import select
 import subprocess
 import types
 import weakref
+from pathlib import Path
 from typing import NoReturn
 
 # Python's collector thresholds while torch & co. import (their growing heap walked less often), restored
@@ -74,6 +75,7 @@ POLL_S = 0.01
 FAILURE_GRACE_S = 2.0
 MADV_COLLAPSE = 25  # Linux 6.1+: back a range with transparent huge pages now
 HUGE_PAGE = 2 << 20
+WARM_UP = Path(__file__).resolve().parents[1] / "fixtures" / "basic_main.py"
 
 
 def run_as_main(argv: list[str], module: str | None = None) -> int:
@@ -282,6 +284,15 @@ def start_forked_launcher(workspace: str, device: str) -> ForkedLauncher:
         os._exit(70)
 
 
+def warm_up_the_converter() -> None:
+    """One conversion, and so one lint of its output, before the heap is frozen: what a process builds the
+    first time it converts (LibCST's native parser loaded, compiled patterns, cached rule sets and grammar
+    tables) is then built once, not in every forked `python -m ddpify convert|lint|verify`."""
+    from ddpify.convert import convert_source
+
+    convert_source(WARM_UP.read_text(encoding="utf-8"), "ddp", path=str(WARM_UP))
+
+
 def leave_exit_finalizers_to_the_server() -> None:
     """The weakref finalizers imported here (torch.library's, one per op library it registers: ~170) do
     not run again at the exit of every fork, which only ends: each would undo its library's registrations,
@@ -362,6 +373,8 @@ if __name__ == "__main__":
     # collection would otherwise walk them all, copying every page it touches
     # (a 2-rank launch of fixtures/basic_main.py converted to DDP: 0.64 CPU-s without this, 0.21 with it).
     all_rules()  # the rules' modules
+    warm_up_the_converter()
+    gc.collect()
     gc.freeze()
     gc.set_threshold(*INTERPRETER_GC_THRESHOLDS)
     leave_exit_finalizers_to_the_server()
