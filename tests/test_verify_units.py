@@ -342,6 +342,45 @@ def test_a_samples_draws_follow_its_index_and_a_batch_leaves_the_global_generato
     assert "sample_randomness" in recorder.flags
 
 
+
+SAMPLE_DRAWS = {
+    "nothing": lambda np, random: 0.0,
+    "torch": lambda np, random: float(torch.rand(1)),
+    "python": lambda np, random: random.random(),
+    "numpy": lambda np, random: float(np.random.rand()),
+    # exactly one round of NumPy's 624 key words: its position is back where seeding left it, its key renewed
+    "numpy, 624 words": lambda np, random: float(np.random.randint(0, 2**32, size=624, dtype=np.uint32)[0]),
+}
+
+
+@pytest.mark.parametrize("draw", SAMPLE_DRAWS)
+def test_a_dataset_is_flagged_as_drawing_whichever_global_generator_it_draws_from(monkeypatch, draw):
+    """seed_each_sample flags a dataset whose samples draw (from torch's, Python's or NumPy's generator,
+    NumPy's read in place; its mark agrees with get_state()) and leaves one that draws nothing unflagged."""
+    import random
+
+    import numpy as np
+    from torch.utils.data._utils.fetch import _MapDatasetFetcher
+
+    from ddpify.verify.harness import _numpy_mark, seed_each_sample
+
+    monkeypatch.setattr(_MapDatasetFetcher, "fetch", _MapDatasetFetcher.fetch)  # put back after the test
+    monkeypatch.setattr(DataLoader, "__iter__", DataLoader.__iter__)
+    recorder = Notes()
+    seed_each_sample(recorder)
+
+    class Drawing(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, index):
+            return torch.tensor([SAMPLE_DRAWS[draw](np, random)])
+
+    _MapDatasetFetcher(Drawing(), True, torch.cat, False).fetch([0, 1])
+    assert ("sample_randomness" in recorder.flags) == (draw != "nothing")
+    state = np.random.get_state()
+    assert _numpy_mark(np) == (int(state[1][0]), int(state[2]))
+
 def test_ranks_with_one_loss_alike_but_another_apart_do_not_train_on_the_same_data():
     """A GAN: the generator's loss on noise every rank draws alike, the discriminator's on each rank's real batch."""
     ranks = [drawing([1, 1, 1], STEPS, ["n"], [[real, 1.0]] * 3) for real in (0.5, 0.7)]

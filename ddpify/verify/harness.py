@@ -54,6 +54,7 @@ SEED = 0
 SHARED_GPU_ENV = "DDPIFY_VERIFY_SHARED_GPU"
 DEADLINE_ENV = "DDPIFY_VERIFY_DEADLINE"  # wall-clock time at which every process dumps its stacks
 PR_SET_PDEATHSIG = 1
+MT19937_KEY_BYTES = 624 * 4  # NumPy's Mersenne Twister state: 624 uint32 key words, then the int position
 # products of two tensors, by their owners: `x @ y.t()` pairs each row of x with each row of y
 ROW_PRODUCTS = ((torch, (torch.matmul, torch.mm, torch.cdist)),
                 (torch.Tensor, (torch.Tensor.matmul, torch.Tensor.mm, torch.Tensor.__matmul__)))
@@ -135,13 +136,13 @@ def seed_each_sample(recorder: Recorder) -> None:
     def seeded_sample(dataset, index):
         _seed_everything(hash((SEED, index, PassClock.epoch)) & 0xFFFFFFFF)
         watching = "sample_randomness" not in recorder.flags  # until the first sample that draws
-        seeded = _random_states() if watching else None
+        seeded = _draw_marks() if watching else None
         SeededSample.depth += 1
         try:
             item = dataset[index]
         finally:
             SeededSample.depth -= 1
-        if watching and not _same_states(seeded, _random_states()):
+        if watching and not _same_marks(seeded, _draw_marks()):
             recorder.flag("sample_randomness", "the dataset draws random numbers per sample (augmentation, noise): "
                                                "both runs seed them by sample index and epoch, so they see the same data")
         return item
@@ -175,10 +176,28 @@ def _seed_everything(seed: int) -> None:
         numpy.random.seed(seed)
 
 
-def _same_states(a: tuple, b: tuple) -> bool:
-    """Are two snapshots of (python, torch, numpy) generator states equal?"""
-    same_numpy = a[2] is None or (a[2][0] == b[2][0] and bool((a[2][1] == b[2][1]).all()) and a[2][2:] == b[2][2:])
-    return a[0] == b[0] and torch.equal(a[1], b[1]) and same_numpy
+def _draw_marks() -> tuple:
+    """What any draw from a freshly seeded global generator changes: Python's and torch's states, and
+    NumPy's Mersenne Twister position and first key word (a draw moves the position, or after exactly
+    624 words renews the key). The copy of NumPy's whole state, get_state(), would cost ~33 us a sample."""
+    numpy = sys.modules.get("numpy")
+    return random.getstate(), torch.get_rng_state(), _numpy_mark(numpy) if numpy else None
+
+
+def _same_marks(a: tuple, b: tuple) -> bool:
+    """Did no generator draw between these two _draw_marks()?"""
+    return a[0] == b[0] and a[2] == b[2] and torch.equal(a[1], b[1])
+
+
+def _numpy_mark(numpy) -> tuple[int, int]:
+    """(first key word, position) of NumPy's global MT19937, read in place through its ctypes interface
+    (the state struct: 624 key words, then the position); from get_state() where that interface is missing."""
+    try:
+        address = numpy.random.mtrand._rand._bit_generator.ctypes.state_address
+    except AttributeError:
+        state = numpy.random.get_state()
+        return int(state[1][0]), int(state[2])
+    return ctypes.c_uint32.from_address(address).value, ctypes.c_int.from_address(address + MT19937_KEY_BYTES).value
 
 
 def _restore_random_states(states: tuple) -> None:
