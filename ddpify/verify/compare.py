@@ -16,6 +16,7 @@ imported already.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -61,11 +62,13 @@ class Record:
 
     @classmethod
     def load(cls, path: str) -> Record:
-        saved = torch.load(path, weights_only=True)
-        folder, initial = os.path.dirname(path) or ".", saved["initial"]
+        with open(path, encoding="utf-8") as file:
+            saved = json.load(file)
+        folder = os.path.dirname(path) or "."
+        initial = StepTensors(folder, saved["initial"], torch.float64)
         return cls(**{**saved, "params": StepTensors(folder, saved["params"], torch.float64),
                       "gradients": StepTensors(folder, saved["gradients"], torch.float32),
-                      "initial": None if initial is None else initial.to(torch.float64)})
+                      "initial": initial[0] if initial else None})
 
 
 def largest_magnitude(tensor: torch.Tensor) -> float:

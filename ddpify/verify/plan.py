@@ -27,7 +27,7 @@ WRAPPER_FLAG = "wrapper_forward"
 # term, a contrastive loss): each rank pairs its own rows only, so no DDP port that keeps it per rank matches exactly.
 PAIRS_FLAG = "batch_pairs"
 
-_EXTENSIONS = {"record": ".pt", "error": ".txt", "stack": ".txt", "log": ".txt"}
+_EXTENSIONS = {"record": ".json", "error": ".txt", "stack": ".txt", "log": ".txt"}
 
 
 @dataclass(frozen=True)

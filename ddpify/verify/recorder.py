@@ -1,6 +1,6 @@
 """What one verify run records: the loss and the whole parameters and gradients after each optimizer
 step (FSDP shards gathered, in their own dtype), the loss of each backward, fingerprints of random draws, flags
-and notes; saved with torch.save, after which the process leaves at once (`Recorder.finish`). Each step's
+and notes; saved as JSON, after which the process leaves at once (`Recorder.finish`). Each step's
 parameters and gradients go to their own files as they are recorded (step_tensors): the record names them.
 
 Imports torch and the standard library only, like the harness that fills it.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import faulthandler
 import hashlib
+import json
 import os
 import pickle
 import sys
@@ -108,10 +109,15 @@ class Recorder:
             self.finish(0)
 
     def save(self) -> None:
-        record = {"losses": self.losses, "params": self.params.paths, "initial": self.initial, "flags": self.flags,
+        """The record as JSON, naming the files of its vectors (the initial parameters' among them)."""
+        initial = StepTensors.writing(self.path, "initial", torch.float64)
+        if self.initial is not None:
+            initial.append(self.initial)
+        record = {"losses": self.losses, "params": self.params.paths, "initial": initial.paths, "flags": self.flags,
                   "notes": self.notes, "backward_losses": self.backward_losses, "draws": self.draws,
                   "gradients": self.gradients.paths}
-        torch.save(record, self.path + ".tmp")
+        with open(self.path + ".tmp", "w", encoding="utf-8") as file:
+            json.dump(record, file)
         os.replace(self.path + ".tmp", self.path)
 
     def finish(self, code: int):
