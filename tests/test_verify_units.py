@@ -299,20 +299,27 @@ def test_seeding_a_sample_seeds_the_cpu_generator_without_queueing_seeds_for_abs
     assert torch.equal(torch.rand(3), expected)
 
 
-def test_a_samples_draws_follow_its_index_and_a_batch_leaves_the_global_generators_as_it_found_them(monkeypatch):
+@pytest.fixture
+def seeded_samples(monkeypatch) -> Notes:
+    """seed_each_sample in place (put back after the test); the notes and flags it records."""
+    from torch.utils.data._utils.fetch import _MapDatasetFetcher
+
+    from ddpify.verify.harness import seed_each_sample
+
+    monkeypatch.setattr(_MapDatasetFetcher, "fetch", _MapDatasetFetcher.fetch)
+    monkeypatch.setattr(DataLoader, "__iter__", DataLoader.__iter__)
+    recorder = Notes()
+    seed_each_sample(recorder)
+    return recorder
+
+
+def test_a_samples_draws_follow_its_index_and_a_batch_leaves_the_global_generators_as_it_found_them(seeded_samples):
     """seed_each_sample: the same index draws the same numbers in any batch; after a batch (before its
     collate_fn) Python's, torch's and NumPy's global states are those it began with; a drawing dataset is flagged."""
     import random
 
     import numpy as np
     from torch.utils.data._utils.fetch import _MapDatasetFetcher
-
-    from ddpify.verify.harness import seed_each_sample
-
-    monkeypatch.setattr(_MapDatasetFetcher, "fetch", _MapDatasetFetcher.fetch)  # put back after the test
-    monkeypatch.setattr(DataLoader, "__iter__", DataLoader.__iter__)
-    recorder = Notes()
-    seed_each_sample(recorder)
 
     class Noisy(torch.utils.data.Dataset):
         def __len__(self):
@@ -339,8 +346,7 @@ def test_a_samples_draws_follow_its_index_and_a_batch_leaves_the_global_generato
     after = states()
     assert after[1:] == before[1:] and torch.equal(after[0], before[0])
     assert torch.equal(torch.cat([fetch([0, 1]), fetch([2, 3])]), whole)
-    assert "sample_randomness" in recorder.flags
-
+    assert "sample_randomness" in seeded_samples.flags
 
 
 SAMPLE_DRAWS = {
@@ -354,7 +360,7 @@ SAMPLE_DRAWS = {
 
 
 @pytest.mark.parametrize("draw", SAMPLE_DRAWS)
-def test_a_dataset_is_flagged_as_drawing_whichever_global_generator_it_draws_from(monkeypatch, draw):
+def test_a_dataset_is_flagged_as_drawing_whichever_global_generator_it_draws_from(seeded_samples, draw):
     """seed_each_sample flags a dataset whose samples draw (from torch's, Python's or NumPy's generator,
     NumPy's read in place; its mark agrees with get_state()) and leaves one that draws nothing unflagged."""
     import random
@@ -362,12 +368,7 @@ def test_a_dataset_is_flagged_as_drawing_whichever_global_generator_it_draws_fro
     import numpy as np
     from torch.utils.data._utils.fetch import _MapDatasetFetcher
 
-    from ddpify.verify.harness import _numpy_mark, seed_each_sample
-
-    monkeypatch.setattr(_MapDatasetFetcher, "fetch", _MapDatasetFetcher.fetch)  # put back after the test
-    monkeypatch.setattr(DataLoader, "__iter__", DataLoader.__iter__)
-    recorder = Notes()
-    seed_each_sample(recorder)
+    from ddpify.verify.harness import _numpy_mark
 
     class Drawing(torch.utils.data.Dataset):
         def __len__(self):
@@ -377,9 +378,10 @@ def test_a_dataset_is_flagged_as_drawing_whichever_global_generator_it_draws_fro
             return torch.tensor([SAMPLE_DRAWS[draw](np, random)])
 
     _MapDatasetFetcher(Drawing(), True, torch.cat, False).fetch([0, 1])
-    assert ("sample_randomness" in recorder.flags) == (draw != "nothing")
+    assert ("sample_randomness" in seeded_samples.flags) == (draw != "nothing")
     state = np.random.get_state()
     assert _numpy_mark(np) == (int(state[1][0]), int(state[2]))
+
 
 def test_ranks_with_one_loss_alike_but_another_apart_do_not_train_on_the_same_data():
     """A GAN: the generator's loss on noise every rank draws alike, the discriminator's on each rank's real batch."""
