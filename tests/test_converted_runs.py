@@ -21,8 +21,8 @@ of a store its agent serves (TORCHELASTIC_USE_AGENT_STORE), runs the script as `
 sitecustomize on PYTHONPATH (which dumps the stacks and marks the exit), leaves through atexit, and
 a failed rank stops the others. What a fork cannot show is the interpreter's own start and
 teardown (a gloo abort while Python finalizes): REAL_TORCHRUN always runs under the real
-torchrun (a DDP script's real launch is tests/test_teardown.py's, with its probe at exit; a script
-importing its sibling module, on two nodes, tests/test_launch.py's), and
+torchrun (a DDP script's real launch, importing its sibling module, on two nodes, with
+tests/test_teardown.py's probe at exit, is tests/test_launch.py's), and
 `DDPIFY_TEST_FORK=0 python -m pytest tests/test_converted_runs.py` runs every launch that way
 (`python bench/run_converted.py --jobs 2` prints the counts: finished, crashed, hung).
 Forked launches that other tests already make through the same fork server (RUN_ELSEWHERE: DDP of
@@ -48,8 +48,8 @@ _spec = importlib.util.spec_from_file_location("run_converted", BENCH)
 bench = sys.modules.setdefault("run_converted", importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(bench)
 
-# Launches that always run under the real torchrun: a transformer under FSDP. (A DDP script's: tests/test_teardown.py's
-# trainer_class; a DDP script that imports its sibling module, as a project's does: tests/test_launch.py's two nodes.)
+# Launches that always run under the real torchrun: a transformer under FSDP. (A DDP script's, which imports its sibling
+# module as a project's does and holds its wrapper at exit: tests/test_launch.py's two nodes.)
 REAL_TORCHRUN = {("fsdp/tiny_transformer", "fsdp")}
 # Launches the suite already makes through the same fork server, not repeated here unless every launch is
 # real: {(fixtures folder, target): the test that makes them}.

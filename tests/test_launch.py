@@ -1,4 +1,5 @@
-"""`ddpify launch`: the printed commands, the sbatch script, and a real two-node run on one machine."""
+"""`ddpify launch`: the printed commands, the sbatch script, and a real two-node run on one machine (which is also
+the suite's real torchrun launch of a DDP conversion: its interpreters finalize as a user's do)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from click.testing import CliRunner
 from ddpify.cli import cli
 from ddpify.commands.launch import node_commands, torchrun_argv
 from ddpify.convert import convert_source
+from test_teardown import PROBE, PROBED, TEARDOWN_ABORT
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MULTINODE = Path(__file__).resolve().parent / "data" / "multinode"
@@ -87,7 +89,7 @@ def _finish(agent: subprocess.Popen) -> tuple[int, str]:
     return agent.returncode, stderr
 
 
-def test_two_nodes_of_two_processes_train_one_model_log_once_and_download_per_node(tmp_path):
+def test_two_nodes_of_two_processes_train_one_model_log_once_download_per_node_and_end_cleanly(tmp_path):
     """Two torchrun agents rendezvous over c10d on 127.0.0.1, as the printed commands say.
 
     The test serves the rendezvous store itself, on a port it holds from the moment it is chosen (a
@@ -97,6 +99,10 @@ def test_two_nodes_of_two_processes_train_one_model_log_once_and_download_per_no
 
     The script downloads its data (`download=True`) into the folder both nodes share (a shared filesystem):
     rank 0 fetches it once, and every other rank, local rank 0 of the second node too, finds it there.
+
+    Its trainer, bound at module level, still holds the DDP wrapper at exit: tests/test_teardown.py's probe
+    counts the wrappers still holding their all-reduces once the script is done (none may), and no rank may
+    end in gloo's abort while its interpreter finalizes.
     """
     from ddpify.verify.rendezvous import HOST, serve_store  # imports torch
 
@@ -104,7 +110,7 @@ def test_two_nodes_of_two_processes_train_one_model_log_once_and_download_per_no
     work.mkdir()
     shutil.copy(MULTINODE / "fakevision.py", work)
     script = work / "train_ddp.py"
-    script.write_text(convert_source((MULTINODE / "train.py").read_text(), "ddp").output)
+    script.write_text(convert_source((MULTINODE / "train.py").read_text(), "ddp").output + PROBE)
     store = serve_store(4)
     endpoint = f"{HOST}:{store.port}"
     agents = []
@@ -115,7 +121,8 @@ def test_two_nodes_of_two_processes_train_one_model_log_once_and_download_per_no
         agents.append(_start_agent(argv, work))
     finished = [_finish(agent) for agent in agents]
     for node, (code, stderr) in enumerate(finished):
-        assert code == 0, f"node {node} failed:\n{stderr[-3000:]}"
+        assert code == 0 and TEARDOWN_ABORT not in stderr, f"node {node} failed:\n{stderr[-3000:]}"
+        assert PROBED.findall(stderr) == ["0", "0"], f"node {node}:\n{stderr[-3000:]}"
     stdout = {(node, int(p.parent.name)): p.read_text()
               for node in range(2) for p in (tmp_path / f"logs{node}").glob("*/attempt_*/*/stdout.log")}
     assert sorted(stdout) == [(0, 0), (0, 1), (1, 0), (1, 1)]
