@@ -3,8 +3,8 @@
 The abort ('terminate called without an active exception', SIGABRT; bench/bench_teardown.py has the
 core dump's account) comes from a DDP wrapper's gradient all-reduces, which hold Python state,
 being released during interpreter finalization. The generated cleanup_distributed() releases
-them while Python still runs: the wrappers in cycles are collected, and those still held (here by
-a trainer object at module level, fixtures/trainer_class.py) drop their reducer. A probe at exit
+them while Python still runs: every wrapper, held (here by a trainer object at module level,
+fixtures/trainer_class.py) or garbage in reference cycles, drops its reducer, and the cycles are collected. A probe at exit
 counts the wrappers still holding one (none may): it fails whenever a wrapper keeps its reducer, whether
 or not gloo happens to abort in that run. Here the ranks are the test fork server's, whose interpreters
 skip finalization. The real torchrun's, which finalize as a user's do, run the probe in

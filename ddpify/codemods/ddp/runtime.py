@@ -49,12 +49,11 @@ DDP_CLEANUP = '''
 
 def cleanup_distributed():
     """Leave the process group, once DDP's wrappers are released."""
-    gc.collect()  # the wrappers in reference cycles
     ddp = torch.nn.parallel.DistributedDataParallel
-    for wrapper in gc.get_objects():  # those still held (by an object)
+    for wrapper in gc.get_objects():  # held, or garbage in reference cycles
         if issubclass(type(wrapper), ddp):  # its logger holds its reducer
             wrapper.reducer = wrapper.logger = None
-    gc.collect()
+    gc.collect()  # the cycles, while Python still runs
     if dist.is_initialized():
         dist.destroy_process_group()
 '''
