@@ -14,10 +14,12 @@ more finalizing its interpreter, while the controller waited for both.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import os
 import shutil
 import sys
+import sysconfig
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,14 +56,48 @@ def compiled_code_kept() -> None:
     to pytest's cache folder (sys.pycache_prefix), never next to the sources. Without it every process the
     suite starts compiles ddpify again (`python -m ddpify lint`: 0.39 -> 0.30 CPU-s with it kept), and every
     worker its test modules with their asserts rewritten (`pytest --collect-only`: 4.5 -> 3.1 CPU-s): ~10
-    CPU-s a run. The first run compiles the modules of torch & co. there too (~120 MB, kept for the next)."""
+    CPU-s a run. Torch & co. keep theirs where they were installed: the first run links it in."""
     if not sys.flags.dont_write_bytecode or os.environ.get("PYTHONPYCACHEPREFIX"):
         return
     prefix = os.path.join(ROOT, ".pytest_cache", "pycache")
+    seed_with_installed_bytecode(prefix)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # the workers and every process the tests start inherit this
     os.environ["PYTHONPYCACHEPREFIX"] = prefix
     sys.pycache_prefix = prefix
     sys.dont_write_bytecode = False
+
+
+def seed_with_installed_bytecode(prefix: str) -> None:
+    """Before the first run with `prefix` (a fresh clone, as in CI), link into it the bytecode that Python's
+    and pip's installs compiled (the standard library's, site-packages'): a process with a pycache prefix
+    looks for bytecode there only, so without these links the first run's processes compile torch & co.
+    again, ~6 CPU-s in each that imports them first (`pytest -n auto tests/test_fixtures_run.py
+    tests/test_forkserver.py` in a fresh clone: 27-29 CPU-s without the links, 15-16 with them, 12-13
+    in the clone's next run). Linking the ~18,000 files takes ~1 CPU-s; Python checks each against its
+    source as it would in place."""
+    done = os.path.join(prefix, ".seeded")
+    if os.path.exists(done):
+        return
+    paths = sysconfig.get_paths()
+    for root in sorted({paths["stdlib"], paths["purelib"], paths["platlib"]}):
+        for folder, _, names in os.walk(root):
+            if os.path.basename(folder) == "__pycache__":
+                _link_bytecode(folder, os.path.join(prefix, os.path.dirname(folder).lstrip(os.sep)), names)
+    with open(done, "w"):
+        pass
+
+
+def _link_bytecode(folder: str, target: str, names: list[str]) -> None:
+    """Link the plain (not optimized) bytecode in `folder` into `target`."""
+    os.makedirs(target, exist_ok=True)
+    suffix = f".{sys.implementation.cache_tag}.pyc"
+    for name in names:
+        if name.endswith(suffix):
+            with contextlib.suppress(FileExistsError):  # linked before
+                try:
+                    os.link(os.path.join(folder, name), os.path.join(target, name))
+                except OSError:  # another filesystem, or hard links not allowed: a symbolic link
+                    os.symlink(os.path.join(folder, name), os.path.join(target, name))
 
 
 compiled_code_kept()
