@@ -48,6 +48,10 @@ from typing import NoReturn
 # before the first fork so that every launch collects as a fresh interpreter does
 INTERPRETER_GC_THRESHOLDS = gc.get_threshold()
 gc.set_threshold(10_000, 20, 100)
+# The interpreter's own sys.path (standard library, site-packages, .pth entries): what follows a fresh
+# interpreter's PYTHONPATH entries, which site.py made absolute (this server's own are left out)
+_SERVER_PYTHONPATH = {os.path.abspath(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry}
+INTERPRETER_PATH = [entry for entry in sys.path[1:] if entry not in _SERVER_PYTHONPATH]
 
 import numpy.random  # noqa: E402  (the test extra's tensorboard requires NumPy)
 import torch
@@ -149,14 +153,12 @@ def fresh_random_state() -> None:
 
 
 def take_environment(env: dict[str, str]) -> None:
-    """The caller's environment, with its PYTHONPATH entries on sys.path."""
+    """The caller's environment, and sys.path after [0] as an interpreter started in this folder with it has
+    it: the PYTHONPATH entries, made absolute against the folder as site.py makes them, then the interpreter's own."""
     os.environ.clear()
     os.environ.update(env)
-    sys.path[1:1] = _new_path_entries()
-
-
-def _new_path_entries() -> list[str]:
-    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    entries = [os.path.abspath(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    sys.path[1:] = list(dict.fromkeys(entries + INTERPRETER_PATH))
 
 
 def run_sitecustomize() -> None:
@@ -276,9 +278,8 @@ def start_forked_launcher(workspace: str, device: str) -> ForkedLauncher:
         sys.stdin = open(0, closefd=False)
         redirect(1, os.path.join(workspace, "launcher.txt"))
         os.dup2(1, 2)
-        environment = runner.launcher_environment(device)  # from the caller's, before it is cleared
-        os.environ.clear()
-        os.environ.update(environment)
+        take_environment(runner.launcher_environment(device))  # made from the caller's, before it is cleared
+        sys.path[0] = os.getcwd()  # `python -m ddpify.verify.launcher` started there
         launcher.main()
     finally:
         os._exit(70)

@@ -1,5 +1,5 @@
 """The fork server launches scripts as a real interpreter and real torchrun would: each probe runs
-both ways and must report the same (argv, working directory, sys.path[0], environment, collector thresholds, exit code,
+both ways and must report the same (argv, working directory, sys.path with a relative PYTHONPATH entry, environment, collector thresholds, exit code,
 rank variables, per-rank logs)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from helpers import run_script  # noqa: E402
 HUGE_PAGE = 2 << 20
 PROBE = """\
 import gc, json, os, sys
-report = {"argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0], "name": __name__, "gc": gc.get_threshold(),
+report = {"argv": sys.argv, "cwd": os.getcwd(), "path": sys.path, "name": __name__, "gc": gc.get_threshold(),
           "extra": os.environ.get("PROBE_EXTRA"), "file": __file__,
           "ranks": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}}
 print(json.dumps(report))
@@ -40,11 +40,12 @@ def probe(tmp_path: Path) -> Path:
 
 
 def both_ways(monkeypatch, argv: list[str], cwd: Path) -> tuple:
-    """The run forked from the server, then as a real process."""
+    """The run forked from the server, then as a real process; `..` first on PYTHONPATH."""
+    pythonpath = os.pathsep.join(filter(None, ["..", os.environ.get("PYTHONPATH")]))
     runs = []
     for forked in (True, False):
         monkeypatch.setattr(helpers, "FORK_LAUNCHES", forked)
-        runs.append(run_script(argv, cwd, {"PROBE_EXTRA": "yes"}, timeout=120))
+        runs.append(run_script(argv, cwd, {"PROBE_EXTRA": "yes", "PYTHONPATH": pythonpath}, timeout=120))
     return tuple(runs)
 
 

@@ -458,8 +458,7 @@ def test_a_package_imported_through_a_relative_pythonpath_is_each_sides_own(tmp_
     (tmp_path / "projects" / "demo").mkdir(parents=True)
     (tmp_path / "projects" / "demo" / "run.py").write_text("import torch\n\nfrom tinypkg.trainer import train\n\n"
                                                            "torch.manual_seed(0)\ntrain()\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [".", str(ROOT), os.environ.get("PYTHONPATH")]))}
-    completed = subprocess.run([sys.executable, "-m", "ddpify", "verify", "projects/demo/run.py", "--to", "ddp", "--json"],
-                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [".", str(ROOT), os.environ.get("PYTHONPATH")]))}
+    completed = run_ddpify(["verify", "projects/demo/run.py", "--to", "ddp", "--json"], tmp_path, env, SUBPROCESS_TIMEOUT_S)
     result = json.loads(completed.stdout)
     assert (completed.returncode, result["verdict"], result["mode"]) == (0, "equivalent", "exact"), result["message"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -52,15 +51,10 @@ def files_of(folder: Path) -> list[Path]:
 
 
 def verify_in(cwd: Path, *args: str, pythonpath: str = "") -> tuple[int, dict]:
-    """`ddpify verify --json ARGS` run from `cwd`, ddpify importable; with `pythonpath` first on PYTHONPATH,
-    as a process of its own (the converter finds the project's package on its sys.path), else forked."""
+    """`ddpify verify --json ARGS` run from `cwd`, ddpify importable, `pythonpath` first on PYTHONPATH (forked: the
+    fork server gives the process and verify's launcher the sys.path a fresh interpreter has)."""
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [pythonpath, str(ROOT), os.environ.get("PYTHONPATH")]))}
-    command = ["verify", "--json", *args]
-    if pythonpath:
-        completed = subprocess.run([sys.executable, "-m", "ddpify", *command], cwd=cwd, env={**os.environ, **env},
-                                   capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
-    else:
-        completed = run_ddpify(command, cwd, env, SUBPROCESS_TIMEOUT_S)
+    completed = run_ddpify(["verify", "--json", *args], cwd, env, SUBPROCESS_TIMEOUT_S)
     assert completed.stdout.startswith("{"), completed.stderr[-3000:]
     return completed.returncode, json.loads(completed.stdout)
 
