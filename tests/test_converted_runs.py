@@ -16,7 +16,7 @@ fixtures train in well under a second each), so the ~230 launches would take hal
 several times this suite's budget. They go through the tests' fork server (tests/forkserver.py)
 instead, which forks the agent and the ranks from a process that imported torch, and takes
 torchrun's paths where the script can tell: each rank gets the variables torchrun's workers get
-(test_forked_ranks_get_the_variables_torchruns_workers_get compares them), rendezvous as a client
+(tests/test_forkserver.py compares them), rendezvous as a client
 of a store its agent serves (TORCHELASTIC_USE_AGENT_STORE), runs the script as `__main__` after a
 sitecustomize on PYTHONPATH (which dumps the stacks and marks the exit), leaves through atexit, and
 a failed rank stops the others. What a fork cannot show is the interpreter's own start and
@@ -32,7 +32,6 @@ fixtures/*.py and fixtures/real/, DP of fixtures/*.py) are skipped here, naming 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -104,32 +103,6 @@ def test_converted_fixture_runs_to_the_end_on_every_rank(entry, target, tmp_path
     if outcome.status in ("incomplete", "nothing"):
         pytest.skip(f"the conversion is {outcome.status}: {outcome.detail}")
     assert outcome.status == "finished", bench.line(outcome)
-
-
-ENVIRONMENT = """import json, os, sys
-json.dump(dict(os.environ), open(f"env-{os.environ['RANK']}.json", "w"))
-"""
-
-
-def test_forked_ranks_get_the_variables_torchruns_workers_get(tmp_path):
-    """The fork server's ranks (and verify's, which share rank_environment) see what torchrun's workers see,
-    but the error file of torchrun's own @record decorator (and the mark run_real gives its processes)."""
-    if not FORK_LAUNCHES:
-        pytest.skip("every launch is a real torchrun (DDPIFY_TEST_FORK=0)")
-    seen = {}
-    for how, launch in (("real", bench.run_real), ("forked", run_forked)):
-        folder = tmp_path / how
-        folder.mkdir()
-        (folder / "environment.py").write_text(ENVIRONMENT)
-        done = launch(bench.argv(folder / "environment.py", "ddp"), folder, child_environment(), 120)
-        assert done is not None and done.returncode == 0, done and done.stderr
-        seen[how] = [json.loads((folder / f"env-{rank}.json").read_text()) for rank in range(bench.NPROC)]
-    for real, forked in zip(seen["real"], seen["forked"]):
-        given = child_environment()
-        added = {name for name in real if name not in given} - {"TORCHELASTIC_ERROR_FILE", bench.LAUNCH_VARIABLE}
-        assert added == {name for name in forked if name not in given}
-        assert {name: real[name] for name in added if "RANK" in name or "SIZE" in name} == \
-               {name: forked[name] for name in added if "RANK" in name or "SIZE" in name}
 
 
 def a_hung_rank_is_reported_with_its_stack(folder: Path, timeouts_s: tuple[int, ...]) -> None:

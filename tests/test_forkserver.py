@@ -5,6 +5,7 @@ rank variables, per-rank logs)."""
 from __future__ import annotations
 
 import ctypes
+import json
 import mmap
 import os
 import platform
@@ -25,6 +26,8 @@ report = {"argv": sys.argv, "cwd": os.getcwd(), "path": sys.path, "name": __name
           "extra": os.environ.get("PROBE_EXTRA"), "file": __file__,
           "ranks": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}}
 print(json.dumps(report))
+if "--environment" in sys.argv:
+    json.dump(dict(os.environ), open(f"env-{os.environ['RANK']}.json", "w"))
 if "--fail" in sys.argv and os.environ.get("RANK", "0") == "1":
     raise RuntimeError("rank one fails")
 sys.exit(int(sys.argv[sys.argv.index("--code") + 1]) if "--code" in sys.argv else 0)
@@ -72,15 +75,25 @@ def test_a_scripts_own_finalizers_run_at_its_exit(monkeypatch, tmp_path):
 
 
 def test_torchrun_ranks_get_torchruns_variables_and_log_files(monkeypatch, probe, tmp_path):
-    outputs = []
+    """Each rank's report and log file, and the variables torchrun's workers get (verify's ranks share
+    rank_environment), but the error file of torchrun's own @record decorator."""
+    outputs, added = [], []
+    given = helpers.child_environment()
     for forked in (True, False):
         monkeypatch.setattr(helpers, "FORK_LAUNCHES", forked)
         logs = tmp_path / f"logs-{forked}"
-        run = run_script([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          "--log-dir", str(logs), "--redirects", "1", str(probe), "--code", "0"], tmp_path, timeout=180)
+        run = run_script([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--log-dir",
+                          str(logs), "--redirects", "1", str(probe), "--code", "0", "--environment"], tmp_path, timeout=180)
         assert run.returncode == 0, run.stderr[-2000:]
         outputs.append({int(p.parent.name): p.read_text() for p in logs.glob("*/attempt_*/*/stdout.log")})
+        ranks = [json.loads((tmp_path / f"env-{rank}.json").read_text()) for rank in (0, 1)]
+        added.append([{name: value for name, value in rank.items() if name not in given} for rank in ranks])
     assert outputs[0] == outputs[1] and sorted(outputs[0]) == [0, 1]
+    for forked, real in zip(*added):
+        real.pop("TORCHELASTIC_ERROR_FILE", None)
+        assert forked.keys() == real.keys()
+        assert {name: forked[name] for name in forked if "RANK" in name or "SIZE" in name} == \
+               {name: real[name] for name in real if "RANK" in name or "SIZE" in name}
 
 
 def test_a_failing_rank_fails_the_torchrun(monkeypatch, probe, tmp_path):
