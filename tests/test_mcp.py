@@ -9,6 +9,7 @@ stdio client ends the process when its connection closes.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -33,7 +34,10 @@ FIXTURES = ROOT / "fixtures"
 AGENTS_DOC = ROOT / "docs" / "agents.md"
 CALL_TIMEOUT_S = 60.0  # any one request, the server's start-up included
 VERIFY_TIMEOUT_S = 60  # the verify tool's own timeout for a run; the call waits a minute more (launcher slack)
-ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# the SDK gives the server a minimal environment and these: the suite's bytecode folder too (tests/conftest.py), so that
+# the servers reuse the bytecode the workers wrote instead of writing their own next to ddpify's sources
+ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+       **{name: os.environ[name] for name in ("PYTHONPYCACHEPREFIX",) if name in os.environ}}
 
 # a DDP script whose checkpoint every rank writes (DDP006, fixable on rank 0)
 SAVES_ON_EVERY_RANK = """\
